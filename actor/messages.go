@@ -1,0 +1,175 @@
+package actor
+
+import (
+	"context"
+	"sync/atomic"
+	"time"
+
+	"github.com/llmbulkhead/bulkhead/admission"
+	"github.com/llmbulkhead/bulkhead/clock"
+)
+
+// AcquireRequest is one admission attempt. The facade takes it from
+// Engine.NewRequest, fills the input fields, passes it to Engine.Acquire and
+// gives it back with Engine.PutRequest. The engine replies to it exactly
+// once.
+type AcquireRequest struct {
+	// Ctx is the caller's context: it cancels waiting only.
+	Ctx context.Context
+	// Request is the caller's request, carried on events.
+	Request *admission.Request
+	// Priority selects the effective token budget.
+	Priority admission.Priority
+	// Reservation is the call's reservation, computed once by the facade;
+	// Reserved is zero without a token budget.
+	Reservation admission.Reservation
+	// QueueTimeout bounds the wait in the queue; zero waits until Ctx ends.
+	QueueTimeout time.Duration
+	// Lease is where an admission is recorded; the facade provides it.
+	Lease *Lease
+	// Start is when the facade began work on the call, for decision timing;
+	// zero when nobody listens for admit or reject events.
+	Start time.Time
+
+	// Err is the rejection, nil when admitted. Set by the engine.
+	Err error
+
+	// answered is set by the engine when it replies.
+	answered bool
+
+	done   chan struct{}
+	cancel cancelMsg
+
+	// Owned by the engine while the request is queued.
+	prev, next *AcquireRequest
+	queued     bool
+	enqueuedAt time.Time
+	timer      *clock.Timer
+	gen        uint64
+}
+
+func (r *AcquireRequest) reset() {
+	gen := r.gen + 1
+	done, cancel := r.done, r.cancel
+	*r = AcquireRequest{done: done, cancel: cancel, gen: gen}
+}
+
+// cancelMsg asks the engine to withdraw a queued request.
+type cancelMsg struct{ r *AcquireRequest }
+
+// timeoutMsg is a queue timeout firing for generation gen of r.
+type timeoutMsg struct {
+	r   *AcquireRequest
+	gen uint64
+}
+
+// Lease is the engine's record of one admission. The facade embeds it in
+// the token it hands out, so an admission costs one allocation.
+//
+// The exported fields are fixed when the call is admitted and never change.
+// Everything else is owned by the engine.
+type Lease struct {
+	// ID is the admission ID.
+	ID admission.ID
+	// Revision is the limits revision the admission was decided under.
+	Revision int64
+	// Priority is the call's priority.
+	Priority admission.Priority
+	// Class is the call's admission class, "" without classes.
+	Class string
+	// Reservation is the call's reservation; zero without a budget.
+	Reservation admission.Reservation
+	// Resources is what the admission borrowed.
+	Resources admission.Resources
+	// Request is the admitted request.
+	Request *admission.Request
+
+	engine    *Engine
+	releasing atomic.Bool
+	rel       releaseMsg
+
+	held     int64
+	sequence int64
+	released bool
+}
+
+// releaseMsg settles a lease. It lives inside the Lease, so releasing
+// allocates nothing.
+type releaseMsg struct {
+	l        *Lease
+	usage    admission.Usage
+	hasUsage bool
+}
+
+// Released reports whether Release has been called on the lease.
+func (l *Lease) Released() bool { return l.releasing.Load() }
+
+// Release settles the lease: it returns the slot and the token hold and, when
+// usage is not nil, records it. Only the first call has an effect; it returns
+// true then and false on every later call.
+func (l *Lease) Release(usage *admission.Usage) bool {
+	if !l.releasing.CompareAndSwap(false, true) {
+		l.engine.doubleReleases.Add(1)
+		return false
+	}
+	l.rel.l = l
+	if usage != nil {
+		l.rel.usage, l.rel.hasUsage = *usage, true
+	}
+	l.engine.send(&l.rel)
+	return true
+}
+
+// wouldAdmitRequest asks for an advisory decision.
+type wouldAdmitRequest struct {
+	priority    admission.Priority
+	reservation admission.Reservation
+	detail      bool
+	result      admission.Decision
+	done        chan struct{}
+}
+
+// statsRequest asks for a copy of the statistics.
+type statsRequest struct {
+	result admission.Stats
+	done   chan struct{}
+}
+
+// limitsRequest asks for the current limits.
+type limitsRequest struct {
+	result admission.Limits
+	done   chan struct{}
+}
+
+// applyRequest asks to install a limits snapshot. With setBudget, the
+// snapshot is the current one with Budget replaced and the revision raised
+// by one.
+type applyRequest struct {
+	next      admission.Limits
+	setBudget bool
+	budget    int64
+	result    admission.ApplyResult
+	err       error
+	done      chan struct{}
+}
+
+// closeRequest closes the engine.
+type closeRequest struct{ done chan struct{} }
+
+// drainRequest waits until the engine is idle.
+type drainRequest struct {
+	result admission.DrainResult
+	done   chan struct{}
+}
+
+// drainCancel withdraws a drain request whose caller gave up.
+type drainCancel struct{ d *drainRequest }
+
+// subscribeRequest adds a listener.
+type subscribeRequest struct {
+	sub  *subscription
+	done chan struct{}
+}
+
+// unsubscribeMsg removes a listener.
+type unsubscribeMsg struct{ sub *subscription }

@@ -1,0 +1,544 @@
+package actor
+
+import (
+	"context"
+	"crypto/rand"
+	"math"
+	mrand "math/rand/v2"
+
+	"github.com/llmbulkhead/bulkhead/admission"
+	"github.com/llmbulkhead/bulkhead/clock"
+)
+
+// event kinds, indexing listener counts.
+const (
+	kindAdmit = iota
+	kindReject
+	kindRelease
+	kindReconfigure
+	numKinds
+)
+
+// state is the admission state machine. Only the admission actor touches
+// it, one message at a time; its methods never block and never call user
+// code. Events go out through emit, to the events actor.
+type state struct {
+	engine *Engine
+	clk    clock.Clock
+	emit   func(any)
+	ids    *mrand.ChaCha8
+
+	limits    admission.Limits
+	hasBudget bool
+	closed    bool
+
+	// The gate.
+	inFlight     int
+	qhead, qtail *AcquireRequest
+	pending      int
+
+	// The admission layer.
+	calls  int64 // admitted - released
+	tokens int64 // tokens held by admitted calls
+
+	gate       admission.GateStats
+	gateByWhy  [admission.NumReasons]int64
+	callStats  admission.CallStats
+	callsByWhy [admission.NumReasons]int64
+	abandoned  [2]int64
+	budget     admission.BudgetStats
+
+	listeners [numKinds]int
+	drains    []*drainRequest
+}
+
+func newState(e *Engine, limits admission.Limits, clk clock.Clock, emit func(any)) *state {
+	var seed [32]byte
+	_, _ = rand.Read(seed[:])
+	return &state{
+		engine:    e,
+		clk:       clk,
+		emit:      emit,
+		ids:       mrand.NewChaCha8(seed),
+		limits:    limits.Clone(),
+		hasBudget: limits.TokenBudget != nil,
+	}
+}
+
+// newID mints a random version 4 UUID.
+func (s *state) newID() admission.ID {
+	var id admission.ID
+	_, _ = s.ids.Read(id[:])
+	id[6] = id[6]&0x0f | 0x40
+	id[8] = id[8]&0x3f | 0x80
+	return id
+}
+
+// effectiveBudget is the budget a call of priority p may fill.
+func (s *state) effectiveBudget(p admission.Priority) int64 {
+	b := s.limits.TokenBudget
+	if p == admission.High {
+		return b.Budget
+	}
+	return max(0, b.Budget-b.HighPriorityReserve)
+}
+
+// checkCapacity runs the capacity checks other than the gate itself and
+// returns the reason of the first that fails, or NoReason.
+func (s *state) checkCapacity(p admission.Priority, reserved int64) admission.Reason {
+	if s.hasBudget && s.tokens+reserved > s.effectiveBudget(p) {
+		return admission.BudgetLimit
+	}
+	return admission.NoReason
+}
+
+// gateReason is the gate's answer for a call that finds no free slot, or
+// NoReason when it may wait.
+func (s *state) gateReason() admission.Reason {
+	switch {
+	case s.limits.MaxConcurrent == 0 || s.limits.MaxQueue == 0:
+		return admission.ConcurrencyLimit
+	case s.pending >= s.limits.MaxQueue:
+		return admission.QueueLimit
+	}
+	return admission.NoReason
+}
+
+// detail snapshots capacity for a call of priority p needing reserved tokens.
+func (s *state) detail(p admission.Priority, reserved int64) *admission.RejectDetail {
+	d := &admission.RejectDetail{
+		LimitRevision: s.limits.Revision,
+		InFlight:      s.inFlight,
+		MaxConcurrent: s.limits.MaxConcurrent,
+		Pending:       s.pending,
+		MaxQueue:      s.limits.MaxQueue,
+	}
+	if s.hasBudget {
+		eff := s.effectiveBudget(p)
+		d.TokenBudget = &admission.BudgetDetail{
+			Budget:          s.limits.TokenBudget.Budget,
+			InFlightTokens:  s.tokens,
+			EffectiveBudget: eff,
+			Available:       max(0, eff-s.tokens),
+			Requested:       reserved,
+		}
+	}
+	return d
+}
+
+// acquire decides a new request: admit, queue or reject.
+func (s *state) acquire(r *AcquireRequest) {
+	switch {
+	case s.closed:
+		s.reject(r, admission.Shutdown, true, nil)
+		return
+	case r.Ctx.Err() != nil:
+		s.reject(r, admission.Aborted, true, context.Cause(r.Ctx))
+		return
+	}
+	if why := s.checkCapacity(r.Priority, r.Reservation.Reserved); why != admission.NoReason {
+		s.reject(r, why, false, nil)
+		return
+	}
+	if s.inFlight < s.limits.MaxConcurrent {
+		s.grantSlot()
+		s.admit(r)
+		return
+	}
+	if why := s.gateReason(); why != admission.NoReason {
+		s.reject(r, why, true, nil)
+		return
+	}
+	s.enqueue(r)
+}
+
+func (s *state) grantSlot() {
+	s.inFlight++
+	s.gate.Admitted++
+}
+
+func (s *state) returnSlot() {
+	s.inFlight--
+	s.gate.Released++
+}
+
+// admit commits a request whose slot is already granted.
+func (s *state) admit(r *AcquireRequest) {
+	reserved := r.Reservation.Reserved
+	s.calls++
+	s.callStats.Admitted++
+	if s.hasBudget {
+		s.tokens += reserved
+		s.budget.TotalReserved += reserved
+	}
+	l := r.Lease
+	l.engine = s.engine
+	l.ID = s.newID()
+	l.Revision = s.limits.Revision
+	l.Priority = r.Priority
+	l.Reservation = r.Reservation
+	l.Request = r.Request
+	l.held = reserved
+	if s.listeners[kindAdmit] > 0 {
+		s.emit(&admission.AdmitEvent{
+			Request:        r.Request,
+			AdmissionID:    l.ID,
+			LimitRevision:  l.Revision,
+			Priority:       l.Priority,
+			Class:          l.Class,
+			ReservedTokens: reserved,
+			Resources:      l.Resources,
+			Timing:         s.timing(r),
+		})
+	}
+	r.Err = nil
+	r.answered = true
+	r.done <- struct{}{}
+}
+
+// reject answers r with a rejection. atGate counts it as a gate-level one.
+func (s *state) reject(r *AcquireRequest, why admission.Reason, atGate bool, cause error) {
+	if atGate {
+		s.gate.Rejected++
+		s.gateByWhy[why]++
+		switch why {
+		case admission.Aborted:
+			s.gate.Aborted++
+		case admission.Timeout:
+			s.gate.TimedOut++
+		}
+	}
+	s.callStats.Rejected++
+	s.callsByWhy[why]++
+	d := s.detail(r.Priority, r.Reservation.Reserved)
+	if s.listeners[kindReject] > 0 {
+		s.emit(&admission.RejectEvent{
+			Request:       r.Request,
+			Reason:        why,
+			LimitRevision: d.LimitRevision,
+			Detail:        d,
+			Priority:      r.Priority,
+			Timing:        s.timing(r),
+		})
+	}
+	r.Err = &admission.RejectedError{Reason: why, Detail: d, Cause: cause}
+	r.answered = true
+	r.done <- struct{}{}
+}
+
+// timing measures a decision that ends now. It reads the clock only when
+// the facade asked for timing.
+func (s *state) timing(r *AcquireRequest) admission.Timing {
+	if r.Start.IsZero() {
+		return admission.Timing{}
+	}
+	now := s.clk.Now()
+	if r.enqueuedAt.IsZero() {
+		return admission.Timing{DecisionDuration: now.Sub(r.Start)}
+	}
+	// A request that queued waited from enqueue to now; its own work was
+	// what came before the enqueue (the work after the grant is this call).
+	wait := now.Sub(r.enqueuedAt)
+	return admission.Timing{DecisionDuration: r.enqueuedAt.Sub(r.Start), QueueWait: wait}
+}
+
+func (s *state) enqueue(r *AcquireRequest) {
+	r.queued = true
+	r.prev = s.qtail
+	if s.qtail == nil {
+		s.qhead = r
+	} else {
+		s.qtail.next = r
+	}
+	s.qtail = r
+	s.pending++
+	if !r.Start.IsZero() {
+		r.enqueuedAt = s.clk.Now()
+	}
+	if r.QueueTimeout > 0 {
+		msg := &timeoutMsg{r: r, gen: r.gen}
+		e := s.engine
+		r.timer = s.clk.AfterFunc(r.QueueTimeout, func() { e.send(msg) })
+	}
+}
+
+// dequeue removes r from the queue and stops its timer.
+func (s *state) dequeue(r *AcquireRequest) {
+	if r.prev == nil {
+		s.qhead = r.next
+	} else {
+		r.prev.next = r.next
+	}
+	if r.next == nil {
+		s.qtail = r.prev
+	} else {
+		r.next.prev = r.prev
+	}
+	r.prev, r.next, r.queued = nil, nil, false
+	s.pending--
+	if r.timer != nil {
+		r.timer.Stop()
+		r.timer = nil
+	}
+}
+
+// pump admits waiters, in arrival order, while slots are free.
+func (s *state) pump() {
+	for s.qhead != nil && s.inFlight < s.limits.MaxConcurrent {
+		w := s.qhead
+		s.dequeue(w)
+		if w.Ctx.Err() != nil {
+			s.reject(w, admission.Aborted, true, context.Cause(w.Ctx))
+			continue
+		}
+		s.grantSlot()
+		// Postcheck: capacity may have changed while w waited.
+		if why := s.checkCapacity(w.Priority, w.Reservation.Reserved); why != admission.NoReason {
+			s.returnSlot()
+			s.reject(w, why, false, nil)
+			continue
+		}
+		s.admit(w)
+	}
+}
+
+// cancel withdraws a waiter whose context ended. A request that was already
+// answered is left alone: its answer stands.
+func (s *state) cancel(r *AcquireRequest) {
+	if !r.queued {
+		return
+	}
+	s.dequeue(r)
+	s.reject(r, admission.Aborted, true, context.Cause(r.Ctx))
+	s.checkDrains()
+}
+
+// timeout ends a waiter whose queue timeout fired.
+func (s *state) timeout(m *timeoutMsg) {
+	if !m.r.queued || m.r.gen != m.gen {
+		return // answered before the timer's message arrived
+	}
+	m.r.timer = nil
+	s.dequeue(m.r)
+	s.reject(m.r, admission.Timeout, true, nil)
+	s.checkDrains()
+}
+
+// release settles a lease.
+func (s *state) release(m *releaseMsg) {
+	l := m.l
+	if l.released {
+		return
+	}
+	l.released = true
+	s.returnSlot()
+	s.calls--
+	s.callStats.Released++
+	held, refunded := l.held, int64(0)
+	var usage *admission.Usage
+	if m.hasUsage {
+		u := m.usage
+		usage = &u
+	}
+	if s.hasBudget {
+		if usage != nil {
+			actual := usage.Total()
+			s.budget.TotalConsumed += actual
+			if actual < held {
+				refunded = held - actual
+				s.budget.TotalRefunded += refunded
+			}
+		}
+		s.tokens = max(0, s.tokens-held)
+	}
+	l.held = 0
+	if s.listeners[kindRelease] > 0 {
+		s.emit(&admission.ReleaseEvent{
+			Request:        l.Request,
+			AdmissionID:    l.ID,
+			LimitRevision:  l.Revision,
+			Priority:       l.Priority,
+			Class:          l.Class,
+			ReservedTokens: l.Reservation.Reserved,
+			Resources:      l.Resources,
+			HeldTokens:     held,
+			RefundedTokens: refunded,
+			UsageSequence:  l.sequence,
+			Usage:          usage,
+		})
+	}
+	s.pump()
+	s.checkDrains()
+}
+
+// wouldAdmit answers an advisory question without changing anything.
+func (s *state) wouldAdmit(q *wouldAdmitRequest) {
+	why := admission.NoReason
+	switch {
+	case s.closed:
+		why = admission.Shutdown
+	default:
+		why = s.checkCapacity(q.priority, q.reservation.Reserved)
+		if why == admission.NoReason && s.inFlight >= s.limits.MaxConcurrent {
+			why = s.gateReason()
+		}
+	}
+	q.result = admission.Decision{Admit: why == admission.NoReason, Reason: why}
+	if q.detail {
+		q.result.Detail = s.detail(q.priority, q.reservation.Reserved)
+	}
+	q.done <- struct{}{}
+}
+
+// validateLimits checks a snapshot against the bulkhead's shape.
+func (s *state) validateLimits(next admission.Limits) error {
+	if next.MaxConcurrent < 0 {
+		return admission.Invalidf("Limits.MaxConcurrent", "must be >= 0, got %d", next.MaxConcurrent)
+	}
+	if next.MaxQueue < 0 {
+		return admission.Invalidf("Limits.MaxQueue", "must be >= 0, got %d", next.MaxQueue)
+	}
+	switch b := next.TokenBudget; {
+	case b == nil && s.hasBudget:
+		return admission.Invalidf("Limits.TokenBudget", "must be set: the bulkhead has a token budget")
+	case b != nil && !s.hasBudget:
+		return admission.Invalidf("Limits.TokenBudget", "must be nil: the bulkhead has no token budget")
+	case b != nil:
+		if err := admission.CheckNonNegative("Limits.TokenBudget.Budget", b.Budget); err != nil {
+			return err
+		}
+		if err := admission.CheckNonNegative("Limits.TokenBudget.HighPriorityReserve", b.HighPriorityReserve); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// apply installs a limits snapshot, or says why not.
+func (s *state) apply(q *applyRequest) {
+	defer func() { q.done <- struct{}{} }()
+	next := q.next
+	if q.setBudget {
+		if !s.hasBudget {
+			q.err = admission.Invalidf("TokenBudget", "the bulkhead has no token budget to set")
+			return
+		}
+		if s.limits.Revision == math.MaxInt64 {
+			q.err = admission.Invalidf("Limits.Revision", "is at its maximum; no later revision exists")
+			return
+		}
+		next = s.limits.Clone()
+		next.Revision++
+		next.TokenBudget.Budget = q.budget
+	}
+	if next.Revision < 0 {
+		q.err = admission.Invalidf("Limits.Revision", "must be >= 0, got %d", next.Revision)
+		return
+	}
+	prev := s.limits.Clone()
+	if next.Revision <= s.limits.Revision {
+		q.result = admission.ApplyResult{Reason: admission.StaleRevision, Previous: prev, Current: prev}
+		return
+	}
+	if err := s.validateLimits(next); err != nil {
+		q.err = err
+		return
+	}
+	s.limits = next.Clone()
+	q.result = admission.ApplyResult{Applied: true, Previous: prev, Current: s.limits.Clone()}
+	if s.listeners[kindReconfigure] > 0 {
+		s.emit(&admission.ReconfigureEvent{Previous: prev, Current: s.limits.Clone()})
+	}
+	s.pump()
+}
+
+// close rejects every waiter and every later call with Shutdown.
+func (s *state) close() {
+	if s.closed {
+		return
+	}
+	s.closed = true
+	for s.qhead != nil {
+		w := s.qhead
+		s.dequeue(w)
+		s.reject(w, admission.Shutdown, true, nil)
+	}
+	s.checkDrains()
+}
+
+func (s *state) idle() bool { return s.calls == 0 && s.pending == 0 }
+
+func (s *state) drainResult() admission.DrainResult {
+	return admission.DrainResult{Drained: s.idle(), InFlight: int(s.calls), Pending: s.pending}
+}
+
+func (s *state) drain(d *drainRequest) {
+	if s.idle() {
+		d.result = s.drainResult()
+		d.done <- struct{}{}
+		return
+	}
+	s.drains = append(s.drains, d)
+}
+
+func (s *state) cancelDrain(d *drainRequest) {
+	for i, w := range s.drains {
+		if w == d {
+			s.drains = append(s.drains[:i], s.drains[i+1:]...)
+			d.result = s.drainResult()
+			d.done <- struct{}{}
+			return
+		}
+	}
+}
+
+func (s *state) checkDrains() {
+	if len(s.drains) == 0 || !s.idle() {
+		return
+	}
+	for _, d := range s.drains {
+		d.result = s.drainResult()
+		d.done <- struct{}{}
+	}
+	s.drains = nil
+}
+
+// stats copies the counters.
+func (s *state) stats() admission.Stats {
+	st := admission.Stats{Limits: s.limits.Clone(), Gate: s.gate, Calls: s.callStats}
+	st.Gate.InFlight = s.inFlight
+	st.Gate.Pending = s.pending
+	st.Gate.MaxConcurrent = s.limits.MaxConcurrent
+	st.Gate.MaxQueue = s.limits.MaxQueue
+	st.Gate.Closed = s.closed
+	st.Gate.DoubleReleases = s.engine.doubleReleases.Load()
+	st.Gate.RejectedByReason = byReason(&s.gateByWhy)
+	st.Calls.InFlight = s.calls
+	st.Calls.RejectedByReason = byReason(&s.callsByWhy)
+	st.Calls.AbandonedByCause = map[admission.AbandonCause]int64{}
+	for c, n := range s.abandoned {
+		if n > 0 {
+			st.Calls.AbandonedByCause[admission.AbandonCause(c)] = n
+		}
+	}
+	if s.hasBudget {
+		b := s.budget
+		b.Budget = s.limits.TokenBudget.Budget
+		b.HighPriorityReserve = s.limits.TokenBudget.HighPriorityReserve
+		b.InFlightTokens = s.tokens
+		b.Available = max(0, b.Budget-s.tokens)
+		st.TokenBudget = &b
+	}
+	st.ListenerPanics = s.engine.listenerPanics.Load()
+	return st
+}
+
+func byReason(counts *[admission.NumReasons]int64) map[admission.Reason]int64 {
+	m := make(map[admission.Reason]int64)
+	for r, n := range counts {
+		if n > 0 {
+			m[admission.Reason(r)] = n
+		}
+	}
+	return m
+}

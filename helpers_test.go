@@ -1,0 +1,93 @@
+package bulkhead_test
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/llmbulkhead/bulkhead"
+)
+
+// newBulkhead builds a bulkhead and closes and drains it when the test ends,
+// failing the test if it does not drain.
+func newBulkhead(t *testing.T, cfg bulkhead.Config) *bulkhead.Bulkhead {
+	t.Helper()
+	b, err := bulkhead.New(cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() {
+		b.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if res, err := b.Drain(ctx); err != nil || !res.Drained {
+			t.Errorf("Drain at cleanup: %+v, %v", res, err)
+		}
+	})
+	return b
+}
+
+// req is a request with one user message of text and the given max tokens.
+func req(text string, maxTokens int64) *bulkhead.Request {
+	return &bulkhead.Request{Messages: []bulkhead.Message{{Role: "user", Content: text}}, MaxTokens: maxTokens}
+}
+
+// waitFor polls cond until it holds, yielding the processor between polls.
+// It fails the test after a generous bound; it never sleeps.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		runtime.Gosched()
+	}
+}
+
+// acquireAsync starts an Acquire on its own goroutine.
+type result struct {
+	tok *bulkhead.Token
+	err error
+}
+
+func acquireAsync(ctx context.Context, b *bulkhead.Bulkhead, r *bulkhead.Request, opts ...bulkhead.Option) <-chan result {
+	ch := make(chan result, 1)
+	go func() {
+		tok, err := b.Acquire(ctx, r, opts...)
+		ch <- result{tok, err}
+	}()
+	return ch
+}
+
+// mustAcquire acquires or fails the test.
+func mustAcquire(t *testing.T, b *bulkhead.Bulkhead, r *bulkhead.Request, opts ...bulkhead.Option) *bulkhead.Token {
+	t.Helper()
+	tok, err := b.Acquire(context.Background(), r, opts...)
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	return tok
+}
+
+// wantReason checks that err is a rejection for reason why.
+func wantReason(t *testing.T, err error, why bulkhead.Reason) *bulkhead.RejectedError {
+	t.Helper()
+	var rej *bulkhead.RejectedError
+	if !errors.As(err, &rej) {
+		t.Fatalf("error = %v, want a rejection %v", err, why)
+	}
+	if rej.Reason != why {
+		t.Fatalf("reason = %v, want %v (err %v)", rej.Reason, why, err)
+	}
+	if !errors.Is(err, bulkhead.ErrRejected) || !errors.Is(err, why.Sentinel()) {
+		t.Fatalf("errors.Is fails for %v", err)
+	}
+	return rej
+}
+
+func pending(b *bulkhead.Bulkhead) func() bool {
+	return func() bool { return b.Stats().Gate.Pending > 0 }
+}

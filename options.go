@@ -1,0 +1,89 @@
+package bulkhead
+
+import (
+	"time"
+
+	"github.com/llmbulkhead/bulkhead/admission"
+)
+
+// Option is a per-call choice for Acquire, Run and WouldAdmit, such as
+// WithPriority(High). Options that make no sense for a method are an error
+// there, not silently ignored.
+type Option interface {
+	apply(*callOptions)
+}
+
+// callOptions is the resolved set of per-call options.
+type callOptions struct {
+	priority        Priority
+	reservation     *Reservation
+	queueTimeout    time.Duration
+	hasQueueTimeout bool
+	detail          bool
+}
+
+func resolve(opts []Option) callOptions {
+	var o callOptions
+	for _, opt := range opts {
+		if opt != nil {
+			opt.apply(&o)
+		}
+	}
+	return o
+}
+
+// validate checks the options that a method takes. method names the
+// method for the error message.
+func (o *callOptions) validate(method string, queueing bool) error {
+	if o.priority != Normal && o.priority != High {
+		return admission.Invalidf("WithPriority", "unknown priority %d", o.priority)
+	}
+	if o.hasQueueTimeout {
+		if !queueing {
+			return admission.Invalidf("WithQueueTimeout", "does not apply to %s", method)
+		}
+		if o.queueTimeout < 0 {
+			return admission.Invalidf("WithQueueTimeout", "must be >= 0, got %v", o.queueTimeout)
+		}
+	}
+	if o.detail && queueing {
+		return admission.Invalidf("WithDetail", "applies to WouldAdmit only, not %s", method)
+	}
+	return nil
+}
+
+type priorityOption Priority
+
+func (p priorityOption) apply(o *callOptions) { o.priority = Priority(p) }
+
+// WithPriority sets the call's priority. High calls may use the whole token
+// budget; Normal calls (the default) may not use the high-priority reserve.
+func WithPriority(p Priority) Option { return priorityOption(p) }
+
+type reservationOption struct{ r Reservation }
+
+func (r *reservationOption) apply(o *callOptions) { o.reservation = &r.r }
+
+// WithReservation makes the call reserve exactly r instead of running the
+// estimator. r.Reserved may be zero; when set it must equal r.Input +
+// r.MaxOutput. A Reservation returned by Estimate round-trips. Without a
+// token budget the option is ignored.
+func WithReservation(r Reservation) Option { return &reservationOption{r: r} }
+
+type queueTimeoutOption time.Duration
+
+func (d queueTimeoutOption) apply(o *callOptions) {
+	o.queueTimeout, o.hasQueueTimeout = time.Duration(d), true
+}
+
+// WithQueueTimeout bounds how long this call may wait in the queue,
+// overriding Config.QueueTimeout. Zero waits until the context ends.
+func WithQueueTimeout(d time.Duration) Option { return queueTimeoutOption(d) }
+
+type detailOption struct{}
+
+func (detailOption) apply(o *callOptions) { o.detail = true }
+
+// WithDetail makes WouldAdmit return the capacity snapshot with every
+// decision, admissions included.
+func WithDetail() Option { return detailOption{} }

@@ -1,0 +1,124 @@
+package bulkhead
+
+import (
+	"github.com/llmbulkhead/bulkhead/admission"
+	"github.com/llmbulkhead/bulkhead/estimate"
+)
+
+// The vocabulary of requests and usage.
+type (
+	// Request is the part of an LLM call that admission reads.
+	Request = admission.Request
+	// Message is one turn of a conversation.
+	Message = admission.Message
+	// Block is one block of structured content.
+	Block = admission.Block
+	// Usage is what a call consumed, as the provider reports it.
+	Usage = admission.Usage
+	// Reservation is what an admission holds against the token budget.
+	Reservation = admission.Reservation
+	// Estimator turns a request into a reservation.
+	Estimator = estimate.Estimator
+	// Priority is a call's claim on the high-priority reserve.
+	Priority = admission.Priority
+	// ID is an admission ID, a random UUID.
+	ID = admission.ID
+	// Resources says what shared capacity an admission borrowed.
+	Resources = admission.Resources
+)
+
+// The priorities.
+const (
+	Normal = admission.Normal
+	High   = admission.High
+)
+
+// The vocabulary of limits and decisions.
+type (
+	// Limits is the runtime-adjustable configuration, one versioned snapshot.
+	Limits = admission.Limits
+	// BudgetLimits is the adjustable part of a token budget.
+	BudgetLimits = admission.BudgetLimits
+	// ApplyResult is the outcome of ApplyLimits and SetBudget.
+	ApplyResult = admission.ApplyResult
+	// Decision is the answer of WouldAdmit.
+	Decision = admission.Decision
+	// DrainResult is the outcome of Drain.
+	DrainResult = admission.DrainResult
+	// Reason says why a call was not admitted.
+	Reason = admission.Reason
+	// Constraint names the limit a capacity rejection hit (with classes).
+	Constraint = admission.Constraint
+	// RejectDetail is the capacity snapshot a decision was made on.
+	RejectDetail = admission.RejectDetail
+	// BudgetDetail is the token side of a RejectDetail.
+	BudgetDetail = admission.BudgetDetail
+	// AbandonCause says why a borrowed slot was given back early.
+	AbandonCause = admission.AbandonCause
+	// Timing is how long an admission decision took.
+	Timing = admission.Timing
+)
+
+// StaleRevision is ApplyResult.Reason when a snapshot's revision was not
+// above the current one.
+const StaleRevision = admission.StaleRevision
+
+// The rejection reasons.
+const (
+	ConcurrencyLimit  = admission.ConcurrencyLimit
+	QueueLimit        = admission.QueueLimit
+	Timeout           = admission.Timeout
+	Aborted           = admission.Aborted
+	Shutdown          = admission.Shutdown
+	BudgetLimit       = admission.BudgetLimit
+	UnshareableResult = admission.UnshareableResult
+	RateLimit         = admission.RateLimit
+)
+
+// The vocabulary of errors.
+type (
+	// RejectedError is the error of a call the bulkhead did not admit.
+	RejectedError = admission.RejectedError
+	// ConfigError reports an invalid field of a configuration, request,
+	// option or usage report.
+	ConfigError = admission.ConfigError
+)
+
+// ErrRejected matches every rejection. Each reason also has its own
+// sentinel, so errors.Is(err, ErrBudgetLimit) picks out budget rejections.
+var (
+	ErrRejected          = admission.ErrRejected
+	ErrConcurrencyLimit  = admission.ErrConcurrencyLimit
+	ErrQueueLimit        = admission.ErrQueueLimit
+	ErrTimeout           = admission.ErrTimeout
+	ErrAborted           = admission.ErrAborted
+	ErrShutdown          = admission.ErrShutdown
+	ErrBudgetLimit       = admission.ErrBudgetLimit
+	ErrUnshareableResult = admission.ErrUnshareableResult
+	ErrRateLimit         = admission.ErrRateLimit
+)
+
+// ErrInvalid matches every *ConfigError.
+var ErrInvalid = admission.ErrInvalid
+
+// The vocabulary of events and statistics.
+type (
+	// Hooks is a set of event listeners, subscribed with Subscribe.
+	Hooks = admission.Hooks
+	// AdmitEvent is emitted when a call is admitted.
+	AdmitEvent = admission.AdmitEvent
+	// RejectEvent is emitted when a call is rejected.
+	RejectEvent = admission.RejectEvent
+	// ReleaseEvent is emitted once per admission, at release.
+	ReleaseEvent = admission.ReleaseEvent
+	// ReconfigureEvent is emitted when limits are applied.
+	ReconfigureEvent = admission.ReconfigureEvent
+	// Stats is a copy of the bulkhead's counters.
+	Stats = admission.Stats
+	// GateStats counts what happened at the concurrency gate.
+	GateStats = admission.GateStats
+	// CallStats counts admissions.
+	CallStats = admission.CallStats
+	// BudgetStats is the token budget and its ledger.
+	BudgetStats = admission.BudgetStats
+)
