@@ -21,7 +21,6 @@ import (
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/llmbulkhead/bulkhead/actor"
@@ -108,7 +107,6 @@ type Bulkhead struct {
 	estimator Estimator
 	hasBudget bool
 	timeout   time.Duration
-	tokens    sync.Pool
 }
 
 // New validates cfg and starts a Bulkhead.
@@ -131,7 +129,6 @@ func New(cfg Config) (*Bulkhead, error) {
 		limits.TokenBudget = &BudgetLimits{Budget: tb.Budget, HighPriorityReserve: tb.HighPriorityReserve}
 	}
 	b.eng = actor.Start(actor.Config{Limits: limits, Clock: cfg.Clock, Logger: cfg.Logger})
-	b.tokens.New = func() any { return &Token{b: b} }
 	return b, nil
 }
 
@@ -208,8 +205,13 @@ func (b *Bulkhead) acquire(ctx context.Context, req *Request, o *callOptions, me
 	if err != nil {
 		return nil, err
 	}
-	tok := b.tokens.Get().(*Token)
 	r := b.eng.NewRequest()
+	// A token that a rejected call did not need stays with the pooled
+	// request for the next call, so rejections allocate no token.
+	tok, _ := r.Spare.(*Token)
+	if tok == nil {
+		tok = &Token{b: b}
+	}
 	r.Ctx = ctx
 	r.Request = req
 	r.Priority = o.priority
@@ -221,12 +223,14 @@ func (b *Bulkhead) acquire(ctx context.Context, req *Request, o *callOptions, me
 	r.Lease = &tok.l
 	r.Start = start
 	err = b.eng.Acquire(r)
-	b.eng.PutRequest(r)
 	if err != nil {
-		b.tokens.Put(tok)
-		return nil, err
+		r.Spare = tok
+		tok = nil
+	} else {
+		r.Spare = nil
 	}
-	return tok, nil
+	b.eng.PutRequest(r)
+	return tok, err
 }
 
 // WouldAdmit says whether a call would be admitted now (or would queue),

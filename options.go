@@ -10,7 +10,7 @@ import (
 // WithPriority(High). Options that make no sense for a method are an error
 // there, not silently ignored.
 type Option interface {
-	apply(*callOptions)
+	apply(callOptions) callOptions
 }
 
 // callOptions is the resolved set of per-call options.
@@ -26,7 +26,7 @@ func resolve(opts []Option) callOptions {
 	var o callOptions
 	for _, opt := range opts {
 		if opt != nil {
-			opt.apply(&o)
+			o = opt.apply(o)
 		}
 	}
 	return o
@@ -54,7 +54,10 @@ func (o *callOptions) validate(method string, queueing bool) error {
 
 type priorityOption Priority
 
-func (p priorityOption) apply(o *callOptions) { o.priority = Priority(p) }
+func (p priorityOption) apply(o callOptions) callOptions {
+	o.priority = Priority(p)
+	return o
+}
 
 // WithPriority sets the call's priority. High calls may use the whole token
 // budget; Normal calls (the default) may not use the high-priority reserve.
@@ -62,7 +65,10 @@ func WithPriority(p Priority) Option { return priorityOption(p) }
 
 type reservationOption struct{ r Reservation }
 
-func (r *reservationOption) apply(o *callOptions) { o.reservation = &r.r }
+func (r *reservationOption) apply(o callOptions) callOptions {
+	o.reservation = &r.r
+	return o
+}
 
 // WithReservation makes the call reserve exactly r instead of running the
 // estimator. r.Reserved may be zero; when set it must equal r.Input +
@@ -72,8 +78,9 @@ func WithReservation(r Reservation) Option { return &reservationOption{r: r} }
 
 type queueTimeoutOption time.Duration
 
-func (d queueTimeoutOption) apply(o *callOptions) {
+func (d queueTimeoutOption) apply(o callOptions) callOptions {
 	o.queueTimeout, o.hasQueueTimeout = time.Duration(d), true
+	return o
 }
 
 // WithQueueTimeout bounds how long this call may wait in the queue,
@@ -82,7 +89,10 @@ func WithQueueTimeout(d time.Duration) Option { return queueTimeoutOption(d) }
 
 type detailOption struct{}
 
-func (detailOption) apply(o *callOptions) { o.detail = true }
+func (detailOption) apply(o callOptions) callOptions {
+	o.detail = true
+	return o
+}
 
 // WithDetail makes WouldAdmit return the capacity snapshot with every
 // decision, admissions included.

@@ -40,13 +40,16 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// ErrStopped is returned by calls that reach an engine after it stopped.
-var ErrStopped = errors.New("bulkhead: engine stopped")
-
 // ErrInternal wraps a panic recovered inside the admission actor.
 var ErrInternal = errors.New("bulkhead: internal error")
 
 // Engine is a running admission engine.
+//
+// The admission actor runs on the synchronized dispatcher and so owns no
+// goroutine: it lives as long as the Engine and answers every message, even
+// after Close (with Shutdown). The events actor does own one while it has
+// events to deliver; a Drain that finds a closed engine idle stops it, after
+// which no events are delivered.
 type Engine struct {
 	sys    *actor.ActorSystem
 	root   *actor.RootContext
@@ -54,11 +57,8 @@ type Engine struct {
 	events *actor.PID
 	clk    clock.Clock
 
-	// stopped is closed once the engine has stopped for good.
-	stopped  chan struct{}
-	stopOnce sync.Once
 	closed   atomic.Bool
-	final    atomic.Pointer[admission.Stats]
+	stopOnce sync.Once
 
 	// timing is true while anyone listens for admit or reject events.
 	timing         atomic.Bool
@@ -79,10 +79,9 @@ func Start(cfg Config) *Engine {
 		actor.WithDeadLetterRequestLogging(false),
 	)
 	e := &Engine{
-		sys:     sys,
-		root:    sys.Root,
-		clk:     clock.OrReal(cfg.Clock),
-		stopped: make(chan struct{}),
+		sys:  sys,
+		root: sys.Root,
+		clk:  clock.OrReal(cfg.Clock),
 	}
 	e.requests.New = func() any {
 		r := &AcquireRequest{done: make(chan struct{}, 1)}
@@ -102,19 +101,6 @@ func Start(cfg Config) *Engine {
 
 // send posts a message to the admission actor.
 func (e *Engine) send(msg any) { e.root.Send(e.pid, msg) }
-
-// Stopped returns a channel closed once the engine has stopped.
-func (e *Engine) Stopped() <-chan struct{} { return e.stopped }
-
-// isStopped reports whether the engine has stopped.
-func (e *Engine) isStopped() bool {
-	select {
-	case <-e.stopped:
-		return true
-	default:
-		return false
-	}
-}
 
 // WantTiming reports whether the facade should record decision start times.
 func (e *Engine) WantTiming() bool { return e.timing.Load() }
@@ -142,89 +128,50 @@ func (e *Engine) PutRequest(r *AcquireRequest) {
 // when the admission won the race, the admission itself. So a request
 // always ends with exactly one outcome, and nothing is leaked.
 func (e *Engine) Acquire(r *AcquireRequest) error {
-	if e.isStopped() {
-		return &admission.RejectedError{Reason: admission.Shutdown}
-	}
 	e.send(r)
-	select {
-	case <-r.done:
-		return r.Err
-	default:
-	}
-	select {
-	case <-r.done:
-		return r.Err
-	case <-r.Ctx.Done():
-		e.send(&r.cancel)
-	case <-e.stopped:
-		return &admission.RejectedError{Reason: admission.Shutdown}
-	}
-	select {
-	case <-r.done:
-		return r.Err
-	case <-e.stopped:
-		return &admission.RejectedError{Reason: admission.Shutdown}
-	}
-}
-
-// call sends msg and waits for done, or for the engine to stop.
-func (e *Engine) call(msg any, done chan struct{}) error {
-	if e.isStopped() {
-		return ErrStopped
-	}
-	e.send(msg)
-	select {
-	case <-done:
-		return nil
-	case <-e.stopped:
-		// The engine may have answered just before it stopped.
+	if ctxDone := r.Ctx.Done(); ctxDone != nil {
 		select {
-		case <-done:
-			return nil
-		default:
-			return ErrStopped
+		case <-r.done:
+			return r.Err
+		case <-ctxDone:
+			e.send(&r.cancel)
 		}
 	}
+	<-r.done
+	return r.Err
+}
+
+// call sends msg and waits for done.
+func (e *Engine) call(msg any, done chan struct{}) {
+	e.send(msg)
+	<-done
 }
 
 // WouldAdmit returns the advisory decision for a call.
 func (e *Engine) WouldAdmit(p admission.Priority, res admission.Reservation, detail bool) admission.Decision {
 	q := &wouldAdmitRequest{priority: p, reservation: res, detail: detail, done: make(chan struct{}, 1)}
-	if err := e.call(q, q.done); err != nil {
-		d := admission.Decision{Reason: admission.Shutdown}
-		if detail {
-			st := e.Stats()
-			d.Detail = &admission.RejectDetail{LimitRevision: st.Limits.Revision, MaxConcurrent: st.Limits.MaxConcurrent, MaxQueue: st.Limits.MaxQueue}
-		}
-		return d
-	}
+	e.call(q, q.done)
 	return q.result
 }
 
 // Stats returns a copy of the statistics.
 func (e *Engine) Stats() admission.Stats {
 	q := &statsRequest{done: make(chan struct{}, 1)}
-	if err := e.call(q, q.done); err != nil {
-		return *e.final.Load()
-	}
+	e.call(q, q.done)
 	return q.result
 }
 
 // Limits returns the current limits snapshot.
 func (e *Engine) Limits() admission.Limits {
 	q := &limitsRequest{done: make(chan struct{}, 1)}
-	if err := e.call(q, q.done); err != nil {
-		return e.final.Load().Limits.Clone()
-	}
+	e.call(q, q.done)
 	return q.result
 }
 
 // ApplyLimits installs next, atomically, if its revision is newer.
 func (e *Engine) ApplyLimits(next admission.Limits) (admission.ApplyResult, error) {
 	q := &applyRequest{next: next.Clone(), done: make(chan struct{}, 1)}
-	if err := e.call(q, q.done); err != nil {
-		return admission.ApplyResult{}, &admission.RejectedError{Reason: admission.Shutdown}
-	}
+	e.call(q, q.done)
 	return q.result, q.err
 }
 
@@ -232,9 +179,7 @@ func (e *Engine) ApplyLimits(next admission.Limits) (admission.ApplyResult, erro
 // revision.
 func (e *Engine) SetBudget(budget int64) (admission.ApplyResult, error) {
 	q := &applyRequest{setBudget: true, budget: budget, done: make(chan struct{}, 1)}
-	if err := e.call(q, q.done); err != nil {
-		return admission.ApplyResult{}, &admission.RejectedError{Reason: admission.Shutdown}
-	}
+	e.call(q, q.done)
 	return q.result, q.err
 }
 
@@ -244,32 +189,20 @@ func (e *Engine) Close() {
 		return
 	}
 	q := &closeRequest{done: make(chan struct{}, 1)}
-	_ = e.call(q, q.done)
+	e.call(q, q.done)
 }
-
-// Closed reports whether Close has been called.
-func (e *Engine) Closed() bool { return e.closed.Load() }
 
 // Drain waits until nothing is in flight or queued and every admission has
 // been released, or until ctx ends. When the engine is closed and drained
-// it also stops the engine's actors, so no goroutine of it remains.
+// it also stops event delivery, so no goroutine of the engine remains.
 func (e *Engine) Drain(ctx context.Context) admission.DrainResult {
-	if e.isStopped() {
-		return admission.DrainResult{Drained: true}
-	}
 	d := &drainRequest{done: make(chan struct{}, 1)}
 	e.send(d)
 	select {
 	case <-d.done:
 	case <-ctx.Done():
 		e.send(&drainCancel{d: d})
-		select {
-		case <-d.done:
-		case <-e.stopped:
-			return admission.DrainResult{Drained: true}
-		}
-	case <-e.stopped:
-		return admission.DrainResult{Drained: true}
+		<-d.done
 	}
 	if d.result.Drained && e.closed.Load() {
 		e.stop(ctx)
@@ -277,22 +210,21 @@ func (e *Engine) Drain(ctx context.Context) admission.DrainResult {
 	return d.result
 }
 
-// stop shuts the engine down: it waits for the events actor to deliver
-// what it holds (until ctx ends), records the final statistics, stops both
-// actors and the actor system.
+// stop ends event delivery: the admission actor stops emitting, the events
+// actor delivers what it holds (until ctx ends) and stops, and the actor
+// system shuts down. The admission actor, which owns no goroutine, keeps
+// answering.
 func (e *Engine) stop(ctx context.Context) {
 	e.stopOnce.Do(func() {
-		st := e.Stats()
-		e.final.Store(&st)
+		q := &eventsOffRequest{done: make(chan struct{}, 1)}
+		e.call(q, q.done)
 		flushed := make(chan struct{})
 		e.root.Send(e.events, &flushMsg{done: flushed})
 		select {
 		case <-flushed:
 		case <-ctx.Done():
 		}
-		e.root.Stop(e.pid)
 		e.root.Stop(e.events)
-		close(e.stopped)
 		e.sys.Shutdown()
 	})
 }
@@ -302,6 +234,8 @@ type admissionActor struct {
 	engine *Engine
 	state  *state
 	ctx    actor.Context
+	// eventsOff is set once event delivery has stopped for good.
+	eventsOff bool
 }
 
 func (a *admissionActor) emit(ev any) { a.ctx.Send(a.engine.events, ev) }
@@ -348,23 +282,53 @@ func (a *admissionActor) Receive(ctx actor.Context) {
 		a.subscribe(m)
 	case *unsubscribeMsg:
 		a.unsubscribe(m)
+	case *eventsOffRequest:
+		a.eventsOff = true
+		s.listeners = [numKinds]int{}
+		a.engine.timing.Store(false)
+		m.done <- struct{}{}
 	}
 }
 
-// recovered answers the sender of a message whose handler panicked.
+// recovered answers the sender of a message whose handler panicked, so no
+// caller waits forever. The state keeps whatever the handler had done.
 func (a *admissionActor) recovered(msg any, p any) {
 	err := fmt.Errorf("%w: panic handling %T: %v", ErrInternal, msg, p)
 	a.engine.sys.Logger().Error("bulkhead: recovered panic in admission actor", "error", err)
+	var done chan struct{}
 	switch m := msg.(type) {
 	case *AcquireRequest:
-		if !m.answered && !m.queued {
-			m.Err = err
-			m.done <- struct{}{}
+		if m.answered || m.queued {
+			return
 		}
+		m.Err, m.answered = err, true
+		done = m.done
+	case *applyRequest:
+		m.err = err
+		done = m.done
+	case *wouldAdmitRequest:
+		done = m.done
+	case *statsRequest:
+		done = m.done
+	case *limitsRequest:
+		done = m.done
+	case *closeRequest:
+		done = m.done
+	case *subscribeRequest:
+		done = m.done
+	case *eventsOffRequest:
+		done = m.done
+	}
+	if done != nil && len(done) == 0 {
+		done <- struct{}{}
 	}
 }
 
 func (a *admissionActor) subscribe(m *subscribeRequest) {
+	if a.eventsOff {
+		m.done <- struct{}{}
+		return
+	}
 	s := a.state
 	h := &m.sub.hooks
 	for kind, set := range [numKinds]bool{h.Admit != nil, h.Reject != nil, h.Release != nil, h.Reconfigure != nil} {
@@ -378,6 +342,9 @@ func (a *admissionActor) subscribe(m *subscribeRequest) {
 }
 
 func (a *admissionActor) unsubscribe(m *unsubscribeMsg) {
+	if a.eventsOff {
+		return
+	}
 	s := a.state
 	h := &m.sub.hooks
 	for kind, set := range [numKinds]bool{h.Admit != nil, h.Reject != nil, h.Release != nil, h.Reconfigure != nil} {

@@ -84,17 +84,13 @@ func (a *eventsActor) call(f func()) {
 func (e *Engine) Subscribe(h admission.Hooks) (unsubscribe func()) {
 	sub := &subscription{hooks: h}
 	q := &subscribeRequest{sub: sub, done: make(chan struct{}, 1)}
-	if err := e.call(q, q.done); err != nil {
-		return func() {}
-	}
+	e.call(q, q.done)
 	var once atomic.Bool
 	return func() {
 		if once.Swap(true) {
 			return
 		}
 		sub.gone.Store(true)
-		if !e.isStopped() {
-			e.send(&unsubscribeMsg{sub: sub})
-		}
+		e.send(&unsubscribeMsg{sub: sub})
 	}
 }

@@ -34,11 +34,17 @@ type AcquireRequest struct {
 	// Err is the rejection, nil when admitted. Set by the engine.
 	Err error
 
+	// Spare is the facade's: a value it keeps with the pooled request
+	// across uses (the token a rejected call did not need). The engine
+	// never reads it.
+	Spare any
+
 	// answered is set by the engine when it replies.
 	answered bool
 
 	done   chan struct{}
 	cancel cancelMsg
+	node   mpscNode
 
 	// Owned by the engine while the request is queued.
 	prev, next *AcquireRequest
@@ -49,13 +55,22 @@ type AcquireRequest struct {
 }
 
 func (r *AcquireRequest) reset() {
-	gen := r.gen + 1
-	done, cancel := r.done, r.cancel
-	*r = AcquireRequest{done: done, cancel: cancel, gen: gen}
+	r.gen++
+	r.Ctx, r.Request, r.Lease, r.Err = nil, nil, nil, nil
+	r.Priority, r.Reservation, r.QueueTimeout = 0, admission.Reservation{}, 0
+	r.Start, r.enqueuedAt = time.Time{}, time.Time{}
+	r.answered, r.queued, r.prev, r.next, r.timer = false, false, nil, nil, nil
 }
 
+func (r *AcquireRequest) mailboxNode() *mpscNode { return &r.node }
+
 // cancelMsg asks the engine to withdraw a queued request.
-type cancelMsg struct{ r *AcquireRequest }
+type cancelMsg struct {
+	r    *AcquireRequest
+	node mpscNode
+}
+
+func (c *cancelMsg) mailboxNode() *mpscNode { return &c.node }
 
 // timeoutMsg is a queue timeout firing for generation gen of r.
 type timeoutMsg struct {
@@ -99,7 +114,10 @@ type releaseMsg struct {
 	l        *Lease
 	usage    admission.Usage
 	hasUsage bool
+	node     mpscNode
 }
+
+func (m *releaseMsg) mailboxNode() *mpscNode { return &m.node }
 
 // Released reports whether Release has been called on the lease.
 func (l *Lease) Released() bool { return l.releasing.Load() }
@@ -173,3 +191,6 @@ type subscribeRequest struct {
 
 // unsubscribeMsg removes a listener.
 type unsubscribeMsg struct{ sub *subscription }
+
+// eventsOffRequest stops the emission of events for good.
+type eventsOffRequest struct{ done chan struct{} }

@@ -335,14 +335,9 @@ func (s *state) release(m *releaseMsg) {
 	s.calls--
 	s.callStats.Released++
 	held, refunded := l.held, int64(0)
-	var usage *admission.Usage
-	if m.hasUsage {
-		u := m.usage
-		usage = &u
-	}
 	if s.hasBudget {
-		if usage != nil {
-			actual := usage.Total()
+		if m.hasUsage {
+			actual := m.usage.Total()
 			s.budget.TotalConsumed += actual
 			if actual < held {
 				refunded = held - actual
@@ -353,6 +348,10 @@ func (s *state) release(m *releaseMsg) {
 	}
 	l.held = 0
 	if s.listeners[kindRelease] > 0 {
+		var usage *admission.Usage
+		if m.hasUsage {
+			usage = &admission.Usage{Input: m.usage.Input, Output: m.usage.Output}
+		}
 		s.emit(&admission.ReleaseEvent{
 			Request:        l.Request,
 			AdmissionID:    l.ID,
@@ -416,40 +415,39 @@ func (s *state) validateLimits(next admission.Limits) error {
 
 // apply installs a limits snapshot, or says why not.
 func (s *state) apply(q *applyRequest) {
-	defer func() { q.done <- struct{}{} }()
+	q.result, q.err = s.applyLimits(q)
+	q.done <- struct{}{}
+}
+
+func (s *state) applyLimits(q *applyRequest) (admission.ApplyResult, error) {
 	next := q.next
 	if q.setBudget {
 		if !s.hasBudget {
-			q.err = admission.Invalidf("TokenBudget", "the bulkhead has no token budget to set")
-			return
+			return admission.ApplyResult{}, admission.Invalidf("TokenBudget", "the bulkhead has no token budget to set")
 		}
 		if s.limits.Revision == math.MaxInt64 {
-			q.err = admission.Invalidf("Limits.Revision", "is at its maximum; no later revision exists")
-			return
+			return admission.ApplyResult{}, admission.Invalidf("Limits.Revision", "is at its maximum; no later revision exists")
 		}
 		next = s.limits.Clone()
 		next.Revision++
 		next.TokenBudget.Budget = q.budget
 	}
 	if next.Revision < 0 {
-		q.err = admission.Invalidf("Limits.Revision", "must be >= 0, got %d", next.Revision)
-		return
+		return admission.ApplyResult{}, admission.Invalidf("Limits.Revision", "must be >= 0, got %d", next.Revision)
 	}
 	prev := s.limits.Clone()
 	if next.Revision <= s.limits.Revision {
-		q.result = admission.ApplyResult{Reason: admission.StaleRevision, Previous: prev, Current: prev}
-		return
+		return admission.ApplyResult{Reason: admission.StaleRevision, Previous: prev, Current: prev}, nil
 	}
 	if err := s.validateLimits(next); err != nil {
-		q.err = err
-		return
+		return admission.ApplyResult{}, err
 	}
 	s.limits = next.Clone()
-	q.result = admission.ApplyResult{Applied: true, Previous: prev, Current: s.limits.Clone()}
 	if s.listeners[kindReconfigure] > 0 {
 		s.emit(&admission.ReconfigureEvent{Previous: prev, Current: s.limits.Clone()})
 	}
 	s.pump()
+	return admission.ApplyResult{Applied: true, Previous: prev, Current: s.limits.Clone()}, nil
 }
 
 // close rejects every waiter and every later call with Shutdown.

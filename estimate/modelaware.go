@@ -64,6 +64,15 @@ var byLength = func() []int {
 // false when no prefix matches. "claude-sonnet-4-5-20250929" matches
 // "claude-sonnet-4-5" rather than "claude-sonnet-4".
 func BuiltinRatio(model string) (float64, bool) {
+	if i := builtinMatch(model); i >= 0 {
+		return builtinRatios[i].ratio, true
+	}
+	return UnknownModelRatio, false
+}
+
+// builtinMatch returns the index in builtinRatios of the longest prefix of
+// model, compared case-insensitively, or -1.
+func builtinMatch(model string) int {
 	if !isASCII(model) {
 		// Rare: Unicode case mapping can change lengths (the Kelvin sign
 		// lowers to 'k'), so lower the whole name first.
@@ -71,10 +80,10 @@ func BuiltinRatio(model string) (float64, bool) {
 	}
 	for _, i := range byLength {
 		if hasPrefixFold(model, builtinRatios[i].prefix) {
-			return builtinRatios[i].ratio, true
+			return i
 		}
 	}
-	return UnknownModelRatio, false
+	return -1
 }
 
 // OpaqueSurcharge is the number of input tokens charged for each opaque

@@ -1,0 +1,71 @@
+package actor
+
+import "sync/atomic"
+
+// mpscNode links one message into an mpscQueue. Messages on the hot path
+// embed their own node (see queued), so posting them allocates nothing.
+type mpscNode struct {
+	next atomic.Pointer[mpscNode]
+	msg  any
+}
+
+// queued is implemented by messages that carry their own mpscNode. Such a
+// message must not be posted again before it has been received.
+type queued interface {
+	mailboxNode() *mpscNode
+}
+
+// mpscQueue is an intrusive multi-producer, single-consumer FIFO queue
+// (Dmitry Vyukov's node-based design). Push is wait-free: one atomic swap
+// and one store. Pop is for the single consumer only. A node that Pop has
+// returned is no longer referenced by the queue and may be pushed again.
+type mpscQueue struct {
+	head atomic.Pointer[mpscNode] // producers' end: the last node pushed
+	tail *mpscNode                // consumer's end: the next node to pop
+	stub mpscNode
+}
+
+func (q *mpscQueue) init() {
+	q.head.Store(&q.stub)
+	q.tail = &q.stub
+}
+
+func (q *mpscQueue) push(n *mpscNode) {
+	n.next.Store(nil)
+	prev := q.head.Swap(n)
+	prev.next.Store(n)
+}
+
+// pop returns the oldest message, or nil when the queue is empty or a push
+// is halfway done (the caller tries again later).
+func (q *mpscQueue) pop() any {
+	tail := q.tail
+	next := tail.next.Load()
+	if tail == &q.stub {
+		if next == nil {
+			return nil
+		}
+		q.tail = next
+		tail = next
+		next = next.next.Load()
+	}
+	if next != nil {
+		q.tail = next
+		return q.take(tail)
+	}
+	if tail != q.head.Load() {
+		return nil // a producer has swapped head but not linked yet
+	}
+	q.push(&q.stub)
+	if next = tail.next.Load(); next != nil {
+		q.tail = next
+		return q.take(tail)
+	}
+	return nil
+}
+
+func (q *mpscQueue) take(n *mpscNode) any {
+	msg := n.msg
+	n.msg = nil
+	return msg
+}

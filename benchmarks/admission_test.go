@@ -1,0 +1,168 @@
+package benchmarks
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+
+	"golang.org/x/sync/semaphore"
+
+	"github.com/llmbulkhead/bulkhead"
+)
+
+// benchRequest is the reference harness's request: one user message of 224
+// characters and MaxTokens 256.
+var benchRequest = &bulkhead.Request{
+	Messages:  []bulkhead.Message{{Role: "user", Content: strings.Repeat("abcdefgh", 28)}},
+	MaxTokens: 256,
+}
+
+func newBench(b *testing.B, cfg bulkhead.Config) *bulkhead.Bulkhead {
+	b.Helper()
+	bh, err := bulkhead.New(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		bh.Close()
+		if _, err := bh.Drain(context.Background()); err != nil {
+			b.Error(err)
+		}
+	})
+	return bh
+}
+
+func budgetConfig(maxConcurrent int) bulkhead.Config {
+	cfg := bulkhead.Interactive("gpt-4o", maxConcurrent)
+	cfg.TokenBudget = &bulkhead.TokenBudget{Budget: 1 << 50}
+	return cfg
+}
+
+func benchAcquireRelease(b *testing.B, cfg bulkhead.Config, opts ...bulkhead.Option) {
+	bh := newBench(b, cfg)
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		tok, err := bh.Acquire(ctx, benchRequest, opts...)
+		if err != nil {
+			b.Fatal(err)
+		}
+		_ = tok.Release(nil)
+	}
+}
+
+// BenchmarkAcquireRelease is one goroutine acquiring and releasing.
+func BenchmarkAcquireRelease(b *testing.B) {
+	b.Run("concurrency", func(b *testing.B) {
+		benchAcquireRelease(b, bulkhead.Interactive("gpt-4o", 1<<30))
+	})
+	b.Run("budget", func(b *testing.B) {
+		benchAcquireRelease(b, budgetConfig(1<<30))
+	})
+	b.Run("budget-override", func(b *testing.B) {
+		benchAcquireRelease(b, budgetConfig(1<<30),
+			bulkhead.WithReservation(bulkhead.Reservation{Input: 61, MaxOutput: 256}))
+	})
+	b.Run("mutex", func(b *testing.B) {
+		var mu sync.Mutex
+		inUse, limit := 0, 1<<30
+		b.ReportAllocs()
+		for b.Loop() {
+			mu.Lock()
+			if inUse >= limit {
+				b.Fatal("full")
+			}
+			inUse++
+			mu.Unlock()
+			mu.Lock()
+			inUse--
+			mu.Unlock()
+		}
+	})
+	b.Run("semaphore", func(b *testing.B) {
+		sem := semaphore.NewWeighted(1 << 30)
+		b.ReportAllocs()
+		for b.Loop() {
+			if !sem.TryAcquire(1) {
+				b.Fatal("full")
+			}
+			sem.Release(1)
+		}
+	})
+}
+
+func runCall(ctx context.Context, rc *bulkhead.RunContext) (int, error) {
+	return 1, rc.SetUsage(bulkhead.Usage{Input: 50, Output: 100})
+}
+
+// BenchmarkRun measures Run with a token budget and usage, from one
+// goroutine and from 64; calls/s is b.N over wall time.
+func BenchmarkRun(b *testing.B) {
+	for _, par := range []int{1, 64} {
+		b.Run(map[int]string{1: "g1", 64: "g64"}[par], func(b *testing.B) {
+			bh := newBench(b, budgetConfig(1<<30))
+			ctx := context.Background()
+			b.ReportAllocs()
+			b.SetParallelism(max(1, par/2))
+			b.ResetTimer()
+			if par == 1 {
+				for b.Loop() {
+					if _, err := bulkhead.Run(ctx, bh, benchRequest, runCall); err != nil {
+						b.Fatal(err)
+					}
+				}
+			} else {
+				b.RunParallel(func(pb *testing.PB) {
+					for pb.Next() {
+						if _, err := bulkhead.Run(ctx, bh, benchRequest, runCall); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				})
+			}
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "calls/s")
+		})
+	}
+	b.Run("mutex-g64", func(b *testing.B) {
+		var mu sync.Mutex
+		inUse := 0
+		b.SetParallelism(32)
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				mu.Lock()
+				inUse++
+				mu.Unlock()
+				mu.Lock()
+				inUse--
+				mu.Unlock()
+			}
+		})
+		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "calls/s")
+	})
+	b.Run("semaphore-g64", func(b *testing.B) {
+		sem := semaphore.NewWeighted(1 << 30)
+		b.SetParallelism(32)
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if sem.TryAcquire(1) {
+					sem.Release(1)
+				}
+			}
+		})
+		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "calls/s")
+	})
+}
+
+// BenchmarkWouldAdmit measures the advisory check with a token budget.
+func BenchmarkWouldAdmit(b *testing.B) {
+	bh := newBench(b, budgetConfig(1<<30))
+	b.ReportAllocs()
+	for b.Loop() {
+		if d, err := bh.WouldAdmit(benchRequest); err != nil || !d.Admit {
+			b.Fatal(d, err)
+		}
+	}
+}

@@ -1,0 +1,203 @@
+package pacer
+
+import (
+	"context"
+	"time"
+
+	"github.com/llmbulkhead/bulkhead/admission"
+)
+
+// Composite combines several pacers on one store, for example a
+// requests-per-minute and a tokens-per-minute limit of the same API (SPEC
+// P5). A call is decided by every member at the same instant and in one
+// atomic step: its delay is the largest of the members' delays, and the
+// outcome names the member that set it.
+//
+// The call is recorded in every member or in none. RateLimit therefore
+// records nothing anywhere when any member says "wait" (no member spends
+// quota on a call that another member rejects, which the upstream library
+// did), and Pace records nothing anywhere when any member's delay is longer
+// than that member may wait. On the Redis store the atomic step is one script
+// over all members' keys, which share a cluster slot through the call key's
+// hash tag.
+//
+// A Composite is immutable and safe for concurrent use.
+type Composite struct {
+	store   Store
+	members []*Pacer
+}
+
+// NewComposite combines members. They must share one store (so the decision
+// can be atomic) and have distinct names. A Composite without members lets
+// every call go.
+func NewComposite(members ...*Pacer) (*Composite, error) {
+	c := &Composite{members: append([]*Pacer(nil), members...)}
+	seen := make(map[string]bool, len(members))
+	for i, p := range c.members {
+		if p == nil {
+			return nil, admission.Invalidf("members", "member %d is nil", i)
+		}
+		if c.store == nil {
+			c.store = p.store
+		} else if p.store != c.store {
+			return nil, admission.Invalidf("members", "member %q uses another store; a composite decides atomically in one store", p.opts.Name)
+		}
+		if seen[p.opts.Name] {
+			return nil, admission.Invalidf("members", "two members are named %q", p.opts.Name)
+		}
+		seen[p.opts.Name] = true
+	}
+	return c, nil
+}
+
+// Members returns the composite's pacers, in order.
+func (c *Composite) Members() []*Pacer { return append([]*Pacer(nil), c.members...) }
+
+// CompositeOutcome is the result of one composite call.
+type CompositeOutcome struct {
+	// Outcome is the outcome of the member that set the delay: the first
+	// member with the largest delay. When no member must wait, its Delay is
+	// zero and its other fields are zero too. Its Fallback is set when the
+	// store failed and the failure policy decided.
+	Outcome
+
+	// Pacer is the member that set the delay, or nil when no member must
+	// wait (or the failure policy decided).
+	Pacer *Pacer
+
+	// Members holds every member's outcome, in the order of Members.
+	Members []Outcome
+}
+
+// Reason explains the outcome as the upstream library's PacerComposite did:
+// "no pacers" for a composite without members, "no delay" when no member
+// must wait, and otherwise "pacer <name>" and the member's reason on a second
+// line.
+func (o CompositeOutcome) Reason() string {
+	switch {
+	case o.Fallback != nil:
+		return o.Outcome.Reason()
+	case o.Members == nil:
+		return "no pacers"
+	case o.Pacer == nil:
+		return "no delay"
+	}
+	return "pacer " + o.Pacer.opts.Name + "\n" + o.Outcome.Reason()
+}
+
+// Pace decides when a call on key may go, books it in every member, and
+// returns the largest delay: the caller waits CompositeOutcome.Delay, then
+// acts. weights gives each member's weight, in the order of Members: none
+// means 1 for every member, a single weight applies to every member, and
+// otherwise there must be one per member. For requests and tokens per minute:
+//
+//	c.Pace(ctx, "gpt-4o", 1, float64(tokens))
+//
+// When a member's delay exceeds its Options.MaxDelay, nothing is recorded
+// anywhere and the error matches ErrTooLong. Other errors are as for
+// Pacer.Pace.
+func (c *Composite) Pace(ctx context.Context, key string, weights ...float64) (CompositeOutcome, error) {
+	return c.decide(ctx, key, weights, modePace, -1, false)
+}
+
+// PaceWait is Pace followed by the wait, as Pacer.PaceWait: it returns when
+// the call may go, or when ctx ends first; and when ctx's deadline comes
+// before the call could go, it records nothing and returns at once with an
+// error matching ErrTooLong and context.DeadlineExceeded.
+func (c *Composite) PaceWait(ctx context.Context, key string, weights ...float64) (CompositeOutcome, error) {
+	if c.store == nil {
+		return c.decide(ctx, key, weights, modePace, -1, false)
+	}
+	clk := c.store.waitClock()
+	maxWait, byDeadline := deadlineWait(ctx, clk, horizonUs)
+	if maxWait < 0 {
+		return CompositeOutcome{}, context.DeadlineExceeded
+	}
+	out, err := c.decide(ctx, key, weights, modePace, maxWait, byDeadline)
+	if err != nil || out.Fallback != nil {
+		return out, err
+	}
+	return out, wait(ctx, clk, out.Delay)
+}
+
+// RateLimit decides whether a call on key may go now in every member. A zero
+// Delay admits the call and records it in every member; a positive Delay
+// rejects it, records nothing in any member, and is the exact retry-after
+// (the largest of the members' delays), with Pacer naming the member that set
+// it. weights are as for Pace; errors and failure policies as for
+// Pacer.RateLimit.
+func (c *Composite) RateLimit(ctx context.Context, key string, weights ...float64) (CompositeOutcome, error) {
+	return c.decide(ctx, key, weights, modeRateLimit, 0, false)
+}
+
+// decide runs one composite decision. maxWaitUs caps every member's wait; a
+// negative value means each member's own Options.MaxDelay.
+func (c *Composite) decide(ctx context.Context, key string, weights []float64, m mode, maxWaitUs int64, byDeadline bool) (CompositeOutcome, error) {
+	if err := ctx.Err(); err != nil {
+		return CompositeOutcome{}, context.Cause(ctx)
+	}
+	if len(weights) > 1 && len(weights) != len(c.members) {
+		return CompositeOutcome{}, admission.Invalidf("weights", "got %d weights for %d members", len(weights), len(c.members))
+	}
+	if err := checkKey(key); err != nil {
+		return CompositeOutcome{}, err
+	}
+	n := len(c.members)
+	if n == 0 {
+		return CompositeOutcome{}, nil
+	}
+	reqs := make([]request, n)
+	for i, p := range c.members {
+		w := 1.0
+		switch len(weights) {
+		case 1:
+			w = weights[0]
+		case n:
+			w = weights[i]
+		}
+		if err := checkWeight("weights", w, p.opts.QPS); err != nil {
+			return CompositeOutcome{}, err
+		}
+		mw := maxWaitUs
+		if mw < 0 || (m == modePace && p.maxDelayUs < mw) {
+			mw = p.maxDelayUs
+		}
+		reqs[i] = p.request(key, w, m, mw)
+	}
+	res := make([]stepResult, n)
+	out := CompositeOutcome{Members: make([]Outcome, n)}
+	commit, err := c.store.decide(ctx, reqs, res)
+	if err != nil {
+		o, err := fallback(ctx, c.store, Outcome{}, m, err)
+		out.Outcome = o
+		if o.Fallback == nil {
+			out.Members = nil
+		}
+		return out, err
+	}
+	best := -1
+	for i, p := range c.members {
+		out.Members[i] = Outcome{
+			Delay:    time.Duration(res[i].delayUs) * time.Microsecond,
+			Level:    res[i].before,
+			Weight:   reqs[i].p.weight,
+			MaxBurst: p.opts.MaxBurst,
+		}
+		if out.Members[i].Delay > 0 && (best < 0 || out.Members[i].Delay > out.Members[best].Delay) {
+			best = i
+		}
+	}
+	if best >= 0 {
+		out.Outcome = out.Members[best]
+		out.Pacer = c.members[best]
+	}
+	if !commit && m == modePace {
+		for i := range res {
+			if !res[i].commit {
+				limit := reqs[i].p.maxWaitUs
+				return out, tooLong(out.Members[i].Delay, limit, byDeadline && limit == maxWaitUs)
+			}
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,152 @@
+package pacer
+
+import "math"
+
+// Time in the algorithm is integer microseconds since the Unix epoch. Integer
+// microseconds below 2^53 are exact both in Go and in Lua's doubles, so the
+// in-process step and the Redis script compare times exactly and store them
+// without rounding.
+const (
+	// graceUs is the slack added to a state's lifetime: a state lives until
+	// its queue has run out and its bucket has drained, plus graceUs.
+	graceUs = 120_000_000
+
+	// horizonUs bounds what one call can book (weight/qps) and how far ahead
+	// Pace may book: 1e8 s, a little over three years. It keeps every time
+	// the algorithm handles far below 2^53 µs.
+	horizonUs = 100_000_000_000_000
+
+	// roundUs is the delay below which a call goes now: a delay that rounds
+	// to zero milliseconds is no delay, and the call is recorded.
+	roundUs = 500
+)
+
+// state is the stored state of one pacer key.
+type state struct {
+	level float64 // W: bucket level (upstream's watermark)
+	last  int64   // L: time of the last drip, µs
+	next  int64   // N: next free slot in the queue, µs
+	exp   int64   // logical expiry, µs: from then on the state counts as absent
+}
+
+// params are the inputs of one step besides the state and the time. The
+// interval and drain fields are derived from the others by interval and
+// drainTime; the Lua script derives them itself with the same formulas.
+type params struct {
+	weight float64 // w, > 0
+	qps    float64 // > 0
+	burst  float64 // maxBurst, >= 0
+	factor float64 // burst allowance factor, > 0
+
+	intervalUs int64 // interval(weight, qps): the queue time one call books
+	drainUs    int64 // drainTime(burst, qps, factor): time to empty a full bucket
+
+	// maxWaitUs is the longest delay the call may be recorded with:
+	// 0 for RateLimit, the horizon or Options.MaxDelay for Pace, and the time
+	// left before the context's deadline for PaceWait.
+	maxWaitUs int64
+}
+
+// stepResult is what one step decides.
+type stepResult struct {
+	delayUs int64   // the call's delay; 0 when it goes now (below roundUs)
+	before  float64 // bucket level before the call, after draining
+	commit  bool    // whether the call may be recorded (delayUs <= maxWaitUs)
+	next    state   // the state to store if the call is recorded
+}
+
+// interval is the queue time, in µs, that a call of weight w books at qps:
+// w/qps seconds, rounded half up to the microsecond. The Lua script computes
+// math.floor(weight * 1000000 / qps + 0.5).
+func interval(w, qps float64) int64 {
+	return int64(math.Floor(float64(w*1e6)/qps + 0.5))
+}
+
+// intervalOK reports whether a call of weight w at qps books no more than
+// the horizon (and is a number at all).
+func intervalOK(w, qps float64) bool {
+	iv := float64(w*1e6) / qps
+	return iv <= horizonUs
+}
+
+// drainTime is the time, in µs, that a full bucket takes to drain, capped at
+// the horizon: ceil(burst / (qps*factor) * 1e6), or 0 without a bucket.
+func drainTime(burst, qps, factor float64) int64 {
+	if !(burst > 0) {
+		return 0
+	}
+	d := math.Ceil(float64(burst/float64(qps*factor)) * 1e6)
+	if !(d <= horizonUs) {
+		return horizonUs
+	}
+	return int64(d)
+}
+
+// step is the pacing algorithm (SPEC P1), a pure function shared by both
+// backends: the in-process store runs it under a mutex, and the Redis script
+// (script.lua) is a line-by-line transcription of it. Keep the two in step;
+// the property test in equiv_test.go checks that they agree.
+//
+// prev is the stored state and ok whether there is one. now is the decision
+// time in µs. A state past its logical expiry counts as absent; expiry is
+// therefore part of the result and not an accident of when memory is freed.
+//
+// The algorithm, with W the bucket level, L the time of the last drip and N
+// the next free slot:
+//
+//	N = max(N, now)
+//	if N <= now: W = max(0, W - (now-L) * qps * factor)   (drain only when idle)
+//	L = now
+//	W += w
+//	if W <= maxBurst: the call goes now and N is unchanged
+//	else:             the call is scheduled at N, and N += w/qps
+//	W = min(maxBurst, W)
+//
+// Two things are added to upstream's algorithm: time never runs backwards
+// for a key (now is raised to L when a clock steps back), and a delay below
+// half a millisecond is no delay, so such a call is always recorded (the
+// upstream admitted it without recording it).
+func step(prev state, ok bool, now int64, p *params) stepResult {
+	if !ok || now >= prev.exp {
+		prev = state{last: now}
+	}
+	if now < prev.last {
+		now = prev.last
+	}
+	next := prev.next
+	if next < now {
+		next = now
+	}
+	level := prev.level
+	if next <= now {
+		// The explicit conversions keep the compiler from fusing the
+		// multiplications and the subtraction (FMA on arm64, ppc64, s390x),
+		// so the result is the same double that Lua computes.
+		drained := float64(float64(float64(now-prev.last)/1e6*p.qps) * p.factor)
+		level = float64(level - drained)
+		if level < 0 {
+			level = 0
+		}
+	}
+	before := level
+	level = float64(level + p.weight)
+	var delay int64
+	if level > p.burst {
+		delay = next - now
+		next += p.intervalUs
+		level = p.burst
+	}
+	if delay < roundUs {
+		delay = 0
+	}
+	ttl := next - now
+	if p.drainUs > ttl {
+		ttl = p.drainUs
+	}
+	return stepResult{
+		delayUs: delay,
+		before:  before,
+		commit:  delay <= p.maxWaitUs,
+		next:    state{level: level, last: now, next: next, exp: now + ttl + graceUs},
+	}
+}

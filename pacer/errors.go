@@ -1,0 +1,61 @@
+package pacer
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+
+	"github.com/llmbulkhead/bulkhead/admission"
+)
+
+// ErrUnavailable matches every error about a backend that could not decide:
+// Redis unreachable, timed out, or answering with an error. The error wraps
+// the client's own error too, so errors.As can reach it.
+//
+// Under the FailOpen and FailClosed policies (RedisOptions.OnFailure) the
+// calls that the policy decides return no error; the backend's error is in
+// Outcome.Fallback instead.
+var ErrUnavailable = errors.New("pacer: backend unavailable")
+
+// ErrTooLong matches the error of a Pace or PaceWait call whose delay is
+// longer than it may wait: longer than Options.MaxDelay (or the three-year
+// horizon), or, for PaceWait, longer than the time left before the
+// context's deadline. Nothing was recorded, and the Outcome returned with the
+// error says how long the call would have had to wait. The PaceWait case
+// also matches context.DeadlineExceeded.
+var ErrTooLong = errors.New("pacer: delay too long")
+
+// unavailable wraps a backend error so that it matches ErrUnavailable.
+func unavailable(err error) error {
+	return fmt.Errorf("%w: %w", ErrUnavailable, err)
+}
+
+// Invalid input is reported as an *admission.ConfigError naming the field,
+// which matches admission.ErrInvalid (re-exported by the root package as
+// bulkhead.ErrInvalid). It is caught before the backend is called, so it
+// never writes state.
+
+func checkName(field, v string) error {
+	if strings.ContainsAny(v, "{}") {
+		return admission.Invalidf(field, "must not contain '{' or '}', got %q", v)
+	}
+	return nil
+}
+
+func checkKey(key string) error {
+	if key == "" {
+		return admission.Invalidf("key", "must not be empty")
+	}
+	return checkName("key", key)
+}
+
+func checkWeight(field string, w, qps float64) error {
+	if !(w > 0) || math.IsInf(w, 1) {
+		return admission.Invalidf(field, "must be > 0 and finite, got %v", w)
+	}
+	if !intervalOK(w, qps) {
+		return admission.Invalidf(field, "books %v s at %v qps, more than the limit of %v s", w/qps, qps, horizonUs/1e6)
+	}
+	return nil
+}

@@ -1,0 +1,351 @@
+package pacer
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/llmbulkhead/bulkhead/admission"
+	"github.com/llmbulkhead/bulkhead/clock"
+)
+
+// Default burst allowance factors, used when Options.BurstFactor is zero.
+const (
+	DefaultPaceFactor      = 0.5 // Pace and PaceWait
+	DefaultRateLimitFactor = 1.0 // RateLimit
+)
+
+// MaxDelay is the longest delay Pace and PaceWait record, and the most that
+// one call may book (weight/QPS seconds): 1e8 seconds, a little over three
+// years. It keeps every time the algorithm handles exact.
+const MaxDelay = time.Duration(horizonUs) * time.Microsecond
+
+// Store keeps pacer state: NewLocal for one process, NewRedis for many.
+// Pacers created on the same store with the same name share their state.
+type Store interface {
+	// decide runs one decision over the pacers of reqs at one instant and
+	// records it in all of them or in none; it reports whether it recorded.
+	decide(ctx context.Context, reqs []request, out []stepResult) (bool, error)
+	// waitClock is the clock PaceWait waits on.
+	waitClock() clock.Clock
+	// failure returns the failure policy and FailClosed's delay.
+	failure() (FailurePolicy, time.Duration)
+}
+
+var (
+	_ Store = (*Local)(nil)
+	_ Store = (*Redis)(nil)
+)
+
+// Options configures a Pacer.
+type Options struct {
+	// Name identifies the pacer within its store: pacers with the same name
+	// on the same store share their state (each applying its own options),
+	// and a Composite names the member that set its delay by it. It must be
+	// non-empty and must not contain '{' or '}'.
+	Name string
+
+	// QPS is the target rate in weight units per second (a weight-1 call per
+	// 1/QPS seconds). It must be > 0 and finite. For a per-minute limit L,
+	// use L/60.
+	QPS float64
+
+	// MaxBurst is the volume of the bucket: the weight that may go at once
+	// on top of the steady rate after a quiet period. From idle, MaxBurst+1
+	// weight-1 calls go without delay (the first overflowing call is free and
+	// books the next slot). Zero, the default, means no burst. It must be >= 0
+	// and finite.
+	MaxBurst float64
+
+	// BurstFactor is the rate at which the bucket drains, as a fraction of
+	// QPS, when no call is queued. Zero selects DefaultPaceFactor (0.5) for
+	// Pace and PaceWait and DefaultRateLimitFactor (1) for RateLimit. It must
+	// be >= 0 and finite.
+	BurstFactor float64
+
+	// MaxDelay is the longest delay that Pace and PaceWait record: a longer
+	// call records nothing and fails with ErrTooLong. Zero means the package
+	// constant MaxDelay (three years). It must be >= 0.
+	MaxDelay time.Duration
+}
+
+// Pacer paces calls or limits their rate (SPEC P1-P4): per call key, at most
+// QPS weight units per second on average, with MaxBurst of burst allowance.
+//
+// A Pacer is immutable and safe for concurrent use; it holds no state of its
+// own (the store does), so it is cheap to create. To change a pacer's
+// options, create a new Pacer with the same name on the same store: the state
+// carries over.
+type Pacer struct {
+	store      Store
+	opts       Options
+	factor     [numModes]float64
+	drainUs    [numModes]int64
+	maxDelayUs int64
+}
+
+// mode is how a call is decided and recorded.
+type mode uint8
+
+const (
+	modePace      mode = iota // record the call whatever its delay (up to MaxDelay)
+	modeRateLimit             // record the call only if it goes now
+	numModes
+)
+
+// request is one pacer's part of a decision.
+type request struct {
+	name, key string
+	p         params
+}
+
+// New returns a pacer that keeps its state in store.
+func New(store Store, opts Options) (*Pacer, error) {
+	if store == nil {
+		return nil, admission.Invalidf("store", "must not be nil")
+	}
+	if opts.Name == "" {
+		return nil, admission.Invalidf("Options.Name", "must not be empty")
+	}
+	if err := checkName("Options.Name", opts.Name); err != nil {
+		return nil, err
+	}
+	if !(opts.QPS > 0) || math.IsInf(opts.QPS, 1) {
+		return nil, admission.Invalidf("Options.QPS", "must be > 0 and finite, got %v", opts.QPS)
+	}
+	if !(opts.MaxBurst >= 0) || math.IsInf(opts.MaxBurst, 1) {
+		return nil, admission.Invalidf("Options.MaxBurst", "must be >= 0 and finite, got %v", opts.MaxBurst)
+	}
+	if !(opts.BurstFactor >= 0) || math.IsInf(opts.BurstFactor, 1) {
+		return nil, admission.Invalidf("Options.BurstFactor", "must be >= 0 and finite (0 selects the default), got %v", opts.BurstFactor)
+	}
+	if opts.MaxDelay < 0 {
+		return nil, admission.Invalidf("Options.MaxDelay", "must be >= 0, got %v", opts.MaxDelay)
+	}
+	p := &Pacer{store: store, opts: opts, maxDelayUs: horizonUs}
+	if opts.MaxDelay > 0 && opts.MaxDelay < MaxDelay {
+		p.maxDelayUs = int64(opts.MaxDelay / time.Microsecond)
+	}
+	p.factor = [numModes]float64{DefaultPaceFactor, DefaultRateLimitFactor}
+	if opts.BurstFactor > 0 {
+		p.factor = [numModes]float64{opts.BurstFactor, opts.BurstFactor}
+	}
+	for m := range p.factor {
+		p.drainUs[m] = drainTime(opts.MaxBurst, opts.QPS, p.factor[m])
+	}
+	return p, nil
+}
+
+// Name returns the pacer's name.
+func (p *Pacer) Name() string { return p.opts.Name }
+
+// Options returns the options the pacer was created with.
+func (p *Pacer) Options() Options { return p.opts }
+
+// Outcome is the result of one call.
+type Outcome struct {
+	// Delay is how long the call must wait before it goes, to the
+	// microsecond; zero means "go now". A delay below half a millisecond is
+	// reported as zero, and such a call is always recorded.
+	//
+	// For Pace the call is booked at that time; for RateLimit a positive
+	// Delay is a rejection (nothing was recorded) and is the exact
+	// retry-after: the time at which the call would go, if no one else takes
+	// the slot first.
+	Delay time.Duration
+
+	// Level is the bucket level (upstream's watermark) that the call found,
+	// after draining and before adding its weight.
+	Level float64
+
+	// Weight is the call's weight and MaxBurst the pacer's bucket volume,
+	// kept for Reason.
+	Weight, MaxBurst float64
+
+	// Fallback is nil for a decision of the store. It is non-nil (and
+	// matches ErrUnavailable) when the store failed and the outcome was
+	// decided by the RedisOptions.OnFailure policy instead: it is the
+	// store's error, so the caller can log or count the outage.
+	Fallback error
+}
+
+// DelayMs returns Delay in whole milliseconds, rounded half up, as the
+// upstream library's delayMs.
+func (o Outcome) DelayMs() int64 {
+	return int64((o.Delay + time.Millisecond/2) / time.Millisecond)
+}
+
+// Reason explains the outcome in the upstream library's words, for example
+// "watermark=1.00/2 + weight=1, delayMs=0".
+func (o Outcome) Reason() string {
+	if o.Fallback != nil {
+		return fmt.Sprintf("store failed, delayMs=%d: %v", o.DelayMs(), o.Fallback)
+	}
+	return fmt.Sprintf("watermark=%.2f/%s + weight=%s, delayMs=%d",
+		o.Level, strconv.FormatFloat(o.MaxBurst, 'f', -1, 64), strconv.FormatFloat(o.Weight, 'f', -1, 64), o.DelayMs())
+}
+
+// Pace decides when a call of the given weight on key may go, and books it:
+// the caller waits Outcome.Delay, then acts. Use weight 1 for a plain call
+// and, for example, the token count for a tokens-per-second pacer.
+//
+// The call is recorded even when it must wait, so concurrent callers are
+// spaced weight/QPS apart: at 10 QPS, three simultaneous calls get 0, 100 and
+// 200 ms. A call whose delay exceeds Options.MaxDelay records nothing and
+// returns the outcome with an error matching ErrTooLong.
+//
+// ctx bounds the store's work (the Redis round trip), not the wait. Invalid
+// input (an empty key, a weight that is not > 0) returns an error matching
+// admission.ErrInvalid and records nothing. A store failure returns an error
+// matching ErrUnavailable, or a decision made by the store's failure policy.
+func (p *Pacer) Pace(ctx context.Context, key string, weight float64) (Outcome, error) {
+	return p.decide(ctx, key, weight, modePace, p.maxDelayUs, false)
+}
+
+// PaceWait is Pace followed by the wait: it returns when the call may go,
+// with a nil error, or when ctx ends first, with the context's cause (the
+// booked slot is then not given back; callers behind it wait for it anyway).
+//
+// When ctx has a deadline that the delay would outlast, PaceWait does not
+// book the call: it returns at once, with the outcome and an error that
+// matches both ErrTooLong and context.DeadlineExceeded.
+func (p *Pacer) PaceWait(ctx context.Context, key string, weight float64) (Outcome, error) {
+	clk := p.store.waitClock()
+	maxWait, byDeadline := deadlineWait(ctx, clk, p.maxDelayUs)
+	if maxWait < 0 {
+		return Outcome{Weight: weight, MaxBurst: p.opts.MaxBurst}, context.DeadlineExceeded
+	}
+	out, err := p.decide(ctx, key, weight, modePace, maxWait, byDeadline)
+	if err != nil || out.Fallback != nil {
+		return out, err
+	}
+	return out, wait(ctx, clk, out.Delay)
+}
+
+// RateLimit decides whether a call of the given weight on key may go now.
+// A zero Outcome.Delay admits the call, and records it; a positive Delay
+// rejects it, records nothing, and is the exact retry-after.
+//
+// Errors are as for Pace. Under the FailClosed policy a store failure is a
+// rejection with RedisOptions.FailureDelay as retry-after; under FailOpen it
+// admits the call.
+func (p *Pacer) RateLimit(ctx context.Context, key string, weight float64) (Outcome, error) {
+	return p.decide(ctx, key, weight, modeRateLimit, 0, false)
+}
+
+// request builds the pacer's part of a decision.
+func (p *Pacer) request(key string, weight float64, m mode, maxWaitUs int64) request {
+	return request{name: p.opts.Name, key: key, p: params{
+		weight:     weight,
+		qps:        p.opts.QPS,
+		burst:      p.opts.MaxBurst,
+		factor:     p.factor[m],
+		intervalUs: interval(weight, p.opts.QPS),
+		drainUs:    p.drainUs[m],
+		maxWaitUs:  maxWaitUs,
+	}}
+}
+
+func (p *Pacer) decide(ctx context.Context, key string, weight float64, m mode, maxWaitUs int64, byDeadline bool) (Outcome, error) {
+	out := Outcome{Weight: weight, MaxBurst: p.opts.MaxBurst}
+	if err := ctx.Err(); err != nil {
+		return out, context.Cause(ctx)
+	}
+	if err := checkKey(key); err != nil {
+		return out, err
+	}
+	if err := checkWeight("weight", weight, p.opts.QPS); err != nil {
+		return out, err
+	}
+	req := p.request(key, weight, m, maxWaitUs)
+	var res stepResult
+	if l, ok := p.store.(*Local); ok {
+		// The common in-process case, without the slices of the general
+		// path: no allocation.
+		res = l.decideOne(&req)
+	} else {
+		var r [1]stepResult
+		if _, err := p.store.decide(ctx, []request{req}, r[:]); err != nil {
+			return fallback(ctx, p.store, out, m, err)
+		}
+		res = r[0]
+	}
+	out.Delay = time.Duration(res.delayUs) * time.Microsecond
+	out.Level = res.before
+	if !res.commit && m == modePace {
+		return out, tooLong(out.Delay, maxWaitUs, byDeadline)
+	}
+	return out, nil
+}
+
+// fallback turns a store failure into the result the store's policy asks
+// for. A failure caused by the caller's own context is returned as it is.
+func fallback(ctx context.Context, s Store, out Outcome, m mode, err error) (Outcome, error) {
+	if ctx.Err() != nil {
+		return out, fmt.Errorf("pacer: %w", err)
+	}
+	err = unavailable(err)
+	policy, delay := s.failure()
+	switch {
+	case policy == FailOpen:
+		out.Fallback = err
+		return out, nil
+	case policy == FailClosed && m == modeRateLimit:
+		out.Fallback = err
+		out.Delay = delay
+		return out, nil
+	}
+	return out, err
+}
+
+// tooLong is the error of a Pace call that may not wait its delay.
+func tooLong(delay time.Duration, maxWaitUs int64, byDeadline bool) error {
+	limit := time.Duration(maxWaitUs) * time.Microsecond
+	if byDeadline {
+		return fmt.Errorf("%w: the delay of %v outlasts the context deadline (%v left): %w",
+			ErrTooLong, delay, limit, context.DeadlineExceeded)
+	}
+	return fmt.Errorf("%w: the delay of %v exceeds the limit of %v", ErrTooLong, delay, limit)
+}
+
+// deadlineWait returns the longest delay a waiting call may book: maxUs, or
+// the time left before ctx's deadline if that is shorter (byDeadline). It
+// returns a negative wait when the deadline has passed.
+func deadlineWait(ctx context.Context, clk clock.Clock, maxUs int64) (wait int64, byDeadline bool) {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return maxUs, false
+	}
+	left := clk.Until(dl)
+	if left <= 0 {
+		return -1, true
+	}
+	if us := int64(left / time.Microsecond); us < maxUs {
+		return us, true
+	}
+	return maxUs, false
+}
+
+// testHookWait, when set by a test, is called when wait has started its
+// timer, so the test can move a mock clock knowing the timer is armed.
+var testHookWait func(time.Duration)
+
+// wait waits d on clk, or until ctx ends (returning its cause).
+func wait(ctx context.Context, clk clock.Clock, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	t := clk.Timer(d)
+	defer t.Stop()
+	if testHookWait != nil {
+		testHookWait(d)
+	}
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}

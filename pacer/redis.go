@@ -1,0 +1,279 @@
+package pacer
+
+import (
+	"context"
+	"crypto/sha1"
+	_ "embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/llmbulkhead/bulkhead/admission"
+	"github.com/llmbulkhead/bulkhead/clock"
+)
+
+//go:embed script.lua
+var luaTemplate string
+
+// luaSource is the decision script with the algorithm's constants filled in.
+var luaSource = strings.NewReplacer(
+	"@GRACE_US@", strconv.FormatInt(graceUs, 10),
+	"@HORIZON_US@", strconv.FormatInt(horizonUs, 10),
+	"@ROUND_US@", strconv.FormatInt(roundUs, 10),
+).Replace(luaTemplate)
+
+// luaSHA is the SHA-1 digest that EVALSHA runs luaSource by.
+var luaSHA = func() string {
+	h := sha1.Sum([]byte(luaSource))
+	return hex.EncodeToString(h[:])
+}()
+
+// DefaultPrefix is the prefix of every Redis key when RedisOptions.Prefix is
+// empty.
+const DefaultPrefix = "bulkhead:pacer:"
+
+// DefaultFailureDelay is the retry-after of a call that the FailClosed policy
+// rejects, when RedisOptions.FailureDelay is zero.
+const DefaultFailureDelay = time.Second
+
+// RedisClient is what the Redis store needs from a go-redis client.
+// *redis.Client, *redis.ClusterClient, *redis.Ring and redis.UniversalClient
+// all satisfy it.
+type RedisClient interface {
+	Process(ctx context.Context, cmd redis.Cmder) error
+	ScriptLoad(ctx context.Context, script string) *redis.StringCmd
+}
+
+// FailurePolicy says what a call returns when the Redis store cannot decide
+// (Redis unreachable, timed out, or answering with an error). It does not
+// apply when the caller's own context ended first, nor to invalid input.
+type FailurePolicy uint8
+
+const (
+	// FailError returns the error (matching ErrUnavailable) from every
+	// method. It is the zero value and the default: the caller sees the
+	// failure and decides.
+	FailError FailurePolicy = iota
+
+	// FailOpen lets the call go: a zero Delay and a nil error, with the
+	// backend's error in Outcome.Fallback. Nothing is recorded. Use it when
+	// pacing is best effort and an outage must not stop traffic.
+	FailOpen
+
+	// FailClosed holds the call back. RateLimit returns a rejection: Delay
+	// is RedisOptions.FailureDelay, the error is nil and Outcome.Fallback
+	// holds the backend's error, so a rate-limited caller answers "retry
+	// later" as for any other rejection. Pace and PaceWait, which cannot hold
+	// a call back without state, return the error as under FailError: the
+	// caller must not act.
+	FailClosed
+)
+
+// String returns "error", "open" or "closed".
+func (p FailurePolicy) String() string {
+	switch p {
+	case FailError:
+		return "error"
+	case FailOpen:
+		return "open"
+	case FailClosed:
+		return "closed"
+	}
+	return "FailurePolicy(" + strconv.Itoa(int(p)) + ")"
+}
+
+// RedisOptions configures NewRedis. The zero value is ready to use.
+type RedisOptions struct {
+	// Prefix starts every key. Empty means DefaultPrefix. It must not
+	// contain '{' or '}', because the key's hash tag follows it.
+	Prefix string
+
+	// Clock, when set, is the source of decision time: each call sends the
+	// clock's time to the script, as the upstream library did. Leave it nil
+	// in production: the script then reads Redis TIME, so clients whose
+	// clocks disagree still agree on every decision. Tests set it to a mock
+	// clock to replay exact timings; PaceWait also waits on this clock (on
+	// the wall clock when nil).
+	Clock clock.Clock
+
+	// OnFailure is what a call returns when Redis cannot decide. The zero
+	// value, FailError, returns the error.
+	OnFailure FailurePolicy
+
+	// FailureDelay is the retry-after of a call that FailClosed rejects.
+	// Zero means DefaultFailureDelay; it must not be negative.
+	FailureDelay time.Duration
+}
+
+// Redis is the Store shared by many processes through Redis.
+//
+// Each decision is one round trip: one Lua script that reads, decides and
+// writes atomically on the server, run by its SHA-1 digest (EVALSHA) and sent
+// in full (EVAL) only when the server's script cache does not have it (after
+// a restart, a SCRIPT FLUSH or on a new cluster node), which also caches it
+// again.
+//
+// Each pacer key is one Redis hash,
+//
+//	<prefix><pacer name>:{<call key>}#us1
+//
+// whose fields level, last, next and exp hold the bucket level and three
+// times in integer microseconds. The call key is the key's Redis Cluster hash
+// tag: a pacer key is a single key that Redis Cluster routes to one node,
+// different call keys spread over the cluster, and all pacers of one call key
+// (say the requests-per-minute and tokens-per-minute pacers of one model)
+// share a slot, so a Composite decides on all of them in one atomic script.
+// The key expires, on the server's clock, a little after its state has
+// stopped mattering: when its queue has run out and its bucket has drained,
+// plus two minutes.
+//
+// By default decisions use the Redis server's clock (TIME, read inside the
+// script), and the reply carries only relative delays, so the clients'
+// clocks never matter.
+//
+// The decision command is never retried by the client: a script whose reply
+// was lost may have run, and running it again would book the call twice. The
+// store marks the command as not retryable, whatever the client's MaxRetries;
+// a failure is returned (or handled by OnFailure) instead. Give the client a
+// short timeout (or ContextTimeoutEnabled and a context deadline) so an
+// outage costs milliseconds, not the default seconds.
+//
+// Redis 4.0 or later is needed (multi-field HSET, TIME in a writing script);
+// it is tested with Redis 7.
+type Redis struct {
+	client       RedisClient
+	prefix       string
+	clk          clock.Clock // nil: Redis TIME
+	waitClk      clock.Clock
+	onFailure    FailurePolicy
+	failureDelay time.Duration
+}
+
+// NewRedis returns a store that keeps pacer state in Redis through client.
+// It does not talk to Redis; call Preload to load the script up front.
+func NewRedis(client RedisClient, opts RedisOptions) (*Redis, error) {
+	if client == nil {
+		return nil, admission.Invalidf("client", "must not be nil")
+	}
+	prefix := opts.Prefix
+	if prefix == "" {
+		prefix = DefaultPrefix
+	}
+	if err := checkName("RedisOptions.Prefix", prefix); err != nil {
+		return nil, err
+	}
+	if opts.OnFailure > FailClosed {
+		return nil, admission.Invalidf("RedisOptions.OnFailure", "unknown policy %d", opts.OnFailure)
+	}
+	delay := opts.FailureDelay
+	if delay < 0 {
+		return nil, admission.Invalidf("RedisOptions.FailureDelay", "must be >= 0, got %v", delay)
+	}
+	if delay == 0 {
+		delay = DefaultFailureDelay
+	}
+	return &Redis{
+		client:       client,
+		prefix:       prefix,
+		clk:          opts.Clock,
+		waitClk:      clock.OrReal(opts.Clock),
+		onFailure:    opts.OnFailure,
+		failureDelay: delay,
+	}, nil
+}
+
+// Preload loads the decision script into the server's script cache (on
+// every master of a cluster), so that the first decisions need not send it.
+// It is optional: a decision that finds the script missing sends it itself.
+func (r *Redis) Preload(ctx context.Context) error {
+	sha, err := r.client.ScriptLoad(ctx, luaSource).Result()
+	if err != nil {
+		return unavailable(err)
+	}
+	if sha != luaSHA {
+		return fmt.Errorf("pacer: SCRIPT LOAD returned digest %s, want %s", sha, luaSHA)
+	}
+	return nil
+}
+
+// Key returns the Redis key that holds the state of the pacer named name for
+// the call key key.
+func (r *Redis) Key(name, key string) string {
+	return r.prefix + name + ":{" + key + "}#us1"
+}
+
+// noRetryCmd is a command that go-redis must not retry once it may have
+// reached the server: a decision that ran but whose reply was lost must not
+// run again. (go-redis still resends a command that never left the client.)
+type noRetryCmd struct{ *redis.Cmd }
+
+// NoRetry reports true: never retry the decision.
+func (noRetryCmd) NoRetry() bool { return true }
+
+// errReply is the error of a reply the script cannot have sent.
+var errReply = errors.New("pacer: unexpected reply from the Redis script")
+
+func (r *Redis) decide(ctx context.Context, reqs []request, out []stepResult) (bool, error) {
+	n := len(reqs)
+	args := make([]any, 0, 4+6*n)
+	args = append(args, "evalsha", luaSHA, n)
+	for i := range reqs {
+		args = append(args, r.Key(reqs[i].name, reqs[i].key))
+	}
+	now := ""
+	if r.clk != nil {
+		now = strconv.FormatInt(r.clk.Now().UnixMicro(), 10)
+	}
+	args = append(args, now)
+	for i := range reqs {
+		p := &reqs[i].p
+		args = append(args, fmtFloat(p.weight), fmtFloat(p.qps), fmtFloat(p.burst), fmtFloat(p.factor),
+			strconv.FormatInt(p.maxWaitUs, 10))
+	}
+	cmd := r.run(ctx, args)
+	if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		args[0], args[1] = "eval", luaSource
+		cmd = r.run(ctx, args)
+	}
+	vals, err := cmd.StringSlice()
+	if err != nil {
+		return false, err
+	}
+	if len(vals) != 1+2*n || (vals[0] != "0" && vals[0] != "1") {
+		return false, fmt.Errorf("%w: %q", errReply, vals)
+	}
+	commit := vals[0] == "1"
+	for i := range reqs {
+		d, err1 := strconv.ParseFloat(vals[1+2*i], 64)
+		lv, err2 := strconv.ParseFloat(vals[2+2*i], 64)
+		if err1 != nil || err2 != nil || d < 0 {
+			return false, fmt.Errorf("%w: %q", errReply, vals)
+		}
+		delay := int64(d)
+		out[i] = stepResult{delayUs: delay, before: lv, commit: delay <= reqs[i].p.maxWaitUs}
+		if commit && !out[i].commit {
+			return false, fmt.Errorf("%w: %q", errReply, vals)
+		}
+	}
+	return commit, nil
+}
+
+func (r *Redis) run(ctx context.Context, args []any) *redis.Cmd {
+	cmd := redis.NewCmd(ctx, args...)
+	cmd.SetFirstKeyPos(3)
+	_ = r.client.Process(ctx, noRetryCmd{cmd})
+	return cmd
+}
+
+func (r *Redis) waitClock() clock.Clock { return r.waitClk }
+
+func (r *Redis) failure() (FailurePolicy, time.Duration) { return r.onFailure, r.failureDelay }
+
+// fmtFloat formats f as the shortest decimal that Lua's tonumber reads back
+// as the same double.
+func fmtFloat(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) }
