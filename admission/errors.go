@@ -11,15 +11,15 @@ type Reason uint8
 
 // The rejection reasons. The zero value, NoReason, means "admitted".
 const (
-	NoReason            Reason = iota
-	ConcurrencyLimit           // every slot is taken and the call may not wait
-	QueueLimit                 // every slot and every queue position is taken
-	Timeout                    // the call waited its whole queue timeout
-	Aborted                    // the caller's context ended first
-	Shutdown                   // the bulkhead is closed
-	BudgetLimit                // the token reservation does not fit the budget
-	UnshareableResult          // a dedup follower cannot share the leader's result
-	RateLimit                  // a rate limit said "not yet"
+	NoReason          Reason = iota
+	ConcurrencyLimit         // every slot is taken and the call may not wait
+	QueueLimit               // every slot and every queue position is taken
+	Timeout                  // the call waited its whole queue timeout
+	Aborted                  // the caller's context ended first
+	Shutdown                 // the bulkhead is closed
+	BudgetLimit              // the token reservation does not fit the budget
+	UnshareableResult        // a dedup follower cannot share the leader's result
+	RateLimit                // a rate limit said "not yet"
 	numReasons
 )
 
