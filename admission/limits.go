@@ -105,3 +105,53 @@ type BudgetDetail struct {
 	// Requested is the call's reservation.
 	Requested int64
 }
+
+// Classes is an admission class table: a fixed set of named classes, each
+// with optional floors (protected capacity no other class may use) and
+// ceilings (the most the class may use).
+type Classes struct {
+	// Default is the class of a call that names none. It must be a key of
+	// Limits.
+	Default string
+	// Limits maps each class name to its limits. The key set is fixed for
+	// the bulkhead's life.
+	Limits map[string]ClassLimits
+}
+
+// ClassLimits is one class's floors and ceilings. A nil ceiling means the
+// class is bound by the global limits only; a ceiling of zero is valid and
+// admits nothing.
+type ClassLimits struct {
+	// ProtectedConcurrent is the class's concurrency floor: slots that only
+	// this class may use.
+	ProtectedConcurrent int
+	// MaxConcurrent is the class's concurrency ceiling, or nil for none.
+	MaxConcurrent *int
+	// ProtectedInFlightTokens is the class's token floor. It needs a token
+	// budget.
+	ProtectedInFlightTokens int64
+	// MaxInFlightTokens is the class's token ceiling, or nil for none. It
+	// needs a token budget.
+	MaxInFlightTokens *int64
+}
+
+// Clone returns a deep copy of c.
+func (c Classes) Clone() Classes {
+	if c.Limits == nil {
+		return c
+	}
+	m := make(map[string]ClassLimits, len(c.Limits))
+	for k, v := range c.Limits {
+		if v.MaxConcurrent != nil {
+			n := *v.MaxConcurrent
+			v.MaxConcurrent = &n
+		}
+		if v.MaxInFlightTokens != nil {
+			n := *v.MaxInFlightTokens
+			v.MaxInFlightTokens = &n
+		}
+		m[k] = v
+	}
+	c.Limits = m
+	return c
+}
