@@ -55,6 +55,13 @@ func (rc *RunContext) Resources() Resources { return rc.t.Resources() }
 // Admission says whether the call was admitted or bypassed.
 func (rc *RunContext) Admission() Admission { return rc.admission }
 
+// ReportUsage records the call's cumulative usage so far; see
+// Token.ReportUsage. The last report is the final usage when fn fails or
+// never calls SetUsage.
+func (rc *RunContext) ReportUsage(u Usage, p *Progressive) (UsageReport, error) {
+	return rc.t.ReportUsage(u, p)
+}
+
 // SetUsage records the call's final usage, settled when the callback
 // returns without an error. Invalid usage is a *ConfigError and records
 // nothing.
@@ -72,7 +79,8 @@ func (rc *RunContext) SetUsage(u Usage) error {
 // admitted work.
 //
 // The usage settled at release is what fn recorded with RunContext.SetUsage,
-// unless fn returned an error. A rejection is a *RejectedError and fn is not
+// or else the last RunContext.ReportUsage; when fn returns an error, only the
+// last report counts. A rejection is a *RejectedError and fn is not
 // called. Options are those of Acquire.
 func Run[T any](ctx context.Context, b *Bulkhead, req *Request, fn func(context.Context, *RunContext) (T, error), opts ...Option) (T, error) {
 	var zero T

@@ -41,7 +41,8 @@ func (t *Token) Resources() Resources { return t.l.Resources }
 
 // Release returns the slot and the token hold. When usage is not nil it is
 // the call's final usage: what it consumed below the hold is counted as
-// refunded. Only the first call has an effect; later ones return nil.
+// refunded. With nil usage the last ReportUsage, if any, is the final
+// usage. Only the first call has an effect; later ones return nil.
 //
 // Invalid usage (a negative count) still releases everything, without the
 // usage, and then returns a *ConfigError.
@@ -54,6 +55,33 @@ func (t *Token) Release(usage *Usage) error {
 		return nil
 	}
 	return err
+}
+
+// ReportUsage records the call's cumulative usage so far, as a streaming
+// response reports it, and returns the resulting hold (SPEC F12-F14).
+//
+// Each field only rises: a lower value than reported before is raised to
+// it. With a budget the hold becomes input + max(reserved max output,
+// output); a rise is an overrun (it counts against the budget until
+// release), a fall is refunded at once. With p, the hold becomes
+// p.RemainingOutput + p.SafetyMargin + any output beyond the reserved max
+// output, freeing what the stream has already processed. A report that
+// changes nothing is stale: it changes no sequence and emits nothing.
+// After release it is validated and clamped, holds 0 and records nothing.
+// Invalid input is a *ConfigError and records nothing.
+func (t *Token) ReportUsage(u Usage, p *Progressive) (UsageReport, error) {
+	if err := validateUsage(&u); err != nil {
+		return UsageReport{}, err
+	}
+	if p != nil {
+		if err := admission.CheckNonNegative("Progressive.RemainingOutput", p.RemainingOutput); err != nil {
+			return UsageReport{}, err
+		}
+		if err := admission.CheckNonNegative("Progressive.SafetyMargin", p.SafetyMargin); err != nil {
+			return UsageReport{}, err
+		}
+	}
+	return t.b.eng.ReportUsage(&t.l, u, p)
 }
 
 func validateUsage(u *Usage) error {

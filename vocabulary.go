@@ -25,6 +25,11 @@ type (
 	ID = admission.ID
 	// Resources says what shared capacity an admission borrowed.
 	Resources = admission.Resources
+	// Progressive makes a usage report hold only what a stream may still
+	// produce.
+	Progressive = admission.Progressive
+	// UsageReport is the state of a hold after a usage report.
+	UsageReport = admission.UsageReport
 )
 
 // The priorities.
@@ -113,6 +118,8 @@ type (
 	ReleaseEvent = admission.ReleaseEvent
 	// ReconfigureEvent is emitted when limits are applied.
 	ReconfigureEvent = admission.ReconfigureEvent
+	// UsageEvent is emitted when a usage report changes a hold.
+	UsageEvent = admission.UsageEvent
 	// Stats is a copy of the bulkhead's counters.
 	Stats = admission.Stats
 	// GateStats counts what happened at the concurrency gate.

@@ -65,7 +65,8 @@ type Engine struct {
 	doubleReleases atomic.Int64
 	listenerPanics atomic.Int64
 
-	requests sync.Pool
+	requests      sync.Pool
+	usageRequests sync.Pool
 }
 
 // Start starts an engine.
@@ -88,6 +89,7 @@ func Start(cfg Config) *Engine {
 		r.cancel.r = r
 		return r
 	}
+	e.usageRequests.New = func() any { return &usageRequest{done: make(chan struct{}, 1)} }
 	ev := &eventsActor{engine: e}
 	e.events = e.root.Spawn(actor.PropsFromProducer(func() actor.Actor { return ev },
 		actor.WithMailbox(newMailbox)))
@@ -183,6 +185,20 @@ func (e *Engine) SetBudget(budget int64) (admission.ApplyResult, error) {
 	return q.result, q.err
 }
 
+// ReportUsage records cumulative usage for a live admission and returns
+// the hold that results; p, when not nil, makes the hold progressive. u and
+// p are assumed valid (non-negative); RemainingOutput is checked here
+// against the reservation.
+func (e *Engine) ReportUsage(l *Lease, u admission.Usage, p *admission.Progressive) (admission.UsageReport, error) {
+	q := e.usageRequests.Get().(*usageRequest)
+	q.l, q.usage, q.progressive = l, u, p
+	e.call(q, q.done)
+	rep, err := q.result, q.err
+	*q = usageRequest{done: q.done}
+	e.usageRequests.Put(q)
+	return rep, err
+}
+
 // Close closes the engine to new work. It is idempotent.
 func (e *Engine) Close() {
 	if e.closed.Swap(true) {
@@ -257,6 +273,8 @@ func (a *admissionActor) Receive(ctx actor.Context) {
 		s.acquire(m)
 	case *releaseMsg:
 		s.release(m)
+	case *usageRequest:
+		s.reportUsage(m)
 	case *cancelMsg:
 		s.cancel(m.r)
 	case *timeoutMsg:
@@ -314,6 +332,9 @@ func (a *admissionActor) recovered(msg any, p any) {
 		done = m.done
 	case *closeRequest:
 		done = m.done
+	case *usageRequest:
+		m.err = err
+		done = m.done
 	case *subscribeRequest:
 		done = m.done
 	case *eventsOffRequest:
@@ -330,8 +351,7 @@ func (a *admissionActor) subscribe(m *subscribeRequest) {
 		return
 	}
 	s := a.state
-	h := &m.sub.hooks
-	for kind, set := range [numKinds]bool{h.Admit != nil, h.Reject != nil, h.Release != nil, h.Reconfigure != nil} {
+	for kind, set := range m.sub.kinds() {
 		if set {
 			s.listeners[kind]++
 		}
@@ -346,8 +366,7 @@ func (a *admissionActor) unsubscribe(m *unsubscribeMsg) {
 		return
 	}
 	s := a.state
-	h := &m.sub.hooks
-	for kind, set := range [numKinds]bool{h.Admit != nil, h.Reject != nil, h.Release != nil, h.Reconfigure != nil} {
+	for kind, set := range m.sub.kinds() {
 		if set {
 			s.listeners[kind]--
 		}

@@ -16,6 +16,18 @@ type subscription struct {
 	gone atomic.Bool
 }
 
+// kinds reports which event kinds h listens for.
+func (s *subscription) kinds() [numKinds]bool {
+	h := &s.hooks
+	return [numKinds]bool{
+		kindAdmit:       h.Admit != nil,
+		kindReject:      h.Reject != nil,
+		kindRelease:     h.Release != nil,
+		kindReconfigure: h.Reconfigure != nil,
+		kindUsage:       h.Usage != nil,
+	}
+}
+
 // flushMsg is answered once every event sent before it has been delivered.
 type flushMsg struct{ done chan struct{} }
 
@@ -42,41 +54,36 @@ func (a *eventsActor) Receive(ctx actor.Context) {
 	case *flushMsg:
 		close(m.done)
 	case *admission.AdmitEvent:
-		for _, s := range a.subs {
-			if f := s.hooks.Admit; f != nil && !s.gone.Load() {
-				a.call(func() { f(*m) })
-			}
-		}
+		deliver(a, m, func(h *admission.Hooks) func(admission.AdmitEvent) { return h.Admit })
 	case *admission.RejectEvent:
-		for _, s := range a.subs {
-			if f := s.hooks.Reject; f != nil && !s.gone.Load() {
-				a.call(func() { f(*m) })
-			}
-		}
+		deliver(a, m, func(h *admission.Hooks) func(admission.RejectEvent) { return h.Reject })
 	case *admission.ReleaseEvent:
-		for _, s := range a.subs {
-			if f := s.hooks.Release; f != nil && !s.gone.Load() {
-				a.call(func() { f(*m) })
-			}
-		}
+		deliver(a, m, func(h *admission.Hooks) func(admission.ReleaseEvent) { return h.Release })
 	case *admission.ReconfigureEvent:
-		for _, s := range a.subs {
-			if f := s.hooks.Reconfigure; f != nil && !s.gone.Load() {
-				a.call(func() { f(*m) })
-			}
+		deliver(a, m, func(h *admission.Hooks) func(admission.ReconfigureEvent) { return h.Reconfigure })
+	case *admission.UsageEvent:
+		deliver(a, m, func(h *admission.Hooks) func(admission.UsageEvent) { return h.Usage })
+	}
+}
+
+// deliver hands ev to every live subscription's listener for its kind.
+func deliver[E any](a *eventsActor, ev *E, listener func(*admission.Hooks) func(E)) {
+	for _, s := range a.subs {
+		if f := listener(&s.hooks); f != nil && !s.gone.Load() {
+			call(a, f, *ev)
 		}
 	}
 }
 
 // call runs one listener, recovering and counting a panic.
-func (a *eventsActor) call(f func()) {
+func call[E any](a *eventsActor, f func(E), ev E) {
 	defer func() {
 		if p := recover(); p != nil {
 			a.engine.listenerPanics.Add(1)
 			a.engine.sys.Logger().Warn("bulkhead: event listener panicked", "panic", p)
 		}
 	}()
-	f()
+	f(ev)
 }
 
 // Subscribe adds hooks and returns the function that removes them. The

@@ -106,6 +106,10 @@ type Lease struct {
 	held     int64
 	sequence int64
 	released bool
+	// last is the cumulative usage last reported; reported is whether any
+	// report has been made.
+	last     admission.Usage
+	reported bool
 }
 
 // releaseMsg settles a lease. It lives inside the Lease, so releasing
@@ -194,3 +198,13 @@ type unsubscribeMsg struct{ sub *subscription }
 
 // eventsOffRequest stops the emission of events for good.
 type eventsOffRequest struct{ done chan struct{} }
+
+// usageRequest reports cumulative usage for a lease.
+type usageRequest struct {
+	l           *Lease
+	usage       admission.Usage
+	progressive *admission.Progressive
+	result      admission.UsageReport
+	err         error
+	done        chan struct{}
+}

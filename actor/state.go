@@ -16,6 +16,7 @@ const (
 	kindReject
 	kindRelease
 	kindReconfigure
+	kindUsage
 	numKinds
 )
 
@@ -335,6 +336,9 @@ func (s *state) release(m *releaseMsg) {
 	s.calls--
 	s.callStats.Released++
 	held, refunded := l.held, int64(0)
+	if !m.hasUsage && l.reported {
+		m.usage, m.hasUsage = l.last, true
+	}
 	if s.hasBudget {
 		if m.hasUsage {
 			actual := m.usage.Total()
@@ -368,6 +372,86 @@ func (s *state) release(m *releaseMsg) {
 	}
 	s.pump()
 	s.checkDrains()
+}
+
+// reportUsage applies a cumulative usage report to a lease (F12-F14).
+func (s *state) reportUsage(q *usageRequest) {
+	q.result, q.err = s.applyUsage(q.l, q.usage, q.progressive)
+	q.done <- struct{}{}
+}
+
+func (s *state) applyUsage(l *Lease, u admission.Usage, p *admission.Progressive) (admission.UsageReport, error) {
+	res := l.Reservation
+	if p != nil && s.hasBudget && p.RemainingOutput > res.MaxOutput {
+		return admission.UsageReport{}, admission.Invalidf("Progressive.RemainingOutput",
+			"must not exceed the reserved max output %d, got %d", res.MaxOutput, p.RemainingOutput)
+	}
+	// Usage is cumulative: neither field ever goes down.
+	u.Input = max(u.Input, l.last.Input)
+	u.Output = max(u.Output, l.last.Output)
+	rep := admission.UsageReport{
+		AdmissionID:     l.ID,
+		LimitRevision:   l.Revision,
+		Class:           l.Class,
+		Sequence:        l.sequence,
+		Reserved:        res.Reserved,
+		Consumed:        u.Total(),
+		OverReservation: max(0, u.Total()-res.Reserved),
+	}
+	if s.hasBudget {
+		outputCap, remaining := res.MaxOutput, max(0, res.MaxOutput-u.Output)
+		rep.OutputCap, rep.OutputRemaining = &outputCap, &remaining
+	}
+	if l.released {
+		return rep, nil
+	}
+	hold := l.held
+	if s.hasBudget {
+		if p != nil {
+			hold = p.RemainingOutput + p.SafetyMargin + max(0, u.Output-res.MaxOutput)
+		} else {
+			hold = u.Input + max(res.MaxOutput, u.Output)
+		}
+	}
+	if u == l.last && l.reported && hold == l.held {
+		rep.Held = hold
+		return rep, nil // stale or duplicate: nothing changes
+	}
+	prev := l.held
+	delta := hold - prev
+	if delta > 0 {
+		s.budget.TotalOverrun += delta
+	} else {
+		s.budget.TotalRefunded -= delta
+	}
+	s.tokens += delta
+	l.held, l.last, l.reported = hold, u, true
+	l.sequence++
+	rep.Sequence, rep.Held = l.sequence, hold
+	if s.listeners[kindUsage] > 0 {
+		ev := &admission.UsageEvent{
+			Request:         l.Request,
+			AdmissionID:     l.ID,
+			LimitRevision:   l.Revision,
+			Priority:        l.Priority,
+			Class:           l.Class,
+			Sequence:        l.sequence,
+			ReservedTokens:  res.Reserved,
+			PreviousHeld:    prev,
+			Held:            hold,
+			Delta:           delta,
+			Usage:           u,
+			OutputCap:       rep.OutputCap,
+			OutputRemaining: rep.OutputRemaining,
+			OverReservation: rep.OverReservation,
+		}
+		if p != nil {
+			pc := *p
+			ev.Progressive = &pc
+		}
+		s.emit(ev)
+	}
+	return rep, nil
 }
 
 // wouldAdmit answers an advisory question without changing anything.

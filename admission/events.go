@@ -66,4 +66,7 @@ type Hooks struct {
 	Release func(ReleaseEvent)
 	// Reconfigure is called when a limits snapshot is applied.
 	Reconfigure func(ReconfigureEvent)
+	// Usage is called when a usage report changes an admission's usage or
+	// hold, between its Admit and its Release.
+	Usage func(UsageEvent)
 }

@@ -1,0 +1,107 @@
+package bulkhead_test
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/llmbulkhead/bulkhead"
+)
+
+// TestStreamingLedger replays the reference's probed streaming ledger:
+// reserve 100 + 200, report, a stale report, an overrun, a progressive
+// hold, release.
+func TestStreamingLedger(t *testing.T) {
+	b := budgetBulkhead(t, 4, 10_000, 0)
+	var usages []bulkhead.UsageEvent
+	var releases []bulkhead.ReleaseEvent
+	b.Subscribe(bulkhead.Hooks{
+		Usage:   func(e bulkhead.UsageEvent) { usages = append(usages, e) },
+		Release: func(e bulkhead.ReleaseEvent) { releases = append(releases, e) },
+	})
+	tok := mustAcquire(t, b, req("a", 0), override(100, 200))
+
+	steps := []struct {
+		u        bulkhead.Usage
+		p        *bulkhead.Progressive
+		seq      int64
+		held     int64
+		consumed int64
+	}{
+		{bulkhead.Usage{Input: 60}, nil, 1, 260, 60},
+		{bulkhead.Usage{Input: 50}, nil, 1, 260, 60}, // stale: clamped, no change
+		{bulkhead.Usage{Input: 60, Output: 250}, nil, 2, 310, 310},
+		{bulkhead.Usage{Input: 60, Output: 250}, &bulkhead.Progressive{SafetyMargin: 10}, 3, 60, 310},
+	}
+	for i, s := range steps {
+		rep, err := tok.ReportUsage(s.u, s.p)
+		if err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+		if rep.Sequence != s.seq || rep.Held != s.held || rep.Consumed != s.consumed || rep.Reserved != 300 {
+			t.Fatalf("step %d: report = %+v", i, rep)
+		}
+		if rep.OutputCap == nil || *rep.OutputCap != 200 || rep.OutputRemaining == nil {
+			t.Fatalf("step %d: output cap = %v", i, rep.OutputCap)
+		}
+	}
+	if st := b.Stats().TokenBudget; st.InFlightTokens != 60 || st.TotalOverrun != 50 {
+		t.Fatalf("mid-stream ledger = %+v", st)
+	}
+	if err := tok.Release(nil); err != nil {
+		t.Fatal(err)
+	}
+	after, err := tok.ReportUsage(bulkhead.Usage{Input: 70, Output: 250}, nil)
+	if err != nil || after.Held != 0 || after.Sequence != 3 || after.Consumed != 320 {
+		t.Fatalf("report after release = %+v, %v", after, err)
+	}
+	closeAndDrain(t, b)
+
+	st := b.Stats().TokenBudget
+	want := bulkhead.BudgetStats{Budget: 10_000, Available: 10_000, TotalReserved: 300, TotalConsumed: 310, TotalRefunded: 290, TotalOverrun: 50}
+	if *st != want {
+		t.Fatalf("ledger = %+v, want %+v", *st, want)
+	}
+	if len(usages) != 3 || usages[0].Delta != -40 || usages[1].Delta != 50 || usages[2].Delta != -250 || usages[2].Progressive == nil {
+		t.Fatalf("usage events = %+v", usages)
+	}
+	if len(releases) != 1 || releases[0].HeldTokens != 60 || releases[0].RefundedTokens != 0 || releases[0].UsageSequence != 3 {
+		t.Fatalf("release event = %+v", releases)
+	}
+	// The ledger identity: reserved + overrun - early refunds == holds at
+	// release + in flight. Early refunds here are 40 + 250.
+	if st.TotalReserved+st.TotalOverrun-290 != releases[0].HeldTokens+st.InFlightTokens {
+		t.Fatalf("ledger identity broken: %+v", st)
+	}
+}
+
+func TestReportUsageValidation(t *testing.T) {
+	b := budgetBulkhead(t, 4, 10_000, 0)
+	tok := mustAcquire(t, b, req("a", 0), override(10, 20))
+	if _, err := tok.ReportUsage(bulkhead.Usage{Output: -1}, nil); !errors.Is(err, bulkhead.ErrInvalid) {
+		t.Fatalf("negative usage: %v", err)
+	}
+	if _, err := tok.ReportUsage(bulkhead.Usage{}, &bulkhead.Progressive{RemainingOutput: 21}); !errors.Is(err, bulkhead.ErrInvalid) {
+		t.Fatalf("remaining over the reservation: %v", err)
+	}
+	if _, err := tok.ReportUsage(bulkhead.Usage{}, &bulkhead.Progressive{SafetyMargin: -1}); !errors.Is(err, bulkhead.ErrInvalid) {
+		t.Fatalf("negative margin: %v", err)
+	}
+	// The last report is the final usage when release names none.
+	if _, err := tok.ReportUsage(bulkhead.Usage{Input: 10, Output: 5}, nil); err != nil {
+		t.Fatal(err)
+	}
+	_ = tok.Release(nil)
+	if st := b.Stats().TokenBudget; st.TotalConsumed != 15 || st.TotalRefunded != 15 || st.InFlightTokens != 0 {
+		t.Fatalf("ledger = %+v", st)
+	}
+}
+
+func TestReportUsageWithoutBudget(t *testing.T) {
+	b := newBulkhead(t, bulkhead.Interactive("gpt-4o", 1))
+	tok := mustAcquire(t, b, req("a", 0))
+	rep, err := tok.ReportUsage(bulkhead.Usage{Input: 5}, nil)
+	if err != nil || rep.Sequence != 1 || rep.Held != 0 || rep.OutputCap != nil {
+		t.Fatalf("report = %+v, %v", rep, err)
+	}
+	_ = tok.Release(nil)
+}
