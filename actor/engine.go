@@ -95,9 +95,14 @@ func Start(cfg Config) *Engine {
 		actor.WithMailbox(newMailbox)))
 	adm := &admissionActor{engine: e}
 	adm.state = newState(e, cfg.Limits, e.clk, adm.emit)
+	// Receive recovers its own panics; the guardian is the second line: a
+	// failure that escapes anyway resumes the actor with its state, never
+	// restarts it empty.
+	resume := actor.NewOneForOneStrategy(0, 0, func(any) actor.Directive { return actor.ResumeDirective })
 	e.pid = e.root.Spawn(actor.PropsFromProducer(func() actor.Actor { return adm },
 		actor.WithMailbox(newMailbox),
-		actor.WithDispatcher(actor.NewSynchronizedDispatcher(300))))
+		actor.WithDispatcher(actor.NewSynchronizedDispatcher(300)),
+		actor.WithGuardian(resume)))
 	return e
 }
 
