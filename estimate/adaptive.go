@@ -2,6 +2,7 @@ package estimate
 
 import (
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -80,7 +81,8 @@ type Correction struct {
 // Wire Observe to the bulkhead's release events, which carry the request and
 // its final usage.
 //
-// An Adaptive is safe for concurrent use: Estimate takes no lock (it reads an
+// Create one with [NewAdaptive]; the zero value is not ready for use. An
+// Adaptive is safe for concurrent use: Estimate takes no lock (it reads an
 // immutable snapshot of the tracked models and one atomic factor), and
 // Observe, Reset and Corrections serialize on a mutex.
 type Adaptive struct {
@@ -262,8 +264,9 @@ func (a *Adaptive) publishLocked() {
 	a.tracked.Store(&m)
 }
 
-// Corrections returns the learned state of every tracked model, in the
-// order the models were first observed.
+// Corrections returns the learned state of every tracked model, in
+// insertion order: the order in which the models were first observed (a
+// model evicted or reset and then observed again counts as new).
 func (a *Adaptive) Corrections() []Correction {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -283,7 +286,7 @@ func (a *Adaptive) Reset(model string) {
 	defer a.mu.Unlock()
 	for i, s := range a.order {
 		if s.model == key {
-			a.order = append(a.order[:i], a.order[i+1:]...)
+			a.order = slices.Delete(a.order, i, i+1)
 			a.publishLocked()
 			return
 		}

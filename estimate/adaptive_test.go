@@ -457,3 +457,30 @@ func TestAdaptiveConcurrent(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+func TestAdaptiveOverflow(t *testing.T) {
+	a := mustAdaptive(t, estimate.AdaptiveOptions{Base: estimate.ModelAwareOptions{DefaultModel: "gpt-4o"}, MinSamples: 1})
+	if a.Base() == nil {
+		t.Fatal("Base() is nil")
+	}
+	observe(t, a, req37(""), 15, 1) // applied 1.5
+
+	// The corrected input does not fit an int64.
+	huge := req37("")
+	huge.ExtraInputTokens = 7e18 // × 1.5 > MaxInt64
+	if _, err := a.Base().Estimate(huge); err != nil {
+		t.Fatalf("base estimate: %v", err)
+	}
+	_, err := a.Estimate(huge)
+	wantEstimatorError(t, err, "overflows")
+
+	// The corrected input fits, but not with the output.
+	big := req37("")
+	big.ExtraInputTokens = 1<<62 - 10 // base input 2^62
+	big.MaxTokens = 3 << 60           // base sum 7×2^60 fits, corrected 9×2^60 does not
+	if _, err := a.Base().Estimate(big); err != nil {
+		t.Fatalf("base estimate: %v", err)
+	}
+	_, err = a.Estimate(big)
+	wantEstimatorError(t, err, "overflows")
+}

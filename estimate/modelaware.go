@@ -2,6 +2,7 @@ package estimate
 
 import (
 	"cmp"
+	"maps"
 	"math"
 	"slices"
 	"strconv"
@@ -151,9 +152,11 @@ type ModelAwareOptions struct {
 // noise of an integer is that integer (37 characters at 3.7 is exactly 10
 // tokens).
 //
-// Create one with [NewModelAware]. A ModelAware is immutable and safe for
-// concurrent use; Estimate does not allocate unless a model name has
-// non-ASCII letters or more than 64 bytes with upper-case letters.
+// Create one with [NewModelAware]; the zero value is not ready for use. A
+// ModelAware is immutable and safe for concurrent use. Estimate does not
+// allocate, except to lower-case a model name (other than the default
+// model) that has non-ASCII characters, or that is longer than 64 bytes
+// and has upper-case letters while overrides are configured.
 type ModelAware struct {
 	defaultModel string
 	defaultRatio float64
@@ -186,7 +189,8 @@ func NewModelAware(opts ModelAwareOptions) (*ModelAware, error) {
 	}
 	if len(opts.Overrides) > 0 {
 		m.overrides = make(map[string]float64, len(opts.Overrides))
-		for k, r := range opts.Overrides {
+		for _, k := range slices.Sorted(maps.Keys(opts.Overrides)) { // first bad key, deterministically
+			r := opts.Overrides[k]
 			if !(r > 0) || math.IsInf(r, 0) {
 				return nil, admission.Invalidf("ModelAwareOptions.Overrides["+strconv.Quote(k)+"]",
 					"ratio must be finite and > 0, got %v", r)
@@ -199,7 +203,8 @@ func NewModelAware(opts ModelAwareOptions) (*ModelAware, error) {
 	}
 	if len(opts.OpaqueBlockTokens.ByType) > 0 {
 		m.opaqueByType = make(map[string]int64, len(opts.OpaqueBlockTokens.ByType))
-		for k, v := range opts.OpaqueBlockTokens.ByType {
+		for _, k := range slices.Sorted(maps.Keys(opts.OpaqueBlockTokens.ByType)) {
+			v := opts.OpaqueBlockTokens.ByType[k]
 			if err := admission.CheckNonNegative("ModelAwareOptions.OpaqueBlockTokens.ByType["+strconv.Quote(k)+"]", v); err != nil {
 				return nil, err
 			}
