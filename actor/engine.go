@@ -121,7 +121,12 @@ func (e *Engine) NewRequest() *AcquireRequest {
 }
 
 // PutRequest returns a request to the pool once its answer has been read.
+// A request that was withdrawn is dropped instead: its cancel message may
+// still be on its way to the engine.
 func (e *Engine) PutRequest(r *AcquireRequest) {
+	if r.cancelSent {
+		return
+	}
 	r.reset()
 	e.requests.Put(r)
 }
@@ -141,6 +146,7 @@ func (e *Engine) Acquire(r *AcquireRequest) error {
 		case <-r.done:
 			return r.Err
 		case <-ctxDone:
+			r.cancelSent = true
 			e.send(&r.cancel)
 		}
 	}

@@ -41,6 +41,10 @@ type AcquireRequest struct {
 
 	// answered is set by the engine when it replies.
 	answered bool
+	// cancelSent is set by Engine.Acquire when it withdrew the request: the
+	// cancel message may still be in the mailbox, so the request must not
+	// be reused.
+	cancelSent bool
 
 	done   chan struct{}
 	cancel cancelMsg
@@ -54,12 +58,14 @@ type AcquireRequest struct {
 	gen        uint64
 }
 
+// reset clears the facade's fields for the next use. The engine's own
+// fields (gen, queued, the queue links, the timer, enqueuedAt) are left to
+// the engine, which settles them before it answers: a stale timer message
+// may still read them, and only the engine's goroutine writes them.
 func (r *AcquireRequest) reset() {
-	r.gen++
 	r.Ctx, r.Request, r.Lease, r.Err = nil, nil, nil, nil
 	r.Priority, r.Reservation, r.QueueTimeout = 0, admission.Reservation{}, 0
-	r.Start, r.enqueuedAt = time.Time{}, time.Time{}
-	r.answered, r.queued, r.prev, r.next, r.timer = false, false, nil, nil, nil
+	r.Start, r.answered = time.Time{}, false
 }
 
 func (r *AcquireRequest) mailboxNode() *mpscNode { return &r.node }

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"math"
 	mrand "math/rand/v2"
+	"time"
 
 	"github.com/llmbulkhead/bulkhead/admission"
 	"github.com/llmbulkhead/bulkhead/clock"
@@ -193,8 +194,7 @@ func (s *state) admit(r *AcquireRequest) {
 		})
 	}
 	r.Err = nil
-	r.answered = true
-	r.done <- struct{}{}
+	s.answer(r)
 }
 
 // reject answers r with a rejection. atGate counts it as a gate-level one.
@@ -223,6 +223,15 @@ func (s *state) reject(r *AcquireRequest, why admission.Reason, atGate bool, cau
 		})
 	}
 	r.Err = &admission.RejectedError{Reason: why, Detail: d, Cause: cause}
+	s.answer(r)
+}
+
+// answer replies to r. It first settles the engine's own fields, since the
+// facade may reuse r as soon as the reply is sent: a new generation, so any
+// timer message still in flight for this use is ignored.
+func (s *state) answer(r *AcquireRequest) {
+	r.gen++
+	r.enqueuedAt = time.Time{}
 	r.answered = true
 	r.done <- struct{}{}
 }
