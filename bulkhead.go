@@ -58,6 +58,11 @@ type Config struct {
 	// admitted on concurrency alone.
 	TokenBudget *TokenBudget
 
+	// Classes partitions capacity between a fixed set of admission classes
+	// (tenants, workloads), with floors no other class may take and
+	// ceilings a class may not exceed. Nil means none.
+	Classes *Classes
+
 	// Clock is the time source. Nil means the wall clock; tests pass
 	// clock.NewMock().
 	Clock clock.Clock
@@ -128,7 +133,15 @@ func New(cfg Config) (*Bulkhead, error) {
 		}
 		limits.TokenBudget = &BudgetLimits{Budget: tb.Budget, HighPriorityReserve: tb.HighPriorityReserve}
 	}
-	b.eng = actor.Start(actor.Config{Limits: limits, Clock: cfg.Clock, Logger: cfg.Logger})
+	if cfg.Classes != nil {
+		c := cfg.Classes.Clone()
+		limits.Classes = &c
+	}
+	eng, err := actor.Start(actor.Config{Limits: limits, Clock: cfg.Clock, Logger: cfg.Logger})
+	if err != nil {
+		return nil, err
+	}
+	b.eng = eng
 	return b, nil
 }
 
@@ -197,6 +210,10 @@ func (b *Bulkhead) acquire(ctx context.Context, req *Request, o *callOptions, me
 	if err := o.validate(method, true); err != nil {
 		return nil, err
 	}
+	class, err := b.eng.LookupClass(o.class)
+	if err != nil {
+		return nil, err
+	}
 	var start time.Time
 	if b.eng.WantTiming() {
 		start = b.eng.Now()
@@ -222,6 +239,8 @@ func (b *Bulkhead) acquire(ctx context.Context, req *Request, o *callOptions, me
 	}
 	r.Lease = &tok.l
 	r.Start = start
+	r.Class = class
+	r.BorrowedDeadline = o.borrowedDeadline
 	err = b.eng.Acquire(r)
 	if err != nil {
 		r.Spare = tok
@@ -237,17 +256,21 @@ func (b *Bulkhead) acquire(ctx context.Context, req *Request, o *callOptions, me
 // without reserving, counting or emitting anything. It is advisory: by the
 // time the caller acts, other calls may have changed the answer. Invalid
 // input is an error, even on a closed bulkhead. Options: WithPriority,
-// WithReservation, WithDetail.
+// WithClass, WithReservation, WithDetail.
 func (b *Bulkhead) WouldAdmit(req *Request, opts ...Option) (Decision, error) {
 	o := resolve(opts)
 	if err := o.validate("WouldAdmit", false); err != nil {
+		return Decision{}, err
+	}
+	class, err := b.eng.LookupClass(o.class)
+	if err != nil {
 		return Decision{}, err
 	}
 	res, err := b.reserve(req, o.reservation)
 	if err != nil {
 		return Decision{}, err
 	}
-	return b.eng.WouldAdmit(o.priority, res, o.detail), nil
+	return b.eng.WouldAdmit(class, o.priority, res, o.detail), nil
 }
 
 // Estimate returns the reservation the bulkhead would take for req, through

@@ -20,6 +20,11 @@ type callOptions struct {
 	queueTimeout    time.Duration
 	hasQueueTimeout bool
 	detail          bool
+	class           string
+
+	// Run only.
+	borrowedDeadline    time.Duration
+	hasBorrowedDeadline bool
 }
 
 func resolve(opts []Option) callOptions {
@@ -48,6 +53,15 @@ func (o *callOptions) validate(method string, queueing bool) error {
 	}
 	if o.detail && queueing {
 		return admission.Invalidf("WithDetail", "applies to WouldAdmit only, not %s", method)
+	}
+	if o.hasBorrowedDeadline {
+		if method != "Run" {
+			return admission.Invalidf("WithBorrowedDeadline", "applies to Run only, not %s", method)
+		}
+		if o.borrowedDeadline < MinBorrowedDeadline || o.borrowedDeadline > MaxBorrowedDeadline {
+			return admission.Invalidf("WithBorrowedDeadline", "must be in [%v, %v], got %v",
+				MinBorrowedDeadline, MaxBorrowedDeadline, o.borrowedDeadline)
+		}
 	}
 	return nil
 }
@@ -97,3 +111,38 @@ func (detailOption) apply(o callOptions) callOptions {
 // WithDetail makes WouldAdmit return the capacity snapshot with every
 // decision, admissions included.
 func WithDetail() Option { return detailOption{} }
+
+type classOption string
+
+func (c classOption) apply(o callOptions) callOptions {
+	o.class = string(c)
+	return o
+}
+
+// WithClass puts the call in admission class name (see Config.Classes).
+// Without it a call is in the default class. A name that is not in the
+// class table, or any name on a bulkhead without classes, is an error.
+func WithClass(name string) Option { return classOption(name) }
+
+// The bounds of a borrowed-slot deadline.
+const (
+	MinBorrowedDeadline = time.Millisecond
+	MaxBorrowedDeadline = (1<<31 - 1) * time.Millisecond
+)
+
+type borrowedDeadlineOption time.Duration
+
+func (d borrowedDeadlineOption) apply(o callOptions) callOptions {
+	o.borrowedDeadline, o.hasBorrowedDeadline = time.Duration(d), true
+	return o
+}
+
+// WithBorrowedDeadline bounds how long a Run may keep a slot it borrowed
+// from the classes' shared pool (SPEC F20). When the deadline expires
+// first, the slot is given back (abandoned, cause deadline), the callback's
+// context is cancelled with a *BorrowedDeadlineError as its cause, and Run
+// returns that error at once; the callback's later result is discarded but
+// its tokens are still settled when it returns. An admission that did not
+// borrow its slot is not affected. d must be within [MinBorrowedDeadline,
+// MaxBorrowedDeadline], whether or not the call borrows. Run only.
+func WithBorrowedDeadline(d time.Duration) Option { return borrowedDeadlineOption(d) }

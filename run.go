@@ -73,15 +73,21 @@ func (rc *RunContext) SetUsage(u Usage) error {
 	return nil
 }
 
+// AbandonBorrowedConcurrency gives back early the slot the call borrowed
+// from the classes' shared pool; see Token.AbandonBorrowedConcurrency.
+func (rc *RunContext) AbandonBorrowedConcurrency() bool {
+	return rc.admission == Admitted && rc.t.AbandonBorrowedConcurrency()
+}
+
 // Run waits for admission, calls fn, and releases afterwards whatever fn
 // does: returns, fails or panics (the panic then propagates). fn runs only
 // after admission, with the caller's ctx; the bulkhead never cancels
-// admitted work.
+// admitted work, except through WithBorrowedDeadline.
 //
 // The usage settled at release is what fn recorded with RunContext.SetUsage,
 // or else the last RunContext.ReportUsage; when fn returns an error, only the
-// last report counts. A rejection is a *RejectedError and fn is not
-// called. Options are those of Acquire.
+// last report counts. A rejection is a *RejectedError and fn is not called.
+// Options are those of Acquire, plus WithBorrowedDeadline.
 func Run[T any](ctx context.Context, b *Bulkhead, req *Request, fn func(context.Context, *RunContext) (T, error), opts ...Option) (T, error) {
 	var zero T
 	if fn == nil {
@@ -94,6 +100,15 @@ func Run[T any](ctx context.Context, b *Bulkhead, req *Request, fn func(context.
 	}
 	rc := &t.run
 	rc.t = t
+	if _, expired := t.l.Deadline(); expired != nil {
+		return runWithDeadline(ctx, t, fn)
+	}
+	return runAdmitted(ctx, t, fn)
+}
+
+// runAdmitted calls fn for admission t and releases t afterwards.
+func runAdmitted[T any](ctx context.Context, t *Token, fn func(context.Context, *RunContext) (T, error)) (T, error) {
+	rc := &t.run
 	failed := true
 	defer func() {
 		var u *Usage
@@ -105,4 +120,63 @@ func Run[T any](ctx context.Context, b *Bulkhead, req *Request, fn func(context.
 	v, err := fn(ctx, rc)
 	failed = err != nil
 	return v, err
+}
+
+type runResult[T any] struct {
+	v     T
+	err   error
+	panic any
+}
+
+// runWithDeadline runs fn on its own goroutine, so that Run can return as
+// soon as the admission's borrowed-slot deadline expires. fn's context is
+// then cancelled with the *BorrowedDeadlineError as its cause; fn's result,
+// when it comes, is discarded, but its release still settles the tokens.
+// A panic in fn propagates to Run's caller while Run is still waiting;
+// after the deadline it crashes fn's goroutine, as any unrecovered panic.
+func runWithDeadline[T any](ctx context.Context, t *Token, fn func(context.Context, *RunContext) (T, error)) (T, error) {
+	deadline, expired := t.l.Deadline()
+	fnCtx, cancel := context.WithCancelCause(ctx)
+	results := make(chan runResult[T])
+	gone := make(chan struct{}) // closed when Run has returned on the deadline
+	go func() {
+		var res runResult[T]
+		defer func() {
+			if p := recover(); p != nil {
+				res.panic = p
+			}
+			select {
+			case results <- res:
+			case <-gone:
+				if res.panic != nil {
+					panic(res.panic)
+				}
+			}
+			cancel(nil)
+		}()
+		res.v, res.err = runAdmitted(fnCtx, t, fn)
+	}()
+	select {
+	case res := <-results:
+		return res.unwrap()
+	case <-expired:
+	}
+	// The work may have settled just as the deadline fired: its result wins.
+	select {
+	case res := <-results:
+		return res.unwrap()
+	default:
+	}
+	err := &BorrowedDeadlineError{Deadline: deadline, AdmissionID: t.AdmissionID(), Resources: t.Resources(), Class: t.Class()}
+	cancel(err)
+	close(gone)
+	var zero T
+	return zero, err
+}
+
+func (r runResult[T]) unwrap() (T, error) {
+	if r.panic != nil {
+		panic(r.panic)
+	}
+	return r.v, r.err
 }

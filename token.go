@@ -39,6 +39,14 @@ func (t *Token) Reservation() *Reservation {
 // Resources returns what shared capacity the admission borrowed.
 func (t *Token) Resources() Resources { return t.l.Resources }
 
+// AbandonBorrowedConcurrency gives back early the slot this admission
+// borrowed from the classes' shared pool (SPEC F19), so a waiter can have
+// it while this call finishes some work that no longer needs the provider.
+// The token hold stays until Release, and the admission stays in flight
+// (Drain waits for it). It returns true only on the first effective call,
+// and only for an admission that borrowed its slot and is not released.
+func (t *Token) AbandonBorrowedConcurrency() bool { return t.l.Abandon() }
+
 // Release returns the slot and the token hold. When usage is not nil it is
 // the call's final usage: what it consumed below the hold is counted as
 // refunded. With nil usage the last ReportUsage, if any, is the final

@@ -80,8 +80,44 @@ const (
 	RateLimit         = admission.RateLimit
 )
 
+// The vocabulary of admission classes.
+type (
+	// Classes is an admission class table.
+	Classes = admission.Classes
+	// ClassLimits is one class's floors and ceilings.
+	ClassLimits = admission.ClassLimits
+	// SharedCapacityDetail is the shared pool in a RejectDetail.
+	SharedCapacityDetail = admission.SharedCapacityDetail
+	// ClassDetail is the deciding call's class in a RejectDetail.
+	ClassDetail = admission.ClassDetail
+	// ClassesStats is the classes block of Stats.
+	ClassesStats = admission.ClassesStats
+	// ClassStats is one class in Stats.
+	ClassStats = admission.ClassStats
+)
+
+// Ceiling returns a pointer to n, for the optional ceilings of ClassLimits:
+// ClassLimits{MaxConcurrent: bulkhead.Ceiling(2)}.
+func Ceiling[T int | int64](n T) *T { return &n }
+
+// The constraints a capacity rejection can name, with classes.
+const (
+	ConstraintGlobal          = admission.ConstraintGlobal
+	ConstraintClass           = admission.ConstraintClass
+	ConstraintClassProtection = admission.ConstraintClassProtection
+)
+
+// The causes of an abandoned borrowed slot.
+const (
+	AbandonManual   = admission.AbandonManual
+	AbandonDeadline = admission.AbandonDeadline
+)
+
 // The vocabulary of errors.
 type (
+	// BorrowedDeadlineError is the error of a Run that held a borrowed
+	// slot past its borrowed-slot deadline.
+	BorrowedDeadlineError = admission.BorrowedDeadlineError
 	// RejectedError is the error of a call the bulkhead did not admit.
 	RejectedError = admission.RejectedError
 	// ConfigError reports an invalid field of a configuration, request,
@@ -103,6 +139,9 @@ var (
 	ErrRateLimit         = admission.ErrRateLimit
 )
 
+// ErrBorrowedDeadline matches every *BorrowedDeadlineError.
+var ErrBorrowedDeadline = admission.ErrBorrowedDeadline
+
 // ErrInvalid matches every *ConfigError.
 var ErrInvalid = admission.ErrInvalid
 
@@ -120,6 +159,8 @@ type (
 	ReconfigureEvent = admission.ReconfigureEvent
 	// UsageEvent is emitted when a usage report changes a hold.
 	UsageEvent = admission.UsageEvent
+	// AbandonEvent is emitted when a borrowed slot is given back early.
+	AbandonEvent = admission.AbandonEvent
 	// Stats is a copy of the bulkhead's counters.
 	Stats = admission.Stats
 	// GateStats counts what happened at the concurrency gate.

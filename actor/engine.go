@@ -27,6 +27,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/llmbulkhead/bulkhead/admission"
+	"github.com/llmbulkhead/bulkhead/classes"
 	"github.com/llmbulkhead/bulkhead/clock"
 )
 
@@ -57,8 +58,14 @@ type Engine struct {
 	events *actor.PID
 	clk    clock.Clock
 
-	closed   atomic.Bool
-	stopOnce sync.Once
+	closed atomic.Bool
+
+	// stopMu guards the shutdown of event delivery: flushed is closed once
+	// every event emitted before emission stopped has been delivered;
+	// stopped is set once the events actor and the actor system are down.
+	stopMu  sync.Mutex
+	flushed chan struct{}
+	stopped bool
 
 	// timing is true while anyone listens for admit or reject events.
 	timing         atomic.Bool
@@ -67,10 +74,15 @@ type Engine struct {
 
 	requests      sync.Pool
 	usageRequests sync.Pool
+
+	// classes is the class table, for lookups only: Lookup reads what the
+	// table fixed at construction, so it is safe off the actor.
+	classes *classes.Table
 }
 
-// Start starts an engine.
-func Start(cfg Config) *Engine {
+// Start starts an engine. cfg.Limits is assumed valid but for the class
+// table, which Start validates.
+func Start(cfg Config) (*Engine, error) {
 	logger := cfg.Logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
@@ -94,7 +106,13 @@ func Start(cfg Config) *Engine {
 	e.events = e.root.Spawn(actor.PropsFromProducer(func() actor.Actor { return ev },
 		actor.WithMailbox(newMailbox)))
 	adm := &admissionActor{engine: e}
-	adm.state = newState(e, cfg.Limits, e.clk, adm.emit)
+	st, err := newState(e, cfg.Limits, e.clk, adm.emit)
+	if err != nil {
+		return nil, err
+	}
+	adm.state = st
+	st.tell = adm.tell
+	e.classes = st.tab
 	// Receive recovers its own panics; the guardian is the second line: a
 	// failure that escapes anyway resumes the actor with its state, never
 	// restarts it empty.
@@ -103,8 +121,12 @@ func Start(cfg Config) *Engine {
 		actor.WithMailbox(newMailbox),
 		actor.WithDispatcher(actor.NewSynchronizedDispatcher(300)),
 		actor.WithGuardian(resume)))
-	return e
+	return e, nil
 }
+
+// LookupClass resolves a class name ("" is the default class) to the
+// handle an AcquireRequest carries. Without classes only "" is valid.
+func (e *Engine) LookupClass(name string) (classes.Class, error) { return e.classes.Lookup(name) }
 
 // send posts a message to the admission actor.
 func (e *Engine) send(msg any) { e.root.Send(e.pid, msg) }
@@ -161,8 +183,8 @@ func (e *Engine) call(msg any, done chan struct{}) {
 }
 
 // WouldAdmit returns the advisory decision for a call.
-func (e *Engine) WouldAdmit(p admission.Priority, res admission.Reservation, detail bool) admission.Decision {
-	q := &wouldAdmitRequest{priority: p, reservation: res, detail: detail, done: make(chan struct{}, 1)}
+func (e *Engine) WouldAdmit(c classes.Class, p admission.Priority, res admission.Reservation, detail bool) admission.Decision {
+	q := &wouldAdmitRequest{class: c, priority: p, reservation: res, detail: detail, done: make(chan struct{}, 1)}
 	e.call(q, q.done)
 	return q.result
 }
@@ -231,29 +253,40 @@ func (e *Engine) Drain(ctx context.Context) admission.DrainResult {
 		e.send(&drainCancel{d: d})
 		<-d.done
 	}
-	if d.result.Drained && e.closed.Load() {
-		e.stop(ctx)
+	if d.result.Drained && e.closed.Load() && !e.stop(ctx) {
+		// The work has drained but listeners are still being handed
+		// events: not a complete drain yet.
+		d.result.Drained = false
 	}
 	return d.result
 }
 
-// stop ends event delivery: the admission actor stops emitting, the events
-// actor delivers what it holds (until ctx ends) and stops, and the actor
-// system shuts down. The admission actor, which owns no goroutine, keeps
-// answering.
-func (e *Engine) stop(ctx context.Context) {
-	e.stopOnce.Do(func() {
+// stop ends event delivery and reports whether it has: the admission actor
+// stops emitting (and its class actors stop), the events actor delivers
+// what it holds, then it stops and the actor system shuts down. When ctx
+// ends before the last event is delivered, stop returns false and a later
+// call picks up where it left off. The admission actor, which owns no
+// goroutine, keeps answering.
+func (e *Engine) stop(ctx context.Context) bool {
+	e.stopMu.Lock()
+	defer e.stopMu.Unlock()
+	if e.stopped {
+		return true
+	}
+	if e.flushed == nil {
 		q := &eventsOffRequest{done: make(chan struct{}, 1)}
 		e.call(q, q.done)
-		flushed := make(chan struct{})
-		e.root.Send(e.events, &flushMsg{done: flushed})
-		select {
-		case <-flushed:
-		case <-ctx.Done():
-		}
-		e.root.Stop(e.events)
-		e.sys.Shutdown()
-	})
+		e.flushed = q.flushed
+	}
+	select {
+	case <-e.flushed:
+	case <-ctx.Done():
+		return false
+	}
+	e.root.Stop(e.events)
+	e.sys.Shutdown()
+	e.stopped = true
+	return true
 }
 
 // admissionActor is the protoactor actor around the state machine.
@@ -261,11 +294,29 @@ type admissionActor struct {
 	engine *Engine
 	state  *state
 	ctx    actor.Context
+	// children are the class actors, indexed by class handle - 1.
+	children []*actor.PID
 	// eventsOff is set once event delivery has stopped for good.
 	eventsOff bool
 }
 
 func (a *admissionActor) emit(ev any) { a.ctx.Send(a.engine.events, ev) }
+
+// tell sends msg to the child actor of class c.
+func (a *admissionActor) tell(c classes.Class, msg any) {
+	if c != classes.None && int(c) <= len(a.children) {
+		a.ctx.Send(a.children[c-1], msg)
+	}
+}
+
+// spawnChildren starts one child actor per class.
+func (a *admissionActor) spawnChildren(ctx actor.Context) {
+	tab := a.state.tab
+	for i := range tab.Len() {
+		name := tab.Name(classes.Class(i + 1))
+		a.children = append(a.children, ctx.Spawn(classes.NewLeaseActor[*Lease](name, a.engine.clk)))
+	}
+}
 
 // Receive handles one message. A panic is recovered here, so protoactor's
 // supervisor never restarts the actor with an empty state; the caller of
@@ -286,6 +337,13 @@ func (a *admissionActor) Receive(ctx actor.Context) {
 		s.release(m)
 	case *usageRequest:
 		s.reportUsage(m)
+	case *abandonRequest:
+		m.result = s.abandon(m.l, admission.AbandonManual)
+		m.done <- struct{}{}
+	case *classes.DeadlineExpired[*Lease]:
+		s.abandon(m.Lease, admission.AbandonDeadline)
+	case *actor.Started:
+		a.spawnChildren(ctx)
 	case *cancelMsg:
 		s.cancel(m.r)
 	case *timeoutMsg:
@@ -312,7 +370,13 @@ func (a *admissionActor) Receive(ctx actor.Context) {
 	case *unsubscribeMsg:
 		a.unsubscribe(m)
 	case *eventsOffRequest:
+		for _, child := range a.children {
+			ctx.Stop(child)
+		}
 		a.eventsOff = true
+		// In order behind every event emitted so far.
+		m.flushed = make(chan struct{})
+		ctx.Send(a.engine.events, &flushMsg{done: m.flushed})
 		s.listeners = [numKinds]int{}
 		a.engine.timing.Store(false)
 		m.done <- struct{}{}
@@ -342,6 +406,8 @@ func (a *admissionActor) recovered(msg any, p any) {
 	case *limitsRequest:
 		done = m.done
 	case *closeRequest:
+		done = m.done
+	case *abandonRequest:
 		done = m.done
 	case *usageRequest:
 		m.err = err

@@ -25,6 +25,7 @@ func (s *subscription) kinds() [numKinds]bool {
 		kindRelease:     h.Release != nil,
 		kindReconfigure: h.Reconfigure != nil,
 		kindUsage:       h.Usage != nil,
+		kindAbandon:     h.Abandon != nil,
 	}
 }
 
@@ -63,6 +64,8 @@ func (a *eventsActor) Receive(ctx actor.Context) {
 		deliver(a, m, func(h *admission.Hooks) func(admission.ReconfigureEvent) { return h.Reconfigure })
 	case *admission.UsageEvent:
 		deliver(a, m, func(h *admission.Hooks) func(admission.UsageEvent) { return h.Usage })
+	case *admission.AbandonEvent:
+		deliver(a, m, func(h *admission.Hooks) func(admission.AbandonEvent) { return h.Abandon })
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/llmbulkhead/bulkhead/admission"
+	"github.com/llmbulkhead/bulkhead/classes"
 	"github.com/llmbulkhead/bulkhead/clock"
 )
 
@@ -30,6 +31,11 @@ type AcquireRequest struct {
 	// Start is when the facade began work on the call, for decision timing;
 	// zero when nobody listens for admit or reject events.
 	Start time.Time
+	// Class is the call's admission class, from Engine.LookupClass.
+	Class classes.Class
+	// BorrowedDeadline, when positive, bounds how long the admission may
+	// keep a borrowed slot (Run's borrowed-slot deadline).
+	BorrowedDeadline time.Duration
 
 	// Err is the rejection, nil when admitted. Set by the engine.
 	Err error
@@ -66,6 +72,7 @@ func (r *AcquireRequest) reset() {
 	r.Ctx, r.Request, r.Lease, r.Err = nil, nil, nil, nil
 	r.Priority, r.Reservation, r.QueueTimeout = 0, admission.Reservation{}, 0
 	r.Start, r.answered = time.Time{}, false
+	r.Class, r.BorrowedDeadline = classes.None, 0
 }
 
 func (r *AcquireRequest) mailboxNode() *mpscNode { return &r.node }
@@ -116,6 +123,37 @@ type Lease struct {
 	// report has been made.
 	last     admission.Usage
 	reported bool
+
+	classID   classes.Class
+	abandoned bool
+	// deadline is the borrowed-slot deadline, zero when none runs; expired
+	// is closed when it expires first.
+	deadline time.Duration
+	expired  chan struct{}
+}
+
+// Deadline returns the admission's borrowed-slot deadline and a channel
+// closed when it expires before the admission ends; a nil channel when no
+// deadline applies (none was asked for, or the slot was not borrowed).
+func (l *Lease) Deadline() (time.Duration, <-chan struct{}) { return l.deadline, l.expired }
+
+// Abandon gives the admission's borrowed slot back early (SPEC F19). It
+// returns true only on the first effective call, and only for a borrowed,
+// unreleased admission.
+func (l *Lease) Abandon() bool {
+	if l.releasing.Load() {
+		return false
+	}
+	q := &abandonRequest{l: l, done: make(chan struct{}, 1)}
+	l.engine.call(q, q.done)
+	return q.result
+}
+
+// abandonRequest asks to abandon a lease's borrowed slot.
+type abandonRequest struct {
+	l      *Lease
+	result bool
+	done   chan struct{}
 }
 
 // releaseMsg settles a lease. It lives inside the Lease, so releasing
@@ -150,6 +188,7 @@ func (l *Lease) Release(usage *admission.Usage) bool {
 
 // wouldAdmitRequest asks for an advisory decision.
 type wouldAdmitRequest struct {
+	class       classes.Class
 	priority    admission.Priority
 	reservation admission.Reservation
 	detail      bool
@@ -202,8 +241,12 @@ type subscribeRequest struct {
 // unsubscribeMsg removes a listener.
 type unsubscribeMsg struct{ sub *subscription }
 
-// eventsOffRequest stops the emission of events for good.
-type eventsOffRequest struct{ done chan struct{} }
+// eventsOffRequest stops the emission of events for good; flushed is
+// closed once every event emitted before it has been delivered.
+type eventsOffRequest struct {
+	flushed chan struct{}
+	done    chan struct{}
+}
 
 // usageRequest reports cumulative usage for a lease.
 type usageRequest struct {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/llmbulkhead/bulkhead/admission"
+	"github.com/llmbulkhead/bulkhead/classes"
 	"github.com/llmbulkhead/bulkhead/clock"
 )
 
@@ -18,6 +19,7 @@ const (
 	kindRelease
 	kindReconfigure
 	kindUsage
+	kindAbandon
 	numKinds
 )
 
@@ -52,12 +54,17 @@ type state struct {
 
 	listeners [numKinds]int
 	drains    []*drainRequest
+
+	// tab is the admission class table, nil without classes. tell sends a
+	// message to a class's child actor.
+	tab  *classes.Table
+	tell func(c classes.Class, msg any)
 }
 
-func newState(e *Engine, limits admission.Limits, clk clock.Clock, emit func(any)) *state {
+func newState(e *Engine, limits admission.Limits, clk clock.Clock, emit func(any)) (*state, error) {
 	var seed [32]byte
 	_, _ = rand.Read(seed[:])
-	return &state{
+	s := &state{
 		engine:    e,
 		clk:       clk,
 		emit:      emit,
@@ -65,6 +72,16 @@ func newState(e *Engine, limits admission.Limits, clk clock.Clock, emit func(any
 		limits:    limits.Clone(),
 		hasBudget: limits.TokenBudget != nil,
 	}
+	if limits.Classes != nil {
+		tab, err := classes.New("Config.Classes", *limits.Classes, limits)
+		if err != nil {
+			return nil, err
+		}
+		s.tab = tab
+		c := tab.Classes()
+		s.limits.Classes = &c
+	}
+	return s, nil
 }
 
 // newID mints a random version 4 UUID.
@@ -85,13 +102,36 @@ func (s *state) effectiveBudget(p admission.Priority) int64 {
 	return max(0, b.Budget-b.HighPriorityReserve)
 }
 
-// checkCapacity runs the capacity checks other than the gate itself and
-// returns the reason of the first that fails, or NoReason.
-func (s *state) checkCapacity(p admission.Priority, reserved int64) admission.Reason {
-	if s.hasBudget && s.tokens+reserved > s.effectiveBudget(p) {
-		return admission.BudgetLimit
+// capacity is the global view the class checks take. slotHeld says the
+// deciding call's own slot is already counted in inFlight (the postcheck).
+func (s *state) capacity(p admission.Priority, slotHeld bool) classes.Capacity {
+	g := classes.Capacity{MaxConcurrent: s.limits.MaxConcurrent, InFlight: s.inFlight, SlotHeld: slotHeld, InFlightTokens: s.tokens}
+	if s.hasBudget {
+		g.Budget = s.effectiveBudget(p)
 	}
-	return admission.NoReason
+	return g
+}
+
+// checkCapacity runs the capacity checks other than the gate itself, in
+// SPEC F17's order (global budget, then the class checks), and returns the
+// reason and constraint of the first that fails, or NoReason.
+func (s *state) checkCapacity(p admission.Priority, reserved int64, c classes.Class, slotHeld bool) (admission.Reason, admission.Constraint) {
+	if s.hasBudget && s.tokens+reserved > s.effectiveBudget(p) {
+		return admission.BudgetLimit, s.globalConstraint()
+	}
+	if s.tab == nil {
+		return admission.NoReason, ""
+	}
+	return s.tab.Check(c, s.capacity(p, slotHeld), reserved)
+}
+
+// globalConstraint is the constraint of a rejection by a global limit: set
+// only when the bulkhead has classes.
+func (s *state) globalConstraint() admission.Constraint {
+	if s.tab == nil {
+		return ""
+	}
+	return admission.ConstraintGlobal
 }
 
 // gateReason is the gate's answer for a call that finds no free slot, or
@@ -106,10 +146,12 @@ func (s *state) gateReason() admission.Reason {
 	return admission.NoReason
 }
 
-// detail snapshots capacity for a call of priority p needing reserved tokens.
-func (s *state) detail(p admission.Priority, reserved int64) *admission.RejectDetail {
+// detail snapshots capacity for a call of priority p and class c needing
+// reserved tokens.
+func (s *state) detail(p admission.Priority, reserved int64, c classes.Class, constraint admission.Constraint) *admission.RejectDetail {
 	d := &admission.RejectDetail{
 		LimitRevision: s.limits.Revision,
+		Constraint:    constraint,
 		InFlight:      s.inFlight,
 		MaxConcurrent: s.limits.MaxConcurrent,
 		Pending:       s.pending,
@@ -125,6 +167,9 @@ func (s *state) detail(p admission.Priority, reserved int64) *admission.RejectDe
 			Requested:       reserved,
 		}
 	}
+	if s.tab != nil {
+		d.SharedCapacity, d.Class = s.tab.Detail(c, s.capacity(p, false), reserved)
+	}
 	return d
 }
 
@@ -132,14 +177,14 @@ func (s *state) detail(p admission.Priority, reserved int64) *admission.RejectDe
 func (s *state) acquire(r *AcquireRequest) {
 	switch {
 	case s.closed:
-		s.reject(r, admission.Shutdown, true, nil)
+		s.reject(r, admission.Shutdown, true, nil, "")
 		return
 	case r.Ctx.Err() != nil:
-		s.reject(r, admission.Aborted, true, context.Cause(r.Ctx))
+		s.reject(r, admission.Aborted, true, context.Cause(r.Ctx), "")
 		return
 	}
-	if why := s.checkCapacity(r.Priority, r.Reservation.Reserved); why != admission.NoReason {
-		s.reject(r, why, false, nil)
+	if why, cons := s.checkCapacity(r.Priority, r.Reservation.Reserved, r.Class, false); why != admission.NoReason {
+		s.reject(r, why, false, nil, cons)
 		return
 	}
 	if s.inFlight < s.limits.MaxConcurrent {
@@ -148,7 +193,7 @@ func (s *state) acquire(r *AcquireRequest) {
 		return
 	}
 	if why := s.gateReason(); why != admission.NoReason {
-		s.reject(r, why, true, nil)
+		s.reject(r, why, true, nil, s.globalConstraint())
 		return
 	}
 	s.enqueue(r)
@@ -181,6 +226,16 @@ func (s *state) admit(r *AcquireRequest) {
 	l.Reservation = r.Reservation
 	l.Request = r.Request
 	l.held = reserved
+	l.classID = r.Class
+	l.Class = s.tab.Name(r.Class)
+	l.Resources = s.tab.Admit(r.Class, reserved)
+	if r.BorrowedDeadline > 0 && l.Resources.BorrowedConcurrency {
+		// The class's child actor owns the deadline; it tells us if it
+		// fires before the admission ends.
+		l.deadline = r.BorrowedDeadline
+		l.expired = make(chan struct{})
+		s.tell(r.Class, &classes.StartDeadline[*Lease]{Lease: l, At: s.clk.Now().Add(r.BorrowedDeadline)})
+	}
 	if s.listeners[kindAdmit] > 0 {
 		s.emit(&admission.AdmitEvent{
 			Request:        r.Request,
@@ -197,8 +252,9 @@ func (s *state) admit(r *AcquireRequest) {
 	s.answer(r)
 }
 
-// reject answers r with a rejection. atGate counts it as a gate-level one.
-func (s *state) reject(r *AcquireRequest, why admission.Reason, atGate bool, cause error) {
+// reject answers r with a rejection. atGate counts it as a gate-level one;
+// constraint names the limit it hit (with classes).
+func (s *state) reject(r *AcquireRequest, why admission.Reason, atGate bool, cause error, constraint admission.Constraint) {
 	if atGate {
 		s.gate.Rejected++
 		s.gateByWhy[why]++
@@ -211,7 +267,8 @@ func (s *state) reject(r *AcquireRequest, why admission.Reason, atGate bool, cau
 	}
 	s.callStats.Rejected++
 	s.callsByWhy[why]++
-	d := s.detail(r.Priority, r.Reservation.Reserved)
+	s.tab.Reject(r.Class, why)
+	d := s.detail(r.Priority, r.Reservation.Reserved, r.Class, constraint)
 	if s.listeners[kindReject] > 0 {
 		s.emit(&admission.RejectEvent{
 			Request:       r.Request,
@@ -219,6 +276,7 @@ func (s *state) reject(r *AcquireRequest, why admission.Reason, atGate bool, cau
 			LimitRevision: d.LimitRevision,
 			Detail:        d,
 			Priority:      r.Priority,
+			Class:         s.tab.Name(r.Class),
 			Timing:        s.timing(r),
 		})
 	}
@@ -298,14 +356,14 @@ func (s *state) pump() {
 		w := s.qhead
 		s.dequeue(w)
 		if w.Ctx.Err() != nil {
-			s.reject(w, admission.Aborted, true, context.Cause(w.Ctx))
+			s.reject(w, admission.Aborted, true, context.Cause(w.Ctx), "")
 			continue
 		}
 		s.grantSlot()
 		// Postcheck: capacity may have changed while w waited.
-		if why := s.checkCapacity(w.Priority, w.Reservation.Reserved); why != admission.NoReason {
+		if why, cons := s.checkCapacity(w.Priority, w.Reservation.Reserved, w.Class, true); why != admission.NoReason {
 			s.returnSlot()
-			s.reject(w, why, false, nil)
+			s.reject(w, why, false, nil, cons)
 			continue
 		}
 		s.admit(w)
@@ -319,7 +377,7 @@ func (s *state) cancel(r *AcquireRequest) {
 		return
 	}
 	s.dequeue(r)
-	s.reject(r, admission.Aborted, true, context.Cause(r.Ctx))
+	s.reject(r, admission.Aborted, true, context.Cause(r.Ctx), "")
 	s.checkDrains()
 }
 
@@ -330,7 +388,7 @@ func (s *state) timeout(m *timeoutMsg) {
 	}
 	m.r.timer = nil
 	s.dequeue(m.r)
-	s.reject(m.r, admission.Timeout, true, nil)
+	s.reject(m.r, admission.Timeout, true, nil, s.globalConstraint())
 	s.checkDrains()
 }
 
@@ -341,7 +399,10 @@ func (s *state) release(m *releaseMsg) {
 		return
 	}
 	l.released = true
-	s.returnSlot()
+	if !l.abandoned {
+		s.returnSlot()
+		s.endDeadline(l)
+	}
 	s.calls--
 	s.callStats.Released++
 	held, refunded := l.held, int64(0)
@@ -359,6 +420,11 @@ func (s *state) release(m *releaseMsg) {
 		}
 		s.tokens = max(0, s.tokens-held)
 	}
+	settled := classes.Settlement{Held: held, Refunded: refunded, SlotAbandoned: l.abandoned}
+	if s.hasBudget && m.hasUsage {
+		settled.Consumed = m.usage.Total()
+	}
+	s.tab.Release(l.classID, settled)
 	l.held = 0
 	if s.listeners[kindRelease] > 0 {
 		var usage *admission.Usage
@@ -434,6 +500,7 @@ func (s *state) applyUsage(l *Lease, u admission.Usage, p *admission.Progressive
 		s.budget.TotalRefunded -= delta
 	}
 	s.tokens += delta
+	s.tab.AdjustHold(l.classID, delta)
 	l.held, l.last, l.reported = hold, u, true
 	l.sequence++
 	rep.Sequence, rep.Held = l.sequence, hold
@@ -465,25 +532,44 @@ func (s *state) applyUsage(l *Lease, u admission.Usage, p *admission.Progressive
 
 // wouldAdmit answers an advisory question without changing anything.
 func (s *state) wouldAdmit(q *wouldAdmitRequest) {
-	why := admission.NoReason
+	why, cons := admission.NoReason, admission.Constraint("")
 	switch {
 	case s.closed:
 		why = admission.Shutdown
 	default:
-		why = s.checkCapacity(q.priority, q.reservation.Reserved)
+		why, cons = s.checkCapacity(q.priority, q.reservation.Reserved, q.class, false)
 		if why == admission.NoReason && s.inFlight >= s.limits.MaxConcurrent {
-			why = s.gateReason()
+			if why = s.gateReason(); why != admission.NoReason {
+				cons = s.globalConstraint()
+			}
 		}
 	}
 	q.result = admission.Decision{Admit: why == admission.NoReason, Reason: why}
 	if q.detail {
-		q.result.Detail = s.detail(q.priority, q.reservation.Reserved)
+		q.result.Detail = s.detail(q.priority, q.reservation.Reserved, q.class, cons)
 	}
 	q.done <- struct{}{}
 }
 
-// validateLimits checks a snapshot against the bulkhead's shape.
-func (s *state) validateLimits(next admission.Limits) error {
+// validateLimits checks a snapshot against the bulkhead's shape and
+// returns the class table update it carries, if any.
+func (s *state) validateLimits(next admission.Limits) (*classes.Update, error) {
+	if err := s.validateGlobal(next); err != nil {
+		return nil, err
+	}
+	switch {
+	case next.Classes == nil && s.tab != nil:
+		return nil, admission.Invalidf("Limits.Classes", "must be set: the bulkhead has admission classes")
+	case next.Classes != nil && s.tab == nil:
+		return nil, admission.Invalidf("Limits.Classes", "must be nil: the bulkhead has no admission classes")
+	case next.Classes != nil:
+		return s.tab.Prepare("Limits.Classes", *next.Classes, next)
+	}
+	return nil, nil
+}
+
+// validateGlobal checks the global part of a snapshot.
+func (s *state) validateGlobal(next admission.Limits) error {
 	if next.MaxConcurrent < 0 {
 		return admission.Invalidf("Limits.MaxConcurrent", "must be >= 0, got %d", next.MaxConcurrent)
 	}
@@ -532,15 +618,62 @@ func (s *state) applyLimits(q *applyRequest) (admission.ApplyResult, error) {
 	if next.Revision <= s.limits.Revision {
 		return admission.ApplyResult{Reason: admission.StaleRevision, Previous: prev, Current: prev}, nil
 	}
-	if err := s.validateLimits(next); err != nil {
+	update, err := s.validateLimits(next)
+	if err != nil {
 		return admission.ApplyResult{}, err
 	}
 	s.limits = next.Clone()
+	if update != nil {
+		s.tab.Apply(update)
+		c := s.tab.Classes()
+		s.limits.Classes = &c
+	}
 	if s.listeners[kindReconfigure] > 0 {
 		s.emit(&admission.ReconfigureEvent{Previous: prev, Current: s.limits.Clone()})
 	}
 	s.pump()
 	return admission.ApplyResult{Applied: true, Previous: prev, Current: s.limits.Clone()}, nil
+}
+
+// abandon gives back the borrowed slot of a live admission early (F19): the
+// slot returns (admitting the next waiter) and the class's in-flight count
+// falls, while the token hold stays until release. It is effective once,
+// and only for an admission that borrowed its slot.
+func (s *state) abandon(l *Lease, cause admission.AbandonCause) bool {
+	if l.released || l.abandoned || !l.Resources.BorrowedConcurrency {
+		return false
+	}
+	l.abandoned = true
+	s.returnSlot()
+	s.tab.Abandon(l.classID, cause)
+	s.abandoned[cause]++
+	s.callStats.Abandoned++
+	if cause == admission.AbandonDeadline {
+		close(l.expired)
+	} else {
+		s.endDeadline(l)
+	}
+	if s.listeners[kindAbandon] > 0 {
+		s.emit(&admission.AbandonEvent{
+			Request:       l.Request,
+			AdmissionID:   l.ID,
+			LimitRevision: l.Revision,
+			Priority:      l.Priority,
+			Class:         l.Class,
+			Resources:     l.Resources,
+			Cause:         cause,
+			HeldTokens:    l.held,
+		})
+	}
+	s.pump()
+	return true
+}
+
+// endDeadline stops l's borrowed-slot deadline, if it has one running.
+func (s *state) endDeadline(l *Lease) {
+	if l.deadline > 0 {
+		s.tell(l.classID, &classes.EndDeadline[*Lease]{Lease: l})
+	}
 }
 
 // close rejects every waiter and every later call with Shutdown.
@@ -552,7 +685,7 @@ func (s *state) close() {
 	for s.qhead != nil {
 		w := s.qhead
 		s.dequeue(w)
-		s.reject(w, admission.Shutdown, true, nil)
+		s.reject(w, admission.Shutdown, true, nil, "")
 	}
 	s.checkDrains()
 }
@@ -611,6 +744,10 @@ func (s *state) stats() admission.Stats {
 		if n > 0 {
 			st.Calls.AbandonedByCause[admission.AbandonCause(c)] = n
 		}
+	}
+	if s.tab != nil {
+		g := s.capacity(admission.High, false) // High: the whole budget
+		st.Classes = s.tab.Stats(g)
 	}
 	if s.hasBudget {
 		b := s.budget

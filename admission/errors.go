@@ -174,3 +174,30 @@ func CheckNonNegative(field string, v int64) error {
 	}
 	return nil
 }
+
+// ErrBorrowedDeadline matches every *BorrowedDeadlineError.
+var ErrBorrowedDeadline = errors.New("bulkhead: borrowed-slot deadline expired")
+
+// BorrowedDeadlineError is the error of a Run whose admission borrowed a
+// shared slot and held it past its borrowed-slot deadline. The slot has
+// been given back; the callback's context is cancelled with this error as
+// its cause, and the callback's later result is discarded (its tokens are
+// still settled when it returns).
+type BorrowedDeadlineError struct {
+	// Deadline is the deadline that expired.
+	Deadline time.Duration
+	// AdmissionID is the admission whose slot was abandoned.
+	AdmissionID ID
+	// Resources is what the admission borrowed.
+	Resources Resources
+	// Class is the admission's class.
+	Class string
+}
+
+// Error returns a one-line message.
+func (e *BorrowedDeadlineError) Error() string {
+	return fmt.Sprintf("bulkhead: borrowed-slot deadline %v expired (admission %s, class %q)", e.Deadline, e.AdmissionID, e.Class)
+}
+
+// Is reports whether target is ErrBorrowedDeadline.
+func (e *BorrowedDeadlineError) Is(target error) bool { return target == ErrBorrowedDeadline }

@@ -43,6 +43,21 @@ type ReleaseEvent struct {
 	Usage *Usage
 }
 
+// AbandonEvent is emitted when an admission gives its borrowed slot back
+// early, by hand or because its borrowed-slot deadline expired.
+type AbandonEvent struct {
+	Request       *Request
+	AdmissionID   ID
+	LimitRevision int64
+	Priority      Priority
+	Class         string
+	Resources     Resources
+	Cause         AbandonCause
+	// HeldTokens is what the admission still holds: abandoning keeps it
+	// until release.
+	HeldTokens int64
+}
+
 // ReconfigureEvent is emitted when a new limits snapshot is applied.
 type ReconfigureEvent struct {
 	Previous Limits
@@ -69,4 +84,7 @@ type Hooks struct {
 	// Usage is called when a usage report changes an admission's usage or
 	// hold, between its Admit and its Release.
 	Usage func(UsageEvent)
+	// Abandon is called when an admission gives its borrowed slot back
+	// early, between its Admit and its Release.
+	Abandon func(AbandonEvent)
 }

@@ -17,6 +17,11 @@ type Limits struct {
 	// TokenBudget is the token budget, or nil when the bulkhead has none.
 	// It must be present exactly when the bulkhead was built with one.
 	TokenBudget *BudgetLimits
+
+	// Classes is the admission class table, or nil when the bulkhead has
+	// none. It must be present exactly when the bulkhead was built with
+	// one, with the same class names; its Default may be left empty.
+	Classes *Classes
 }
 
 // BudgetLimits is the adjustable part of a token budget.
@@ -35,6 +40,10 @@ func (l Limits) Clone() Limits {
 	if l.TokenBudget != nil {
 		b := *l.TokenBudget
 		l.TokenBudget = &b
+	}
+	if l.Classes != nil {
+		c := l.Classes.Clone()
+		l.Classes = &c
 	}
 	return l
 }
@@ -89,6 +98,11 @@ type RejectDetail struct {
 
 	// TokenBudget is the token side, nil without a budget.
 	TokenBudget *BudgetDetail
+
+	// SharedCapacity is the shared pool the classes borrow from, and Class
+	// the deciding call's class, both nil without classes.
+	SharedCapacity *SharedCapacityDetail
+	Class          *ClassDetail
 }
 
 // BudgetDetail is the token budget at decision time.

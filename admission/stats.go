@@ -10,6 +10,9 @@ type Stats struct {
 	Calls CallStats
 	// TokenBudget is the token budget, nil without one.
 	TokenBudget *BudgetStats
+	// Classes is the admission classes and their shared pool, nil without
+	// classes.
+	Classes *ClassesStats
 	// ListenerPanics counts event listeners that panicked.
 	ListenerPanics int64
 }

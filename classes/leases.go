@@ -1,0 +1,131 @@
+package classes
+
+import (
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/llmbulkhead/bulkhead/clock"
+)
+
+// LeaseActor is the child actor of one admission class: it owns the class's
+// leases that carry a borrowed-slot deadline (SPEC F20) and their timers.
+// The admission actor spawns one per class, tells it when a deadline lease
+// starts and when it ends early, and hears back, as a DeadlineExpired
+// message, when a deadline fires first. It decides nothing about capacity:
+// the accounting stays with the parent.
+//
+// K identifies a lease; the parent's own lease pointer is the usual choice.
+type LeaseActor[K comparable] struct {
+	class  string
+	clk    clock.Clock
+	timers map[K]*leaseTimer
+
+	// Telemetry, owned by the actor.
+	started, expired, ended int64
+}
+
+type leaseTimer struct {
+	timer *clock.Timer // nil when the lease was due on arrival
+	gen   uint64
+}
+
+func (t *leaseTimer) stop() {
+	if t.timer != nil {
+		t.timer.Stop()
+	}
+}
+
+// StartDeadline asks the class actor to expire Lease at At. The deadline is
+// an instant, read from the clock when the lease was admitted, so it does
+// not depend on when the class actor gets to the message.
+type StartDeadline[K comparable] struct {
+	Lease K
+	At    time.Time
+}
+
+// EndDeadline tells the class actor that Lease settled (released or
+// abandoned) before its deadline: the timer is stopped.
+type EndDeadline[K comparable] struct{ Lease K }
+
+// DeadlineExpired is what a class actor sends its parent when a lease's
+// deadline fires before the lease ended.
+type DeadlineExpired[K comparable] struct {
+	Class string
+	Lease K
+}
+
+// LeaseTelemetry counts a class actor's deadline leases.
+type LeaseTelemetry struct {
+	Class   string
+	Active  int
+	Started int64
+	Expired int64
+	Ended   int64
+}
+
+// TelemetryRequest asks a class actor for its telemetry; the answer goes to
+// Reply.
+type TelemetryRequest struct{ Reply chan<- LeaseTelemetry }
+
+type fired[K comparable] struct {
+	lease K
+	gen   uint64
+}
+
+// NewLeaseActor returns the props of a class actor for class, with timers
+// from clk.
+func NewLeaseActor[K comparable](class string, clk clock.Clock) *actor.Props {
+	return actor.PropsFromProducer(func() actor.Actor {
+		return &LeaseActor[K]{class: class, clk: clock.OrReal(clk), timers: make(map[K]*leaseTimer)}
+	})
+}
+
+// Receive handles one message.
+func (a *LeaseActor[K]) Receive(ctx actor.Context) {
+	switch m := ctx.Message().(type) {
+	case *StartDeadline[K]:
+		a.start(ctx, m)
+	case *EndDeadline[K]:
+		if t, ok := a.timers[m.Lease]; ok {
+			t.stop()
+			delete(a.timers, m.Lease)
+			a.ended++
+		}
+	case *fired[K]:
+		t, ok := a.timers[m.lease]
+		if !ok || t.gen != m.gen {
+			return // ended, or restarted, before this firing arrived
+		}
+		delete(a.timers, m.lease)
+		a.expired++
+		ctx.Send(ctx.Parent(), &DeadlineExpired[K]{Class: a.class, Lease: m.lease})
+	case *TelemetryRequest:
+		m.Reply <- LeaseTelemetry{Class: a.class, Active: len(a.timers), Started: a.started, Expired: a.expired, Ended: a.ended}
+	case *actor.Stopping:
+		for k, t := range a.timers {
+			t.stop()
+			delete(a.timers, k)
+		}
+	}
+}
+
+func (a *LeaseActor[K]) start(ctx actor.Context, m *StartDeadline[K]) {
+	gen := uint64(1)
+	if old, ok := a.timers[m.Lease]; ok {
+		old.stop()
+		gen = old.gen + 1
+	}
+	a.started++
+	msg := &fired[K]{lease: m.Lease, gen: gen}
+	after := m.At.Sub(a.clk.Now())
+	if after <= 0 {
+		// Already due: a mock clock would not fire a timer for the present
+		// until it is moved again, so expire now.
+		a.timers[m.Lease] = &leaseTimer{timer: nil, gen: gen}
+		ctx.Send(ctx.Self(), msg)
+		return
+	}
+	root, self := ctx.ActorSystem().Root, ctx.Self()
+	a.timers[m.Lease] = &leaseTimer{timer: a.clk.AfterFunc(after, func() { root.Send(self, msg) }), gen: gen}
+}
