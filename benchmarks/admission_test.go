@@ -65,6 +65,27 @@ func BenchmarkAcquireRelease(b *testing.B) {
 		benchAcquireRelease(b, budgetConfig(1<<30),
 			bulkhead.WithReservation(bulkhead.Reservation{Input: 61, MaxOutput: 256}))
 	})
+	b.Run("budget-classes", func(b *testing.B) {
+		// Two classes with floors, one call in each alternately.
+		cfg := budgetConfig(1 << 30)
+		cfg.Classes = &bulkhead.Classes{Default: "interactive", Limits: map[string]bulkhead.ClassLimits{
+			"interactive": {ProtectedConcurrent: 1 << 20, ProtectedInFlightTokens: 1 << 40},
+			"batch":       {ProtectedConcurrent: 1 << 20, MaxConcurrent: bulkhead.Ceiling(1 << 29)},
+		}}
+		bh := newBench(b, cfg)
+		ctx := context.Background()
+		classes := []bulkhead.Option{bulkhead.WithClass("interactive"), bulkhead.WithClass("batch")}
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			tok, err := bh.Acquire(ctx, benchRequest, classes[i&1])
+			if err != nil {
+				b.Fatal(err)
+			}
+			_ = tok.Release(nil)
+			i++
+		}
+	})
 	b.Run("mutex", func(b *testing.B) {
 		var mu sync.Mutex
 		inUse, limit := 0, 1<<30

@@ -11,10 +11,9 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// fast is a tiny demo at 1000x speed. It sets no queue timeout, which the
-// engine currently races on (see the demo package's tests).
+// fast is a tiny demo at 1000x speed.
 var fast = []string{"-calls", "40", "-ramp", "1s", "-time-scale", "0.001", "-provider-concurrency", "8",
-	"-max-concurrent", "7", "-max-queue", "2", "-queue-timeout", "0", "-token-budget", "15000"}
+	"-max-concurrent", "7", "-max-queue", "2", "-queue-timeout", "2s", "-token-budget", "15000"}
 
 func runArgs(args ...string) (code int, stdout, stderr string) {
 	var out, errOut bytes.Buffer

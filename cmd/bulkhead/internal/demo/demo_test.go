@@ -26,11 +26,7 @@ func tiny() demo.Config {
 	cfg.ProviderTPM = 60_000
 	cfg.MaxConcurrent = 9
 	cfg.MaxQueue = 4
-	// No queue timeout: with one, the engine races (a stale queue-timeout
-	// message reads a pooled request the facade is recycling; reported,
-	// actor/state.go timeout vs actor/messages.go reset). Put 2s back when
-	// that is fixed.
-	cfg.QueueTimeout = 0
+	cfg.QueueTimeout = 2 * time.Second
 	cfg.TokenBudget = 18_000
 	return cfg
 }
@@ -98,7 +94,7 @@ func TestDemoEndToEnd(t *testing.T) {
 
 	for _, want := range []string{
 		"bulkhead demo: a burst of 80 gpt-4o calls",
-		"bulkhead  MaxConcurrent 9, MaxQueue 4, QueueTimeout 0s, TokenBudget 18,000",
+		"bulkhead  MaxConcurrent 9, MaxQueue 4, QueueTimeout 2s, TokenBudget 18,000",
 		"through bulkhead",
 		"completed OK",
 		"shed by the bulkhead",
