@@ -27,7 +27,6 @@ type mailbox struct {
 	mu   sync.Mutex
 	sys  ring // system messages, guarded by mu
 
-	userCount atomic.Int32
 	sysCount  atomic.Int32
 	status    atomic.Int32 // idle or running
 	suspended atomic.Bool
@@ -59,7 +58,6 @@ func (m *mailbox) PostUserMessage(msg any) {
 	}
 	n.msg = msg
 	m.user.push(n)
-	m.userCount.Add(1)
 	m.schedule()
 }
 
@@ -78,10 +76,22 @@ func (m *mailbox) RegisterHandlers(invoker actor.MessageInvoker, dispatcher acto
 
 func (m *mailbox) Start() {}
 
-func (m *mailbox) UserMessageCount() int { return int(m.userCount.Load()) }
+// UserMessageCount reports 1 when user messages are waiting and 0 when none
+// are: the queue keeps no count, so that posting takes no shared counter.
+// Only protoactor's optional mailbox-length metric reads it.
+func (m *mailbox) UserMessageCount() int {
+	if m.user.head.Load() == &m.user.stub && m.user.stub.next.Load() == nil {
+		return 0
+	}
+	return 1
+}
 
 func (m *mailbox) schedule() {
-	if m.status.CompareAndSwap(mailboxIdle, mailboxRunning) {
+	// Test before test-and-set: under contention the mailbox is nearly
+	// always running, and a failed CAS costs as much as a successful one.
+	// A sender that sees it running leaves its message to the runner,
+	// which looks at the queue again after it goes idle.
+	if m.status.Load() == mailboxIdle && m.status.CompareAndSwap(mailboxIdle, mailboxRunning) {
 		m.dispatcher.Schedule(m.process)
 	}
 }
@@ -89,15 +99,20 @@ func (m *mailbox) schedule() {
 func (m *mailbox) processMessages() {
 	for {
 		m.run()
+		// Still the owner: note whether the queue is empty and where its
+		// producers' end is, then go idle.
+		head := m.user.head.Load()
+		empty := m.user.empty()
 		m.status.Store(mailboxIdle)
-		sys, user := m.sysCount.Load(), m.userCount.Load()
-		if sys == 0 && (m.suspended.Load() || user == 0) {
+		// A sender whose schedule lost to this goroutine before it went
+		// idle pushed first, so it shows here as a non-empty queue or a
+		// moved head: its message is still ours to run. A later sender
+		// finds the mailbox idle and runs it itself.
+		if m.sysCount.Load() == 0 && (m.suspended.Load() || (empty && m.user.head.Load() == head)) {
 			return
 		}
-		// Messages arrived after the loop ended: run again unless another
-		// sender has already taken over.
 		if !m.status.CompareAndSwap(mailboxIdle, mailboxRunning) {
-			return
+			return // another sender has taken over
 		}
 	}
 }
@@ -115,13 +130,7 @@ func (m *mailbox) popSystem() any {
 	return msg
 }
 
-func (m *mailbox) popUser() any {
-	msg := m.user.pop()
-	if msg != nil {
-		m.userCount.Add(-1)
-	}
-	return msg
-}
+func (m *mailbox) popUser() any { return m.user.pop() }
 
 func (m *mailbox) run() {
 	var msg any

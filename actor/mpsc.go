@@ -21,6 +21,7 @@ type queued interface {
 // returned is no longer referenced by the queue and may be pushed again.
 type mpscQueue struct {
 	head atomic.Pointer[mpscNode] // producers' end: the last node pushed
+	_    [56]byte                 // keep the producers' line apart from the consumer's
 	tail *mpscNode                // consumer's end: the next node to pop
 	stub mpscNode
 }
@@ -62,6 +63,12 @@ func (q *mpscQueue) pop() any {
 		return q.take(tail)
 	}
 	return nil
+}
+
+// empty reports whether the queue holds nothing, not even a push halfway
+// done. Consumer only.
+func (q *mpscQueue) empty() bool {
+	return q.tail.next.Load() == nil && q.head.Load() == q.tail
 }
 
 func (q *mpscQueue) take(n *mpscNode) any {

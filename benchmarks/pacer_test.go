@@ -1,0 +1,192 @@
+package benchmarks
+
+import (
+	"context"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/llmbulkhead/bulkhead/internal/redistest"
+	"github.com/llmbulkhead/bulkhead/pacer"
+)
+
+// BenchmarkPacerLocal measures one in-process pacer decision.
+func BenchmarkPacerLocal(b *testing.B) {
+	ctx := context.Background()
+	store := pacer.NewLocal(pacer.LocalOptions{})
+	// A high rate and a deep bucket: every call is admitted and recorded,
+	// the common case.
+	p, err := pacer.New(store, pacer.Options{Name: "bench", QPS: 1e9, MaxBurst: 1e6})
+	if err != nil {
+		b.Fatal(err)
+	}
+	tokens, err := pacer.New(store, pacer.Options{Name: "bench-tokens", QPS: 1e12, MaxBurst: 1e9})
+	if err != nil {
+		b.Fatal(err)
+	}
+	comp, err := pacer.NewComposite(p, tokens)
+	if err != nil {
+		b.Fatal(err)
+	}
+	keys := make([]string, 1024)
+	for i := range keys {
+		keys[i] = "key-" + strconv.Itoa(i)
+	}
+
+	b.Run("RateLimit", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := p.RateLimit(ctx, "k", 1); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("Pace", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := p.Pace(ctx, "k", 1); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("RateLimit/parallel-1024-keys", func(b *testing.B) {
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			i := 0
+			for pb.Next() {
+				if _, err := p.RateLimit(ctx, keys[i%len(keys)], 1); err != nil {
+					b.Error(err)
+					return
+				}
+				i++
+			}
+		})
+	})
+	b.Run("RateLimit/parallel-1-key", func(b *testing.B) {
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if _, err := p.RateLimit(ctx, "k", 1); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	})
+	b.Run("Composite/RateLimit", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := comp.RateLimit(ctx, "k", 1, 500); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// BenchmarkPacerRedis measures one pacer decision on a local redis-server
+// (started by the benchmark) against a plain PING round trip on the same
+// client, measured in the same loop: each iteration times one PING and one
+// decision, alternately, and the benchmark reports the p50 and p99 of both
+// in microseconds, and their ratios (the target: a decision costs at most
+// 1.3 PINGs).
+func BenchmarkPacerRedis(b *testing.B) {
+	srv := redistest.Start(b)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: 4})
+	b.Cleanup(func() { client.Close() })
+	ctx := context.Background()
+	store, err := pacer.NewRedis(client, pacer.RedisOptions{Prefix: "bench:"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := store.Preload(ctx); err != nil {
+		b.Fatal(err)
+	}
+	p, err := pacer.New(store, pacer.Options{Name: "bench", QPS: 1e9, MaxBurst: 1e6})
+	if err != nil {
+		b.Fatal(err)
+	}
+	tokens, err := pacer.New(store, pacer.Options{Name: "bench-tokens", QPS: 1e12, MaxBurst: 1e9})
+	if err != nil {
+		b.Fatal(err)
+	}
+	comp, err := pacer.NewComposite(p, tokens)
+	if err != nil {
+		b.Fatal(err)
+	}
+
+	decisions := map[string]func() error{
+		"RateLimit": func() error { _, err := p.RateLimit(ctx, "k", 1); return err },
+		"Pace":      func() error { _, err := p.Pace(ctx, "k", 1); return err },
+		"Composite": func() error { _, err := comp.RateLimit(ctx, "k", 1, 500); return err },
+	}
+	for _, name := range []string{"RateLimit", "Pace", "Composite"} {
+		decide := decisions[name]
+		b.Run(name+"-vs-PING", func(b *testing.B) {
+			b.ReportAllocs()
+			if _, err := srv.Do("CONFIG", "RESETSTAT"); err != nil {
+				b.Fatal(err)
+			}
+			var ping, dec []time.Duration
+			for b.Loop() {
+				t0 := time.Now()
+				if err := client.Ping(ctx).Err(); err != nil {
+					b.Fatal(err)
+				}
+				t1 := time.Now()
+				if err := decide(); err != nil {
+					b.Fatal(err)
+				}
+				ping = append(ping, t1.Sub(t0))
+				dec = append(dec, time.Since(t1))
+			}
+			pp50, pp99 := percentile(ping, 50), percentile(ping, 99)
+			dp50, dp99 := percentile(dec, 50), percentile(dec, 99)
+			b.ReportMetric(micros(pp50), "ping-p50-µs")
+			b.ReportMetric(micros(pp99), "ping-p99-µs")
+			b.ReportMetric(micros(dp50), "decision-p50-µs")
+			b.ReportMetric(micros(dp99), "decision-p99-µs")
+			b.ReportMetric(float64(dp50)/float64(pp50), "p50-ratio")
+			b.ReportMetric(float64(dp99)/float64(pp99), "p99-ratio")
+			// The script's own cost, as the server measures it.
+			if us, ok := serverMicrosPerCall(srv, "evalsha"); ok {
+				b.ReportMetric(us, "script-server-µs")
+			}
+		})
+	}
+}
+
+// serverMicrosPerCall returns the server's usec_per_call for cmd from INFO
+// commandstats.
+func serverMicrosPerCall(srv *redistest.Server, cmd string) (float64, bool) {
+	info, err := srv.Do("INFO", "commandstats")
+	if err != nil {
+		return 0, false
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+cmd+":"); ok {
+			for _, field := range strings.Split(rest, ",") {
+				if v, ok := strings.CutPrefix(field, "usec_per_call="); ok {
+					f, err := strconv.ParseFloat(v, 64)
+					return f, err == nil
+				}
+			}
+		}
+	}
+	return 0, false
+}
+
+// percentile returns the q-th percentile of ds (nearest rank), sorting ds.
+func percentile(ds []time.Duration, q int) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	slices.Sort(ds)
+	i := (len(ds)*q + 99) / 100
+	return ds[max(i-1, 0)]
+}
+
+func micros(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
