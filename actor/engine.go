@@ -396,26 +396,8 @@ func (a *admissionActor) recovered(msg any, p any) {
 		}
 		m.Err, m.answered = err, true
 		done = m.done
-	case *applyRequest:
-		m.err = err
-		done = m.done
-	case *wouldAdmitRequest:
-		done = m.done
-	case *statsRequest:
-		done = m.done
-	case *limitsRequest:
-		done = m.done
-	case *closeRequest:
-		done = m.done
-	case *abandonRequest:
-		done = m.done
-	case *usageRequest:
-		m.err = err
-		done = m.done
-	case *subscribeRequest:
-		done = m.done
-	case *eventsOffRequest:
-		done = m.done
+	case interface{ fail(error) chan struct{} }:
+		done = m.fail(err)
 	}
 	if done != nil && len(done) == 0 {
 		done <- struct{}{}
@@ -423,31 +405,28 @@ func (a *admissionActor) recovered(msg any, p any) {
 }
 
 func (a *admissionActor) subscribe(m *subscribeRequest) {
-	if a.eventsOff {
-		m.done <- struct{}{}
-		return
+	if !a.eventsOff {
+		a.countListeners(m.sub, +1)
+		a.ctx.Send(a.engine.events, m.sub)
 	}
-	s := a.state
-	for kind, set := range m.sub.kinds() {
-		if set {
-			s.listeners[kind]++
-		}
-	}
-	a.engine.timing.Store(s.listeners[kindAdmit]+s.listeners[kindReject] > 0)
-	a.ctx.Send(a.engine.events, m.sub)
 	m.done <- struct{}{}
 }
 
 func (a *admissionActor) unsubscribe(m *unsubscribeMsg) {
-	if a.eventsOff {
-		return
+	if !a.eventsOff {
+		a.countListeners(m.sub, -1)
+		a.ctx.Send(a.engine.events, m)
 	}
+}
+
+// countListeners adds delta to the listener count of each event kind sub
+// listens for, and keeps the facade's timing switch in step.
+func (a *admissionActor) countListeners(sub *subscription, delta int) {
 	s := a.state
-	for kind, set := range m.sub.kinds() {
+	for kind, set := range sub.kinds() {
 		if set {
-			s.listeners[kind]--
+			s.listeners[kind] += delta
 		}
 	}
 	a.engine.timing.Store(s.listeners[kindAdmit]+s.listeners[kindReject] > 0)
-	a.ctx.Send(a.engine.events, m)
 }

@@ -257,3 +257,15 @@ type usageRequest struct {
 	err         error
 	done        chan struct{}
 }
+
+// fail answers a request whose handler panicked, with err where the request
+// carries an error, and returns its reply channel.
+func (q *applyRequest) fail(err error) chan struct{}  { q.err = err; return q.done }
+func (q *usageRequest) fail(err error) chan struct{}  { q.err = err; return q.done }
+func (q *wouldAdmitRequest) fail(error) chan struct{} { return q.done }
+func (q *statsRequest) fail(error) chan struct{}      { return q.done }
+func (q *limitsRequest) fail(error) chan struct{}     { return q.done }
+func (q *closeRequest) fail(error) chan struct{}      { return q.done }
+func (q *abandonRequest) fail(error) chan struct{}    { return q.done }
+func (q *subscribeRequest) fail(error) chan struct{}  { return q.done }
+func (q *eventsOffRequest) fail(error) chan struct{}  { return q.done }
