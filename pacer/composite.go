@@ -2,6 +2,7 @@ package pacer
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"github.com/llmbulkhead/bulkhead/admission"
@@ -65,7 +66,9 @@ type CompositeOutcome struct {
 	// wait (or the failure policy decided).
 	Pacer *Pacer
 
-	// Members holds every member's outcome, in the order of Members.
+	// Members holds every member's outcome, in the order of
+	// Composite.Members; it is nil when the store failed, and for a
+	// composite without members.
 	Members []Outcome
 }
 
@@ -146,7 +149,15 @@ func (c *Composite) decide(ctx context.Context, key string, weights []float64, m
 	if n == 0 {
 		return CompositeOutcome{}, nil
 	}
-	reqs := make([]request, n)
+	// Small composites keep their requests and results on the stack when
+	// the store is local (see below).
+	var reqBuf [4]request
+	var resBuf [4]stepResult
+	reqs, res := reqBuf[:0], resBuf[:0]
+	if n > len(reqBuf) {
+		reqs, res = make([]request, 0, n), make([]stepResult, 0, n)
+	}
+	reqs, res = reqs[:n], res[:n]
 	for i, p := range c.members {
 		w := 1.0
 		switch len(weights) {
@@ -164,16 +175,21 @@ func (c *Composite) decide(ctx context.Context, key string, weights []float64, m
 		}
 		reqs[i] = p.request(key, w, m, mw)
 	}
-	res := make([]stepResult, n)
 	out := CompositeOutcome{Members: make([]Outcome, n)}
-	commit, err := c.store.decide(ctx, reqs, res)
+	var commit bool
+	var err error
+	if l, ok := c.store.(*Local); ok {
+		commit, err = l.decide(ctx, reqs, res)
+	} else {
+		// Copies, so that the slices passed through the interface do not
+		// move reqBuf and resBuf to the heap on the local path.
+		rs := make([]stepResult, n)
+		commit, err = c.store.decide(ctx, slices.Clone(reqs), rs)
+		copy(res, rs)
+	}
 	if err != nil {
 		o, err := fallback(ctx, c.store, Outcome{}, m, err)
-		out.Outcome = o
-		if o.Fallback == nil {
-			out.Members = nil
-		}
-		return out, err
+		return CompositeOutcome{Outcome: o}, err
 	}
 	best := -1
 	for i, p := range c.members {

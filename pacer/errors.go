@@ -37,7 +37,7 @@ func unavailable(err error) error {
 // never writes state.
 
 func checkName(field, v string) error {
-	if strings.ContainsAny(v, "{}") {
+	if strings.IndexByte(v, '{') >= 0 || strings.IndexByte(v, '}') >= 0 {
 		return admission.Invalidf(field, "must not contain '{' or '}', got %q", v)
 	}
 	return nil

@@ -3,9 +3,9 @@ package pacer
 import (
 	"context"
 	"hash/maphash"
-	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/llmbulkhead/bulkhead/clock"
@@ -17,6 +17,14 @@ const numShards = 64
 // minSweep is the least number of decisions between two sweeps of a shard.
 const minSweep = 256
 
+// idleCheckEvery is how often (in decisions of a shard) a decision also
+// looks at one other shard, in turn, and sweeps it if no sweep has run there
+// for idleSweepUs, so shards without traffic drop their expired state too.
+const (
+	idleCheckEvery = 64
+	idleSweepUs    = graceUs
+)
+
 // LocalOptions configures NewLocal. The zero value is ready to use.
 type LocalOptions struct {
 	// Clock is the source of time for decisions and for PaceWait's waits.
@@ -27,14 +35,17 @@ type LocalOptions struct {
 // Local is the in-process Store: pacer state lives in this process's memory
 // and is shared by every Pacer created on it. It is safe for concurrent use.
 //
-// State is sharded by key over independently locked maps, so calls on
+// State is sharded by call key over independently locked maps, so calls on
 // different keys rarely contend; a decision holds one lock for a few tens of
-// nanoseconds and allocates nothing (a key's first call stores a copy of the
-// key). State that has expired (its queue ran out and its bucket drained, plus
-// two minutes of slack) counts as absent, and is dropped from memory by a
-// sweep that each shard runs after as many decisions as it holds keys, so the
-// memory held is proportional to the keys in use, with no background
-// goroutine and nothing to close.
+// nanoseconds and allocates nothing once the key has state (its first call
+// stores the state and a copy of the key). State that has expired (its queue ran out and its bucket drained, plus
+// two minutes of slack) counts as absent, and is dropped from memory by
+// sweeps that ride on the decisions: a shard sweeps itself after as many
+// decisions as it holds keys, and shards without traffic are swept in turn,
+// every two minutes or so, by decisions on the others. The memory held is
+// thus proportional to the keys in use, with no background goroutine and
+// nothing to close. (A store that makes no decisions at all sweeps nothing;
+// call Sweep if that matters.)
 //
 // Time is the clock's monotonic time anchored to its wall time at
 // construction, so wall-clock steps do not disturb the pacing of a process.
@@ -43,16 +54,19 @@ type Local struct {
 	base   time.Time // clk.Now() at construction
 	baseNs int64     // base as Unix nanoseconds
 	seed   maphash.Seed
+	cursor atomic.Uint32 // the next shard to check for idle state
 	shards [numShards]localShard
 }
 
 type localKey struct{ name, key string }
 
 type localShard struct {
-	mu  sync.Mutex
-	m   map[localKey]state
-	ops int      // decisions since the last sweep
-	_   [40]byte // keeps shards on separate cache lines
+	mu     sync.Mutex
+	m      map[localKey]*state
+	ops    int      // decisions since the last sweep
+	swept  int64    // time of the last sweep, µs
+	checks int      // decisions since this shard last checked another
+	_      [24]byte // keeps shards on separate cache lines
 }
 
 // NewLocal returns an empty in-process store.
@@ -60,8 +74,10 @@ func NewLocal(opts LocalOptions) *Local {
 	c := clock.OrReal(opts.Clock)
 	base := c.Now()
 	l := &Local{clk: c, base: base, baseNs: base.UnixNano(), seed: maphash.MakeSeed()}
+	now := l.nowUs()
 	for i := range l.shards {
-		l.shards[i].m = make(map[localKey]state)
+		l.shards[i].m = make(map[localKey]*state)
+		l.shards[i].swept = now
 	}
 	return l
 }
@@ -101,8 +117,10 @@ func (l *Local) nowUs() int64 {
 	return us
 }
 
+// shardOf picks the shard of a key by the call key alone, so the pacers of
+// one call key (a composite's members) share a shard and one lock.
 func (l *Local) shardOf(k *localKey) int {
-	return int(maphash.Comparable(l.seed, *k) % numShards)
+	return int(maphash.String(l.seed, k.key) % numShards)
 }
 
 func (s *localShard) sweep(now int64) {
@@ -112,24 +130,49 @@ func (s *localShard) sweep(now int64) {
 		}
 	}
 	s.ops = 0
+	s.swept = now
 }
 
 // afterDecision counts a decision and sweeps the shard when it has made as
-// many decisions as it holds keys, so a sweep costs O(1) per decision.
-func (s *localShard) afterDecision(now int64) {
+// many decisions as it holds keys, so a sweep costs O(1) per decision. It
+// reports whether the decision should also check another shard.
+func (s *localShard) afterDecision(now int64) (checkIdle bool) {
 	s.ops++
 	if s.ops >= minSweep && s.ops >= len(s.m) {
 		s.sweep(now)
 	}
+	s.checks++
+	if s.checks >= idleCheckEvery {
+		s.checks = 0
+		return true
+	}
+	return false
 }
 
-// put stores st under k, copying the key strings when k is new so the map
-// never retains a caller's larger buffer.
-func (s *localShard) put(k localKey, st state, existed bool) {
-	if !existed {
-		k = localKey{name: strings.Clone(k.name), key: strings.Clone(k.key)}
+// sweepIdle sweeps the next shard in turn if it has not been swept for
+// idleSweepUs. It never waits for a lock: a busy shard sweeps itself.
+func (l *Local) sweepIdle(now int64) {
+	s := &l.shards[l.cursor.Add(1)%numShards]
+	if s.mu.TryLock() {
+		if now-s.swept >= idleSweepUs {
+			s.sweep(now)
+		}
+		s.mu.Unlock()
 	}
-	s.m[k] = st
+}
+
+// put stores st under k: in place when the key has state (cur), and
+// otherwise as a new entry whose key strings are copies, so the map never
+// retains a caller's larger buffer.
+func (s *localShard) put(k localKey, cur *state, st state) {
+	if cur != nil {
+		*cur = st
+		return
+	}
+	k = localKey{name: strings.Clone(k.name), key: strings.Clone(k.key)}
+	p := new(state)
+	*p = st
+	s.m[k] = p
 }
 
 // decideOne makes the decision of a single pacer.
@@ -138,51 +181,62 @@ func (l *Local) decideOne(r *request) stepResult {
 	s := &l.shards[l.shardOf(&k)]
 	s.mu.Lock()
 	now := l.nowUs()
-	prev, ok := s.m[k]
-	res := step(prev, ok, now, &r.p)
-	if res.commit {
-		s.put(k, res.next, ok)
+	cur := s.m[k]
+	var res stepResult
+	if cur != nil {
+		res = step(*cur, true, now, &r.p)
+	} else {
+		res = step(state{}, false, now, &r.p)
 	}
-	s.afterDecision(now)
+	if res.commit {
+		s.put(k, cur, res.next)
+	}
+	checkIdle := s.afterDecision(now)
 	s.mu.Unlock()
+	if checkIdle {
+		l.sweepIdle(now)
+	}
 	return res
 }
 
-// decide makes one decision over several pacers: it holds every shard
-// involved (in index order, so two decisions cannot deadlock), runs the step
-// of each, and records all or none.
+// decide makes one decision over several pacers of one call key (the
+// members of a composite, which share the key's shard): under the shard's
+// lock it runs the step of each, and records all or none.
 func (l *Local) decide(_ context.Context, reqs []request, out []stepResult) (bool, error) {
 	if len(reqs) == 1 {
 		out[0] = l.decideOne(&reqs[0])
 		return out[0].commit, nil
 	}
-	keys := make([]localKey, len(reqs))
-	idx := make([]int, len(reqs))
-	for i := range reqs {
-		keys[i] = localKey{name: reqs[i].name, key: reqs[i].key}
-		idx[i] = l.shardOf(&keys[i])
-	}
-	order := slices.Compact(slices.Sorted(slices.Values(idx)))
-	for _, i := range order {
-		l.shards[i].mu.Lock()
-	}
+	key := reqs[0].key
+	s := &l.shards[l.shardOf(&localKey{key: key})]
+	var buf [8]*state
+	cur := buf[:0]
+	s.mu.Lock()
 	now := l.nowUs()
 	commit := true
-	existed := make([]bool, len(reqs))
 	for i := range reqs {
-		prev, ok := l.shards[idx[i]].m[keys[i]]
-		existed[i] = ok
-		out[i] = step(prev, ok, now, &reqs[i].p)
+		if reqs[i].key != key {
+			s.mu.Unlock()
+			panic("pacer: one decision over several call keys")
+		}
+		c := s.m[localKey{name: reqs[i].name, key: key}]
+		cur = append(cur, c)
+		if c != nil {
+			out[i] = step(*c, true, now, &reqs[i].p)
+		} else {
+			out[i] = step(state{}, false, now, &reqs[i].p)
+		}
 		commit = commit && out[i].commit
 	}
 	if commit {
 		for i := range reqs {
-			l.shards[idx[i]].put(keys[i], out[i].next, existed[i])
+			s.put(localKey{name: reqs[i].name, key: key}, cur[i], out[i].next)
 		}
 	}
-	for _, i := range order {
-		l.shards[i].afterDecision(now)
-		l.shards[i].mu.Unlock()
+	checkIdle := s.afterDecision(now)
+	s.mu.Unlock()
+	if checkIdle {
+		l.sweepIdle(now)
 	}
 	return commit, nil
 }

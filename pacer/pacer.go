@@ -17,10 +17,10 @@ const (
 	DefaultRateLimitFactor = 1.0 // RateLimit
 )
 
-// MaxDelay is the longest delay Pace and PaceWait record, and the most that
-// one call may book (weight/QPS seconds): 1e8 seconds, a little over three
-// years. It keeps every time the algorithm handles exact.
-const MaxDelay = time.Duration(horizonUs) * time.Microsecond
+// Horizon is the longest delay Pace and PaceWait ever record, and the most
+// that one call may book (weight/QPS seconds): 1e8 seconds, a little over
+// three years. It keeps every time the algorithm handles exact.
+const Horizon = time.Duration(horizonUs) * time.Microsecond
 
 // Store keeps pacer state: NewLocal for one process, NewRedis for many.
 // Pacers created on the same store with the same name share their state.
@@ -67,7 +67,7 @@ type Options struct {
 
 	// MaxDelay is the longest delay that Pace and PaceWait record: a longer
 	// call records nothing and fails with ErrTooLong. Zero means the package
-	// constant MaxDelay (three years). It must be >= 0.
+	// Horizon (three years), which also caps larger values. It must be >= 0.
 	MaxDelay time.Duration
 }
 
@@ -90,7 +90,7 @@ type Pacer struct {
 type mode uint8
 
 const (
-	modePace      mode = iota // record the call whatever its delay (up to MaxDelay)
+	modePace      mode = iota // record the call whatever its delay (up to Options.MaxDelay)
 	modeRateLimit             // record the call only if it goes now
 	numModes
 )
@@ -125,7 +125,7 @@ func New(store Store, opts Options) (*Pacer, error) {
 		return nil, admission.Invalidf("Options.MaxDelay", "must be >= 0, got %v", opts.MaxDelay)
 	}
 	p := &Pacer{store: store, opts: opts, maxDelayUs: horizonUs}
-	if opts.MaxDelay > 0 && opts.MaxDelay < MaxDelay {
+	if opts.MaxDelay > 0 && opts.MaxDelay < Horizon {
 		p.maxDelayUs = int64(opts.MaxDelay / time.Microsecond)
 	}
 	p.factor = [numModes]float64{DefaultPaceFactor, DefaultRateLimitFactor}
@@ -150,10 +150,10 @@ type Outcome struct {
 	// microsecond; zero means "go now". A delay below half a millisecond is
 	// reported as zero, and such a call is always recorded.
 	//
-	// For Pace the call is booked at that time; for RateLimit a positive
-	// Delay is a rejection (nothing was recorded) and is the exact
-	// retry-after: the time at which the call would go, if no one else takes
-	// the slot first.
+	// For Pace the call is booked that far ahead; for RateLimit a positive
+	// Delay is a rejection (nothing was recorded) and the exact retry-after:
+	// a call retried that much later goes, unless another call took the slot
+	// first.
 	Delay time.Duration
 
 	// Level is the bucket level (upstream's watermark) that the call found,
@@ -196,9 +196,11 @@ func (o Outcome) Reason() string {
 // 200 ms. A call whose delay exceeds Options.MaxDelay records nothing and
 // returns the outcome with an error matching ErrTooLong.
 //
-// ctx bounds the store's work (the Redis round trip), not the wait. Invalid
-// input (an empty key, a weight that is not > 0) returns an error matching
-// admission.ErrInvalid and records nothing. A store failure returns an error
+// The key must be non-empty and must not contain '{' or '}' (on Redis it
+// is the key's cluster hash tag). ctx bounds the store's work (the Redis
+// round trip), not the wait. Invalid input (a bad key, a weight that is not
+// > 0 and finite) returns an error matching admission.ErrInvalid and
+// records nothing. A store failure returns an error
 // matching ErrUnavailable, or a decision made by the store's failure policy.
 func (p *Pacer) Pace(ctx context.Context, key string, weight float64) (Outcome, error) {
 	return p.decide(ctx, key, weight, modePace, p.maxDelayUs, false)

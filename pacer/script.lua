@@ -4,25 +4,26 @@
 -- same doubles and integers (equiv_test.go checks it). Times are integer
 -- microseconds since the Unix epoch, exact in Lua's doubles below 2^53.
 --
--- KEYS[i]  the state hash of pacer i: level (float), last, next, exp (µs)
+-- KEYS[i]  the state of pacer i: a string of four little-endian doubles,
+--          level, last, next and exp (the times in µs)
 -- ARGV[1]  the decision time in µs, or "" to read Redis TIME
 -- ARGV[2 + 5(i-1)] .. ARGV[6 + 5(i-1)]
 --          weight, qps, maxBurst, factor, maxWaitUs of pacer i
 --
 -- Every key is decided at the same instant; the call is recorded on every
 -- key or on none: only when each delay is at most its maxWaitUs.
--- Reply (strings, so Redis does not truncate them to integers):
---   { "1" if recorded else "0", delayUs_1, levelBefore_1, delayUs_2, ... }
+-- Reply: { 1 if recorded else 0, delayUs_1, levelBefore_1, delayUs_2, ... }
+-- with the delays as integers and the levels as little-endian doubles, so
+-- that Redis neither truncates nor reformats them.
 local GRACE, HORIZON, ROUND = @GRACE_US@, @HORIZON_US@, @ROUND_US@
 
 local now = tonumber(ARGV[1])
 if not now then
-  if redis.replicate_commands then redis.replicate_commands() end
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
-local reply = { '1' }
+local reply = { 1 }
 local save = {}
 local commit = true
 for i = 1, #KEYS do
@@ -33,11 +34,14 @@ for i = 1, #KEYS do
   local factor = tonumber(ARGV[a + 5])
   local maxWait = tonumber(ARGV[a + 6])
 
-  local h = redis.call('HMGET', KEYS[i], 'level', 'last', 'next', 'exp')
-  local level, last, nxt, exp = tonumber(h[1]), tonumber(h[2]), tonumber(h[3]), tonumber(h[4])
   local t = now
-  if not (level and last and nxt and exp) or t >= exp then
-    level, last, nxt = 0, t, 0
+  local level, last, nxt, exp = 0, t, 0, 0
+  local v = redis.call('GET', KEYS[i])
+  if v then
+    level, last, nxt, exp = struct.unpack('<dddd', v)
+    if t >= exp then
+      level, last, nxt = 0, t, 0
+    end
   end
   if t < last then t = last end
   if nxt < t then nxt = t end
@@ -61,22 +65,19 @@ for i = 1, #KEYS do
     if drain > HORIZON then drain = HORIZON end
     if drain > ttl then ttl = drain end
   end
-  save[i] = { level, t, nxt, t + ttl + GRACE }
-  reply[2 * i] = string.format('%.17g', delay)
-  reply[2 * i + 1] = string.format('%.17g', before)
+  save[i] = struct.pack('<dddd', level, t, nxt, t + ttl + GRACE)
+  -- Redis drops the key a second after its logical expiry (on the
+  -- server's clock), when the state has stopped mattering anyway.
+  save[#KEYS + i] = math.floor((t + ttl + GRACE - now + 999) / 1000) + 1000
+  reply[2 * i] = delay
+  reply[2 * i + 1] = struct.pack('<d', before)
 end
 
 if commit then
   for i = 1, #KEYS do
-    local s = save[i]
-    redis.call('HSET', KEYS[i],
-      'level', string.format('%.17g', s[1]), 'last', string.format('%.17g', s[2]),
-      'next', string.format('%.17g', s[3]), 'exp', string.format('%.17g', s[4]))
-    -- Redis drops the key a second after its logical expiry (on the
-    -- server's clock), which is when the state stops mattering anyway.
-    redis.call('PEXPIRE', KEYS[i], math.floor((s[4] - now + 999) / 1000) + 1000)
+    redis.call('SET', KEYS[i], save[i], 'PX', save[#KEYS + i])
   end
 else
-  reply[1] = '0'
+  reply[1] = 0
 end
 return reply

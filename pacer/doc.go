@@ -1,0 +1,126 @@
+// Package pacer paces calls to a target rate and limits their rate, with a
+// burst allowance, in one process or across many through Redis.
+//
+// It is a Go rebuild of the distributed-pacer library (SPEC section P): the
+// same algorithm, the same upstream test vectors, and the same results on
+// both of its stores, with the upstream bugs fixed (see "Differences from
+// upstream" below).
+//
+// # Modes
+//
+// A Pacer has a name, a target rate (Options.QPS, in weight units per second)
+// and a bucket (Options.MaxBurst); every call names a key (a model, a tenant,
+// an API) and has a weight (1 for a plain call, or a token count). Each key
+// is paced on its own.
+//
+//   - Pace returns how long the call must wait and books it: the caller
+//     waits Outcome.Delay, then acts. Concurrent callers are spaced
+//     weight/QPS apart, so at 10 QPS three simultaneous calls get 0, 100 and
+//     200 ms. This is for clients that must not exceed a rate (a provider's
+//     requests per minute) and would rather wait than fail.
+//   - PaceWait is Pace plus the wait, on the store's clock, honouring the
+//     context: it returns when the call may go. When the context's deadline
+//     comes before the slot, it books nothing and fails at once.
+//   - RateLimit decides whether the call may go now. A zero Delay admits
+//     and records it; a positive Delay rejects it, records nothing, and is
+//     the exact retry-after. This is for servers that answer 429.
+//   - A Composite combines pacers on one store, for example requests per
+//     minute and tokens per minute: the delay is the largest of the members'
+//     delays, the outcome names the member that set it, and the call is
+//     recorded in every member or in none.
+//
+// # The algorithm
+//
+// Each key has a bucket level W, the time of its last drip L and its next
+// free slot N. A call of weight w at time now does:
+//
+//	N = max(N, now)
+//	if N <= now: W = max(0, W - (now-L) * QPS * factor)   the bucket drains only while nothing is queued
+//	L = now
+//	W = W + w
+//	if W <= MaxBurst: the call goes now; N is unchanged
+//	else:             the call is scheduled at N, and N = N + w/QPS
+//	W = min(MaxBurst, W)
+//	delay = scheduled time - now
+//
+// So from idle MaxBurst+1 weight-1 calls go at once (the first call that
+// overflows the bucket still finds the queue empty and only books the next
+// slot), and after that calls are spaced w/QPS apart. The bucket drains at
+// QPS*factor, where factor is Options.BurstFactor, by default 0.5 for Pace
+// (burst allowance comes back at half the rate, so a steady caller does not
+// flip in and out of burst mode) and 1 for RateLimit. MaxBurst 0 is plain
+// spacing: one call at once, then one per 1/QPS.
+//
+// Times are integer microseconds, exact both in Go and in Redis's Lua, and
+// one pure step function is the algorithm for both stores; the Redis script
+// is its transcription, and a property test checks that the stores agree
+// bit for bit on random call sequences.
+//
+// # Stores
+//
+// NewLocal keeps state in this process: sharded maps under mutexes, a
+// decision in about a hundred nanoseconds without allocation, idle state
+// dropped as it expires.
+//
+// NewRedis keeps state in Redis through a go-redis client (*redis.Client,
+// *redis.ClusterClient, *redis.Ring), so every process that uses the same
+// Redis and the same pacer name shares the rate. Each decision is one round
+// trip running one Lua script by its digest (EVALSHA, falling back to EVAL
+// when the server's script cache lacks it). Each pacer key is a single Redis
+// key, "<prefix><name>:{<key>}#us1", holding 32 bytes (four doubles: the
+// level and three times): Redis Cluster routes it, different keys
+// spread over the nodes, and the pacers of one key share a slot so a
+// Composite decides atomically in one script. The script reads the time
+// from the Redis server (TIME), so clients with skewed clocks agree; set
+// RedisOptions.Clock to use the client's clock instead (tests do). A key
+// expires when its queue has run out and its bucket has drained, plus two
+// minutes of slack.
+//
+// The decision command is never retried by go-redis, whatever the client's
+// MaxRetries: a script whose reply was lost may have run, and running it
+// again would book the call twice. Configure the client with short timeouts
+// (or ContextTimeoutEnabled and a context deadline), so that an outage costs
+// milliseconds.
+//
+// # Failures and invalid input
+//
+// Invalid input (QPS not > 0 and finite, MaxBurst or BurstFactor negative or
+// not finite, a weight not > 0 and finite, an empty key) is an
+// *admission.ConfigError naming the field, matching admission.ErrInvalid
+// (bulkhead.ErrInvalid); it is caught before the store is called, so it never
+// writes state. A call whose context is already done fails with the
+// context's cause and records nothing.
+//
+// A Redis failure is an error matching ErrUnavailable (and wrapping the
+// client's error). A caller that wants a decision anyway sets
+// RedisOptions.OnFailure: FailOpen lets calls go, FailClosed makes RateLimit
+// reject with RedisOptions.FailureDelay as retry-after (and Pace fail); the
+// outcome's Fallback then carries the error, for logs and metrics.
+//
+// # Differences from upstream
+//
+// The upstream library is distributed-pacer (TypeScript, ioredis). This
+// package keeps its algorithm, defaults, reason strings and vectors, and
+// differs on purpose where upstream was wrong or fragile:
+//
+//   - Input is validated; upstream's qps 0 wrote a key that failed every
+//     later call and never expired.
+//   - A delay below half a millisecond is no delay and is always recorded;
+//     upstream admitted such a rate-limited call without recording it.
+//   - State is integer microseconds, not float seconds stored with 14
+//     digits.
+//   - Redis TIME by default, not the client's clock; and time never runs
+//     backwards for a key (a client or server clock that steps back neither
+//     refills the bucket nor moves the queue).
+//   - A rejected RateLimit writes nothing at all (upstream refreshed the
+//     key's TTL).
+//   - A Composite records all or nothing, atomically; upstream recorded the
+//     call in the members that admitted it even when another rejected it.
+//   - Pace books at most Options.MaxDelay (three years by default) ahead,
+//     and PaceWait books nothing it cannot wait for before its deadline.
+//   - Options are fixed when a Pacer is made (upstream re-read them on every
+//     call); make a new Pacer with the same name to change them, and the
+//     state carries over.
+//   - A call key is per call (Pace(ctx, key, weight)), and the Redis key has
+//     a new layout, so Go and Node pacers do not share state.
+package pacer

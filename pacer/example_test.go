@@ -1,0 +1,168 @@
+package pacer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/llmbulkhead/bulkhead/clock"
+	"github.com/llmbulkhead/bulkhead/pacer"
+)
+
+// Pace spaces calls weight/QPS apart: the caller waits the delay, then acts.
+func ExamplePacer_Pace() {
+	// A mock clock makes the example deterministic; production code leaves
+	// Clock nil for the wall clock.
+	store := pacer.NewLocal(pacer.LocalOptions{Clock: clock.NewMockAt(time.Unix(1723075200, 0))})
+	p, err := pacer.New(store, pacer.Options{Name: "openai", QPS: 10})
+	if err != nil {
+		log.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		out, err := p.Pace(context.Background(), "gpt-4o", 1)
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Println(out.Delay) // time.Sleep(out.Delay), then call the API
+	}
+	// Output:
+	// 0s
+	// 100ms
+	// 200ms
+}
+
+// PaceWait waits itself, and gives up at once when the context's deadline
+// comes before the call's slot.
+func ExamplePacer_PaceWait() {
+	store := pacer.NewLocal(pacer.LocalOptions{})
+	p, err := pacer.New(store, pacer.Options{Name: "crawler", QPS: 200})
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	for i := 0; i < 3; i++ {
+		if _, err := p.PaceWait(ctx, "example.com", 1); err != nil {
+			log.Fatal(err) // ctx ended, or pacer.ErrTooLong: the deadline comes first
+		}
+		// fetch the page
+	}
+	fmt.Println("3 pages, 5 ms apart")
+	// Output: 3 pages, 5 ms apart
+}
+
+// RateLimit admits a call or rejects it with the exact retry-after, and
+// records only admitted calls.
+func ExamplePacer_RateLimit() {
+	clk := clock.NewMockAt(time.Unix(1723075200, 0))
+	store := pacer.NewLocal(pacer.LocalOptions{Clock: clk})
+	// 600 requests per minute per tenant, bursts of 2 on top.
+	p, err := pacer.New(store, pacer.Options{Name: "api", QPS: 600.0 / 60, MaxBurst: 2})
+	if err != nil {
+		log.Fatal(err)
+	}
+	for i := 0; i < 4; i++ {
+		out, err := p.RateLimit(context.Background(), "tenant-1", 1)
+		if err != nil {
+			log.Fatal(err)
+		}
+		if out.Delay > 0 {
+			fmt.Printf("429, Retry-After %v\n", out.Delay)
+			continue
+		}
+		fmt.Println("200")
+	}
+	clk.Add(100 * time.Millisecond)
+	out, _ := p.RateLimit(context.Background(), "tenant-1", 1)
+	fmt.Println("after 100ms:", out.Delay)
+	// Output:
+	// 200
+	// 200
+	// 200
+	// 429, Retry-After 100ms
+	// after 100ms: 0s
+}
+
+// A Composite enforces requests per minute and tokens per minute together,
+// and names the limit that said no.
+func ExampleComposite() {
+	store := pacer.NewLocal(pacer.LocalOptions{Clock: clock.NewMockAt(time.Unix(1723075200, 0))})
+	rpm, err := pacer.New(store, pacer.Options{Name: "rpm", QPS: 500.0 / 60, MaxBurst: 10})
+	if err != nil {
+		log.Fatal(err)
+	}
+	tpm, err := pacer.New(store, pacer.Options{Name: "tpm", QPS: 30000.0 / 60, MaxBurst: 2000})
+	if err != nil {
+		log.Fatal(err)
+	}
+	limits, err := pacer.NewComposite(rpm, tpm)
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, tokens := range []float64{1500, 1500, 400} {
+		// One request of that many tokens: weight 1 for rpm, tokens for tpm.
+		out, err := limits.RateLimit(context.Background(), "gpt-4o", 1, tokens)
+		if err != nil {
+			log.Fatal(err)
+		}
+		if out.Delay > 0 {
+			fmt.Printf("%v tokens: rejected by %s, retry after %v\n", tokens, out.Pacer.Name(), out.Delay)
+			continue
+		}
+		fmt.Printf("%v tokens: admitted\n", tokens)
+	}
+	// Output:
+	// 1500 tokens: admitted
+	// 1500 tokens: admitted
+	// 400 tokens: rejected by tpm, retry after 3s
+}
+
+// The Redis store shares the rates of every process that uses the same
+// Redis. (This example needs a Redis server, so it is compiled, not run.)
+func ExampleNewRedis() {
+	client := redis.NewClient(&redis.Options{
+		Addr: "localhost:6379",
+		// A pacer decision should fail fast when Redis is away.
+		DialTimeout:           100 * time.Millisecond,
+		ReadTimeout:           100 * time.Millisecond,
+		WriteTimeout:          100 * time.Millisecond,
+		ContextTimeoutEnabled: true,
+	})
+	defer client.Close()
+
+	store, err := pacer.NewRedis(client, pacer.RedisOptions{
+		OnFailure:    pacer.FailClosed, // reject (429) while Redis is down
+		FailureDelay: time.Second,
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := store.Preload(context.Background()); err != nil {
+		log.Print(err) // optional: the first decision loads the script anyway
+	}
+	p, err := pacer.New(store, pacer.Options{Name: "api", QPS: 100, MaxBurst: 20})
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	out, err := p.RateLimit(ctx, "tenant-1", 1)
+	switch {
+	case err != nil:
+		log.Print(err) // invalid input, or ctx ended
+	case out.Fallback != nil:
+		log.Printf("Redis down (%v): retry after %v", out.Fallback, out.Delay)
+	case out.Delay > 0:
+		fmt.Println("429, retry after", out.Delay)
+	default:
+		fmt.Println("admitted")
+	}
+	if errors.Is(out.Fallback, pacer.ErrUnavailable) {
+		fmt.Println("counted as an outage")
+	}
+}
