@@ -1,0 +1,90 @@
+package admission
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+)
+
+func TestIDString(t *testing.T) {
+	id := ID{0x1b, 0x4e, 0x28, 0xba, 0x2f, 0xa1, 0x41, 0xd2, 0x88, 0x3f, 0x00, 0x16, 0xd3, 0xcc, 0xa4, 0x27}
+	if got := id.String(); got != "1b4e28ba-2fa1-41d2-883f-0016d3cca427" {
+		t.Fatalf("String = %q", got)
+	}
+	if (ID{}).String() != "" {
+		t.Fatal("the zero ID is not empty")
+	}
+	b, _ := id.MarshalText()
+	if string(b) != id.String() {
+		t.Fatalf("MarshalText = %q", b)
+	}
+}
+
+func TestReasons(t *testing.T) {
+	seen := map[string]bool{}
+	for _, r := range Reasons() {
+		name := r.String()
+		if name == "" || seen[name] {
+			t.Fatalf("reason %d has name %q", r, name)
+		}
+		seen[name] = true
+		err := error(&RejectedError{Reason: r})
+		if !errors.Is(err, ErrRejected) || !errors.Is(err, r.Sentinel()) {
+			t.Fatalf("%v does not match its sentinels", err)
+		}
+		for _, other := range Reasons() {
+			if other != r && errors.Is(err, other.Sentinel()) {
+				t.Fatalf("%v matches the sentinel of %v", err, other)
+			}
+		}
+	}
+	if len(seen) != NumReasons-1 || NoReason.Sentinel() != nil || Reason(200).String() != "reason(200)" {
+		t.Fatal("reason table is inconsistent")
+	}
+}
+
+func TestAbortedUnwrapsItsCause(t *testing.T) {
+	err := error(&RejectedError{Reason: Aborted, Cause: context.DeadlineExceeded})
+	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, ErrAborted) {
+		t.Fatalf("%v", err)
+	}
+	if err.Error() != "bulkhead: rejected: aborted: context deadline exceeded" {
+		t.Fatalf("message %q", err.Error())
+	}
+}
+
+func TestCloneIsDeep(t *testing.T) {
+	ceiling := 3
+	l := Limits{
+		Revision:    1,
+		TokenBudget: &BudgetLimits{Budget: 10},
+		Classes:     &Classes{Default: "a", Limits: map[string]ClassLimits{"a": {MaxConcurrent: &ceiling}}},
+	}
+	c := l.Clone()
+	c.TokenBudget.Budget = 99
+	c.Classes.Limits["a"] = ClassLimits{}
+	*l.Classes.Limits["a"].MaxConcurrent = 4
+	if l.TokenBudget.Budget != 10 || c.Classes.Limits["a"].MaxConcurrent != nil {
+		t.Fatalf("clone shares memory: %+v %+v", l, c)
+	}
+	c2 := l.Clone()
+	*c2.Classes.Limits["a"].MaxConcurrent = 7
+	if *l.Classes.Limits["a"].MaxConcurrent != 4 {
+		t.Fatal("clone shares a ceiling pointer")
+	}
+}
+
+func TestConfigError(t *testing.T) {
+	err := Invalidf("Config.MaxQueue", "must be >= 0, got %d", -1)
+	if err.Error() != "bulkhead: invalid Config.MaxQueue: must be >= 0, got -1" || !errors.Is(err, ErrInvalid) {
+		t.Fatalf("%v", err)
+	}
+	if CheckNonNegative("x", 0) != nil || CheckNonNegative("x", -1) == nil {
+		t.Fatal("CheckNonNegative")
+	}
+	bde := &BorrowedDeadlineError{Class: "bg"}
+	if !errors.Is(fmt.Errorf("wrapped: %w", bde), ErrBorrowedDeadline) {
+		t.Fatal("BorrowedDeadlineError does not match its sentinel")
+	}
+}
