@@ -41,6 +41,10 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+// answerSpins is how many times Acquire looks for its answer before it
+// blocks (about 0.3 µs).
+const answerSpins = 200
+
 // ErrInternal wraps a panic recovered inside the admission actor.
 var ErrInternal = errors.New("bulkhead: internal error")
 
@@ -163,6 +167,11 @@ func (e *Engine) PutRequest(r *AcquireRequest) {
 // always ends with exactly one outcome, and nothing is leaked.
 func (e *Engine) Acquire(r *AcquireRequest) error {
 	e.send(r)
+	// When another caller is running the mailbox, the answer usually comes
+	// within a few hundred nanoseconds: look for it briefly before paying
+	// for a park and a wake-up. Uncontended, the answer is already there.
+	for i := 0; i < answerSpins && len(r.done) == 0; i++ {
+	}
 	if ctxDone := r.Ctx.Done(); ctxDone != nil {
 		select {
 		case <-r.done:
