@@ -2,6 +2,7 @@ package bulkhead
 
 import (
 	"context"
+	"time"
 
 	"github.com/llmbulkhead/bulkhead/admission"
 )
@@ -134,6 +135,10 @@ type runResult[T any] struct {
 // when it comes, is discarded, but its release still settles the tokens.
 // A panic in fn propagates to Run's caller while Run is still waiting;
 // after the deadline it crashes fn's goroutine, as any unrecovered panic.
+//
+// Run's answer always agrees with the engine's books: when the engine
+// abandoned the slot on the deadline before it settled fn's release, Run
+// returns the deadline error even if fn's result is already in.
 func runWithDeadline[T any](ctx context.Context, t *Token, fn func(context.Context, *RunContext) (T, error)) (T, error) {
 	deadline, expired := t.l.Deadline()
 	fnCtx, cancel := context.WithCancelCause(ctx)
@@ -145,6 +150,9 @@ func runWithDeadline[T any](ctx context.Context, t *Token, fn func(context.Conte
 			if p := recover(); p != nil {
 				res.panic = p
 			}
+			// The release is settled once this returns, so whether the
+			// deadline expired first is known.
+			t.l.Sync()
 			select {
 			case results <- res:
 			case <-gone:
@@ -158,18 +166,25 @@ func runWithDeadline[T any](ctx context.Context, t *Token, fn func(context.Conte
 	}()
 	select {
 	case res := <-results:
+		select {
+		case <-expired:
+			if res.panic == nil {
+				return deadlineExpired[T](t, deadline, cancel)
+			}
+		default:
+		}
 		return res.unwrap()
 	case <-expired:
+		close(gone)
+		return deadlineExpired[T](t, deadline, cancel)
 	}
-	// The work may have settled just as the deadline fired: its result wins.
-	select {
-	case res := <-results:
-		return res.unwrap()
-	default:
-	}
+}
+
+// deadlineExpired cancels fn's context with the deadline error and returns
+// it.
+func deadlineExpired[T any](t *Token, deadline time.Duration, cancel context.CancelCauseFunc) (T, error) {
 	err := &BorrowedDeadlineError{Deadline: deadline, AdmissionID: t.AdmissionID(), Resources: t.Resources(), Class: t.Class()}
 	cancel(err)
-	close(gone)
 	var zero T
 	return zero, err
 }

@@ -88,6 +88,16 @@ type (
 	ClassLimits = admission.ClassLimits
 	// SharedCapacityDetail is the shared pool in a RejectDetail.
 	SharedCapacityDetail = admission.SharedCapacityDetail
+	// SharedConcurrencyDetail is the shared slots in a RejectDetail.
+	SharedConcurrencyDetail = admission.SharedConcurrencyDetail
+	// SharedBudgetDetail is the shared tokens in a RejectDetail.
+	SharedBudgetDetail = admission.SharedBudgetDetail
+	// ClassBudgetDetail is the class's tokens in a RejectDetail.
+	ClassBudgetDetail = admission.ClassBudgetDetail
+	// SharedStats is the shared pool in Stats.
+	SharedStats = admission.SharedStats
+	// SharedBudgetStats is the shared tokens in Stats.
+	SharedBudgetStats = admission.SharedBudgetStats
 	// ClassDetail is the deciding call's class in a RejectDetail.
 	ClassDetail = admission.ClassDetail
 	// ClassesStats is the classes block of Stats.

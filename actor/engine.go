@@ -370,6 +370,8 @@ func (a *admissionActor) Receive(ctx actor.Context) {
 	case *closeRequest:
 		s.close()
 		m.done <- struct{}{}
+	case *syncRequest:
+		m.done <- struct{}{}
 	case *drainRequest:
 		s.drain(m)
 	case *drainCancel:

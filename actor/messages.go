@@ -149,6 +149,13 @@ func (l *Lease) Abandon() bool {
 	return q.result
 }
 
+// Sync returns once the engine has handled every message sent before it,
+// this lease's release included.
+func (l *Lease) Sync() {
+	q := &syncRequest{done: make(chan struct{}, 1)}
+	l.engine.call(q, q.done)
+}
+
 // abandonRequest asks to abandon a lease's borrowed slot.
 type abandonRequest struct {
 	l      *Lease
@@ -222,6 +229,10 @@ type applyRequest struct {
 
 // closeRequest closes the engine.
 type closeRequest struct{ done chan struct{} }
+
+// syncRequest is only answered: a barrier behind every message sent before
+// it.
+type syncRequest struct{ done chan struct{} }
 
 // drainRequest waits until the engine is idle.
 type drainRequest struct {

@@ -75,10 +75,16 @@ type fired[K comparable] struct {
 
 // NewLeaseActor returns the props of a class actor for class, with timers
 // from clk.
+//
+// The actor runs on protoactor's synchronized dispatcher: when its parent
+// tells it of a new deadline and it is idle, it handles the message at once,
+// on the parent's goroutine, so the timer is armed before the admission is
+// answered. A test that moves a mock clock after the call was admitted then
+// always finds the deadline's timer in place.
 func NewLeaseActor[K comparable](class string, clk clock.Clock) *actor.Props {
 	return actor.PropsFromProducer(func() actor.Actor {
 		return &LeaseActor[K]{class: class, clk: clock.OrReal(clk), timers: make(map[K]*leaseTimer)}
-	})
+	}, actor.WithDispatcher(actor.NewSynchronizedDispatcher(300)))
 }
 
 // Receive handles one message.
@@ -118,14 +124,19 @@ func (a *LeaseActor[K]) start(ctx actor.Context, m *StartDeadline[K]) {
 	}
 	a.started++
 	msg := &fired[K]{lease: m.Lease, gen: gen}
-	after := m.At.Sub(a.clk.Now())
-	if after <= 0 {
-		// Already due: a mock clock would not fire a timer for the present
-		// until it is moved again, so expire now.
-		a.timers[m.Lease] = &leaseTimer{timer: nil, gen: gen}
-		ctx.Send(ctx.Self(), msg)
-		return
+	reg := &leaseTimer{gen: gen}
+	a.timers[m.Lease] = reg
+	if after := m.At.Sub(a.clk.Now()); after > 0 {
+		root, self := ctx.ActorSystem().Root, ctx.Self()
+		reg.timer = a.clk.AfterFunc(after, func() { root.Send(self, msg) })
+		// A timer runs for a duration, not to an instant: if the clock
+		// reached the deadline while the timer was being armed, it would
+		// fire late. Expire now then; the timer's own message is ignored.
+		if a.clk.Now().Before(m.At) {
+			return
+		}
 	}
-	root, self := ctx.ActorSystem().Root, ctx.Self()
-	a.timers[m.Lease] = &leaseTimer{timer: a.clk.AfterFunc(after, func() { root.Send(self, msg) }), gen: gen}
+	// Already due: a mock clock would not fire a timer for the present
+	// until it is moved again, so expire now.
+	ctx.Send(ctx.Self(), msg)
 }

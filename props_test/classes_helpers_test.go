@@ -36,9 +36,9 @@ func (c *cmClock) AfterFunc(d time.Duration, f func()) *clock.Timer {
 	return t
 }
 
-// cmErrFn is what a Run callback returns when the state machine makes it
+// errCMCallback is what a Run callback returns when the state machine makes it
 // fail.
-var cmErrFn = errors.New("callback failed on purpose")
+var errCMCallback = errors.New("callback failed on purpose")
 
 // cmRun drives one Run callback from the test goroutine: the callback says
 // it started, then obeys commands until told to finish.
@@ -106,7 +106,7 @@ func (r *cmRun) fn(ctx context.Context, rc *bulkhead.RunContext) (int, error) {
 		rep.cause = context.Cause(ctx)
 		cmd.reply <- rep
 		if cmd.fail {
-			return 0, cmErrFn
+			return 0, errCMCallback
 		}
 		return 42, nil
 	}

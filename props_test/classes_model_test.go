@@ -1051,7 +1051,7 @@ func (m *cmMachine) finishRun(t *rapid.T, h *cmHold, fail bool, usage *bulkhead.
 	if !h.expired {
 		select {
 		case d := <-h.w.run.done:
-			if fail && (d.v != 0 || !errors.Is(d.err, cmErrFn)) || !fail && (d.v != 42 || d.err != nil) {
+			if fail && (d.v != 0 || !errors.Is(d.err, errCMCallback)) || !fail && (d.v != 42 || d.err != nil) {
 				t.Fatalf("%s: Run returned %d, %v", m.descr, d.v, d.err)
 			}
 		case <-time.After(settle):
@@ -1137,64 +1137,72 @@ func (m *cmMachine) abandon(t *rapid.T) {
 	m.awaitAll(t, m.pump())
 }
 
-// advance moves the clock, either short of the next borrowed-slot deadline
-// or exactly onto it (F20). One instant at a time: several deadlines
-// expiring at once abandon in an order the engine does not fix, which
-// matters only when waiters are queued.
+// advance moves the clock (F20). With waiters queued it stops short of
+// the next borrowed-slot deadline or exactly on it, one deadline at a time:
+// a deadline's abandon admits waiters, whose own deadlines start from the
+// clock's reading then, and several deadlines expiring at once abandon in
+// an order the engine does not fix. With nobody queued an abandon admits
+// nobody, so the clock may jump past any number of deadlines.
 func (m *cmMachine) advance(t *rapid.T) {
 	now := m.clk.Now()
-	var next time.Time
+	var next, last time.Time
 	for _, h := range m.holds {
-		if h.deadlineLive() && (next.IsZero() || h.deadlineAt.Before(next)) {
+		if !h.deadlineLive() {
+			continue
+		}
+		if next.IsZero() || h.deadlineAt.Before(next) {
 			next = h.deadlineAt
 		}
+		if h.deadlineAt.After(last) {
+			last = h.deadlineAt
+		}
 	}
-	if next.IsZero() {
-		d := time.Duration(rapid.IntRange(1, 30).Draw(t, "advanceMs")) * time.Millisecond
-		m.descr = fmt.Sprintf("Advance %v (no deadline)", d)
-		m.waitTimers(t)
-		m.tokensFrozen = true
-		m.clk.Add(d)
-		m.noStray(t)
-		return
+	queued := len(m.queue)
+	ms := func(d time.Duration) int { return int(d / time.Millisecond) }
+	var d time.Duration
+	switch {
+	case next.IsZero():
+		d = time.Duration(rapid.IntRange(1, 30).Draw(t, "advanceMs")) * time.Millisecond
+	case queued == 0 && rapid.IntRange(0, 2).Draw(t, "expire") > 0:
+		d = time.Duration(rapid.IntRange(ms(next.Sub(now)), ms(last.Sub(now))+10).Draw(t, "pastMs")) * time.Millisecond
+	case queued == 0:
+		d = time.Duration(rapid.IntRange(1, ms(last.Sub(now))+10).Draw(t, "advanceMs")) * time.Millisecond
+	case next.Sub(now) >= 2*time.Millisecond && rapid.IntRange(0, 2).Draw(t, "expire") == 0:
+		d = time.Duration(rapid.IntRange(1, int(next.Sub(now)/time.Millisecond)-1).Draw(t, "shortMs")) * time.Millisecond
+	default:
+		d = next.Sub(now)
 	}
-	gap := next.Sub(now)
-	if gap <= 0 {
+	if !next.IsZero() && !next.After(now) {
 		t.Fatalf("a live deadline at %v is not after now %v", next, now)
 	}
-	expire := gap < 2*time.Millisecond || rapid.IntRange(0, 2).Draw(t, "expire") > 0
-	if !expire {
-		d := time.Duration(rapid.IntRange(1, int(gap/time.Millisecond)-1).Draw(t, "shortMs")) * time.Millisecond
-		m.descr = fmt.Sprintf("Advance %v (next deadline in %v)", d, gap)
-		m.waitTimers(t)
-		m.tokensFrozen = true
-		m.clk.Add(d)
-		m.noStray(t)
-		return
-	}
+	target := now.Add(d)
 	var due []*cmHold
 	for _, h := range m.holds {
-		if h.deadlineLive() && h.deadlineAt.Equal(next) {
+		if h.deadlineLive() && !h.deadlineAt.After(target) {
 			due = append(due, h)
 		}
 	}
-	if len(due) > 1 && len(m.queue) > 0 {
+	if len(due) > 1 && queued > 0 {
 		t.Skip("simultaneous deadlines with waiters queued")
 	}
-	m.descr = fmt.Sprintf("Advance %v onto the deadline of %d admission(s)", gap, len(due))
+	m.descr = fmt.Sprintf("Advance %v past %d deadline(s), %d queued", d, len(due), queued)
 	m.waitTimers(t)
-	m.clk.Add(gap)
+	if len(due) == 0 {
+		m.tokensFrozen = true
+	}
+	m.clk.Add(d)
 	for _, h := range due {
 		h.expired = true
 		m.abandonModel(h, bulkhead.AbandonDeadline)
 	}
 	es := m.pump()
+	m.seen[fmt.Sprintf("advance past %d deadlines, %d queued", min(len(due), 2), min(queued, 1))]++
 	for _, h := range due {
 		var d cmDone
 		select {
 		case d = <-h.w.run.done:
 		case <-time.After(settle):
-			t.Fatalf("%s: Run of %s did not return at its deadline", m.descr, h.id)
+			t.Fatalf("%s: Run of %s (deadline at %v) did not return", m.descr, h.id, h.deadlineAt)
 		}
 		var de *bulkhead.BorrowedDeadlineError
 		if d.v != 0 || !errors.As(d.err, &de) || !errors.Is(d.err, bulkhead.ErrBorrowedDeadline) || errors.Is(d.err, bulkhead.ErrRejected) ||
