@@ -76,8 +76,9 @@ type Engine struct {
 	doubleReleases atomic.Int64
 	listenerPanics atomic.Int64
 
-	requests      sync.Pool
-	usageRequests sync.Pool
+	requests           sync.Pool
+	usageRequests      sync.Pool
+	wouldAdmitRequests sync.Pool
 
 	// classes is the class table, for lookups only: Lookup reads what the
 	// table fixed at construction, so it is safe off the actor.
@@ -106,6 +107,7 @@ func Start(cfg Config) (*Engine, error) {
 		return r
 	}
 	e.usageRequests.New = func() any { return &usageRequest{done: make(chan struct{}, 1)} }
+	e.wouldAdmitRequests.New = func() any { return &wouldAdmitRequest{done: make(chan struct{}, 1)} }
 	ev := &eventsActor{engine: e}
 	e.events = e.root.Spawn(actor.PropsFromProducer(func() actor.Actor { return ev },
 		actor.WithMailbox(newMailbox)))
@@ -193,9 +195,13 @@ func (e *Engine) call(msg any, done chan struct{}) {
 
 // WouldAdmit returns the advisory decision for a call.
 func (e *Engine) WouldAdmit(c classes.Class, p admission.Priority, res admission.Reservation, detail bool) admission.Decision {
-	q := &wouldAdmitRequest{class: c, priority: p, reservation: res, detail: detail, done: make(chan struct{}, 1)}
+	q := e.wouldAdmitRequests.Get().(*wouldAdmitRequest)
+	q.class, q.priority, q.reservation, q.detail = c, p, res, detail
 	e.call(q, q.done)
-	return q.result
+	d := q.result
+	q.result, q.detail = admission.Decision{}, false
+	e.wouldAdmitRequests.Put(q)
+	return d
 }
 
 // Stats returns a copy of the statistics.
@@ -236,7 +242,7 @@ func (e *Engine) ReportUsage(l *Lease, u admission.Usage, p *admission.Progressi
 	q.l, q.usage, q.progressive = l, u, p
 	e.call(q, q.done)
 	rep, err := q.result, q.err
-	*q = usageRequest{done: q.done}
+	q.l, q.progressive, q.result, q.err = nil, nil, admission.UsageReport{}, nil
 	e.usageRequests.Put(q)
 	return rep, err
 }

@@ -195,6 +195,7 @@ func (l *Lease) Release(usage *admission.Usage) bool {
 
 // wouldAdmitRequest asks for an advisory decision.
 type wouldAdmitRequest struct {
+	node        mpscNode
 	class       classes.Class
 	priority    admission.Priority
 	reservation admission.Reservation
@@ -261,6 +262,7 @@ type eventsOffRequest struct {
 
 // usageRequest reports cumulative usage for a lease.
 type usageRequest struct {
+	node        mpscNode
 	l           *Lease
 	usage       admission.Usage
 	progressive *admission.Progressive
@@ -280,3 +282,8 @@ func (q *closeRequest) fail(error) chan struct{}      { return q.done }
 func (q *abandonRequest) fail(error) chan struct{}    { return q.done }
 func (q *subscribeRequest) fail(error) chan struct{}  { return q.done }
 func (q *eventsOffRequest) fail(error) chan struct{}  { return q.done }
+
+// The pooled requests carry their own queue node: each is posted at most
+// once per use, and reused only after its answer.
+func (q *wouldAdmitRequest) mailboxNode() *mpscNode { return &q.node }
+func (q *usageRequest) mailboxNode() *mpscNode      { return &q.node }
