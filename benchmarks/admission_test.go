@@ -187,3 +187,15 @@ func BenchmarkWouldAdmit(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkEstimate measures Bulkhead.Estimate: validation plus the default
+// model-aware estimator, through the facade.
+func BenchmarkEstimate(b *testing.B) {
+	bh := newBench(b, budgetConfig(1))
+	b.ReportAllocs()
+	for b.Loop() {
+		if r, err := bh.Estimate(benchRequest); err != nil || r.Reserved != 317 {
+			b.Fatal(r, err)
+		}
+	}
+}
