@@ -204,15 +204,35 @@ func (b *Bulkhead) Acquire(ctx context.Context, req *Request, opts ...Option) (*
 }
 
 func (b *Bulkhead) acquire(ctx context.Context, req *Request, o *callOptions, method string) (*Token, error) {
+	r, tok, err := b.prepare(ctx, req, o, method, b.eng.NewRequest)
+	if err != nil {
+		return nil, err
+	}
+	err = b.eng.Acquire(r)
+	if err != nil {
+		// A token that a rejected call did not need stays with the pooled
+		// request for the next call, so rejections allocate no token.
+		r.Spare = tok
+		tok = nil
+	} else {
+		r.Spare = nil
+	}
+	b.eng.PutRequest(r)
+	return tok, err
+}
+
+// prepare validates a call and fills a request for it, from newRequest,
+// with the token that will record its admission.
+func (b *Bulkhead) prepare(ctx context.Context, req *Request, o *callOptions, method string, newRequest func() *actor.AcquireRequest) (*actor.AcquireRequest, *Token, error) {
 	if ctx == nil {
-		return nil, admission.Invalidf("ctx", "must not be nil")
+		return nil, nil, admission.Invalidf("ctx", "must not be nil")
 	}
 	if err := o.validate(method, true); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	class, err := b.eng.LookupClass(o.class)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var start time.Time
 	if b.eng.WantTiming() {
@@ -220,11 +240,9 @@ func (b *Bulkhead) acquire(ctx context.Context, req *Request, o *callOptions, me
 	}
 	res, err := b.reserve(req, o.reservation)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	r := b.eng.NewRequest()
-	// A token that a rejected call did not need stays with the pooled
-	// request for the next call, so rejections allocate no token.
+	r := newRequest()
 	tok, _ := r.Spare.(*Token)
 	if tok == nil {
 		tok = &Token{b: b}
@@ -241,15 +259,7 @@ func (b *Bulkhead) acquire(ctx context.Context, req *Request, o *callOptions, me
 	r.Start = start
 	r.Class = class
 	r.BorrowedDeadline = o.borrowedDeadline
-	err = b.eng.Acquire(r)
-	if err != nil {
-		r.Spare = tok
-		tok = nil
-	} else {
-		r.Spare = nil
-	}
-	b.eng.PutRequest(r)
-	return tok, err
+	return r, tok, nil
 }
 
 // WouldAdmit says whether a call would be admitted now (or would queue),

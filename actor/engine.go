@@ -187,6 +187,24 @@ func (e *Engine) Acquire(r *AcquireRequest) error {
 	return r.Err
 }
 
+// NewAsyncRequest returns a request for AcquireAsync. It is not pooled.
+func (e *Engine) NewAsyncRequest() *AcquireRequest {
+	r := &AcquireRequest{done: make(chan struct{}), async: true}
+	r.cancel.r = r
+	return r
+}
+
+// AcquireAsync sends r, from NewAsyncRequest, to the admission actor and
+// returns at once. r's answer (r.Err, r.Lease) is ready once the returned
+// channel is closed. When r.Ctx ends while r waits in the queue, r is
+// withdrawn (rejected Aborted); stop, called once the answer is in, drops
+// that watch.
+func (e *Engine) AcquireAsync(r *AcquireRequest) (done <-chan struct{}, stop func() bool) {
+	stop = context.AfterFunc(r.Ctx, func() { e.send(&r.cancel) })
+	e.send(r)
+	return r.done, stop
+}
+
 // call sends msg and waits for done.
 func (e *Engine) call(msg any, done chan struct{}) {
 	e.send(msg)

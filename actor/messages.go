@@ -47,6 +47,9 @@ type AcquireRequest struct {
 
 	// answered is set by the engine when it replies.
 	answered bool
+	// async marks a request of AcquireAsync: its done channel is closed on
+	// answer, and it is never pooled.
+	async bool
 	// cancelSent is set by Engine.Acquire when it withdrew the request: the
 	// cancel message may still be in the mailbox, so the request must not
 	// be reused.

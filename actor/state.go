@@ -291,6 +291,10 @@ func (s *state) answer(r *AcquireRequest) {
 	r.gen++
 	r.enqueuedAt = time.Time{}
 	r.answered = true
+	if r.async {
+		close(r.done)
+		return
+	}
 	r.done <- struct{}{}
 }
 

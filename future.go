@@ -1,0 +1,66 @@
+package bulkhead
+
+import (
+	"context"
+	"sync"
+
+	"github.com/llmbulkhead/bulkhead/actor"
+)
+
+// AcquireFuture is the pending answer of AcquireAsync: for callers that send
+// admission requests from an event loop or a scheduler and must not block.
+type AcquireFuture struct {
+	done <-chan struct{}
+	r    *actor.AcquireRequest
+	tok  *Token
+	stop func() bool
+
+	once sync.Once
+	res  *Token
+	err  error
+}
+
+// Done returns a channel closed once the answer is in. It is safe to select
+// on from many goroutines.
+func (f *AcquireFuture) Done() <-chan struct{} { return f.done }
+
+// Result waits for the answer and returns it: the Token of an admission, or
+// the rejection or validation error. It may be called any number of times.
+// An admitted Token must be released like one from Acquire, so call Result
+// for every future that may admit.
+func (f *AcquireFuture) Result() (*Token, error) {
+	<-f.done
+	f.once.Do(func() {
+		if f.r == nil {
+			return // failed before it was sent; err is set
+		}
+		f.stop()
+		if f.r.Err != nil {
+			f.err = f.r.Err
+			return
+		}
+		f.res = f.tok
+	})
+	return f.res, f.err
+}
+
+var closedChan = func() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()
+
+// AcquireAsync is Acquire without the wait: it returns at once with a
+// future whose Done channel closes when the call is admitted or rejected.
+// ctx cancels the wait in the queue, as for Acquire. Invalid input gives a
+// future that is already done with the *ConfigError.
+func (b *Bulkhead) AcquireAsync(ctx context.Context, req *Request, opts ...Option) *AcquireFuture {
+	o := resolve(opts)
+	r, tok, err := b.prepare(ctx, req, &o, "AcquireAsync", b.eng.NewAsyncRequest)
+	if err != nil {
+		f := &AcquireFuture{done: closedChan, err: err}
+		return f
+	}
+	done, stop := b.eng.AcquireAsync(r)
+	return &AcquireFuture{done: done, r: r, tok: tok, stop: stop}
+}
