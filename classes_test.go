@@ -216,8 +216,14 @@ func TestBorrowedDeadline(t *testing.T) {
 		t.Fatalf("fast borrowed run = %d, %v", v, err)
 	}
 	clk.Add(2 * time.Second)
-	if st := b.Stats(); st.Calls.Abandoned != 1 {
+	st = b.Stats()
+	if st.Calls.Abandoned != 1 {
 		t.Fatalf("a settled run's deadline fired: %+v", st.Calls)
+	}
+	// The class actor's telemetry: one deadline expired, one ended first.
+	want := bulkhead.DeadlineStats{Started: 2, Expired: 1, Ended: 1}
+	if got := st.Classes.Classes["bg"].Deadlines; got != want {
+		t.Fatalf("bg deadlines = %+v, want %+v", got, want)
 	}
 }
 

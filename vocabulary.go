@@ -94,6 +94,8 @@ type (
 	SharedBudgetDetail = admission.SharedBudgetDetail
 	// ClassBudgetDetail is the class's tokens in a RejectDetail.
 	ClassBudgetDetail = admission.ClassBudgetDetail
+	// DeadlineStats counts a class's borrowed-slot deadlines.
+	DeadlineStats = admission.DeadlineStats
 	// SharedStats is the shared pool in Stats.
 	SharedStats = admission.SharedStats
 	// SharedBudgetStats is the shared tokens in Stats.

@@ -347,7 +347,9 @@ func (a *admissionActor) spawnChildren(ctx actor.Context) {
 	tab := a.state.tab
 	for i := range tab.Len() {
 		name := tab.Name(classes.Class(i + 1))
-		a.children = append(a.children, ctx.Spawn(classes.NewLeaseActor[*Lease](name, a.engine.clk)))
+		props, tel := classes.NewLeaseActor[*Lease](name, a.engine.clk)
+		a.children = append(a.children, ctx.Spawn(props))
+		a.state.telemetry = append(a.state.telemetry, tel)
 	}
 }
 

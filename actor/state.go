@@ -59,6 +59,8 @@ type state struct {
 	// message to a class's child actor.
 	tab  *classes.Table
 	tell func(c classes.Class, msg any)
+	// telemetry is each class actor's deadline counts, by class handle - 1.
+	telemetry []*classes.Telemetry
 }
 
 func newState(e *Engine, limits admission.Limits, clk clock.Clock, emit func(any)) (*state, error) {
@@ -752,6 +754,12 @@ func (s *state) stats() admission.Stats {
 	if s.tab != nil {
 		g := s.capacity(admission.High, false) // High: the whole budget
 		st.Classes = s.tab.Stats(g)
+		for i, tel := range s.telemetry {
+			name := s.tab.Name(classes.Class(i + 1))
+			cs := st.Classes.Classes[name]
+			cs.Deadlines = tel.Snapshot()
+			st.Classes.Classes[name] = cs
+		}
 	}
 	if s.hasBudget {
 		b := s.budget

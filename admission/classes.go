@@ -173,4 +173,20 @@ type ClassStats struct {
 	TotalBorrowedAdmissions int64
 	// TotalBorrowedTokensReserved sums the borrowed part of reservations.
 	TotalBorrowedTokensReserved int64
+
+	// Deadlines is the class actor's telemetry of borrowed-slot deadlines.
+	Deadlines DeadlineStats
+}
+
+// DeadlineStats counts a class's borrowed-slot deadlines (SPEC F20), as the
+// class's child actor saw them.
+type DeadlineStats struct {
+	// Active is the deadlines running now.
+	Active int64
+	// Started counts deadlines armed.
+	Started int64
+	// Expired counts deadlines that fired before their admission ended.
+	Expired int64
+	// Ended counts deadlines stopped because their admission ended first.
+	Ended int64
 }

@@ -1,10 +1,12 @@
 package classes
 
 import (
+	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 
+	"github.com/llmbulkhead/bulkhead/admission"
 	"github.com/llmbulkhead/bulkhead/clock"
 )
 
@@ -20,9 +22,24 @@ type LeaseActor[K comparable] struct {
 	class  string
 	clk    clock.Clock
 	timers map[K]*leaseTimer
+	tel    *Telemetry
+}
 
-	// Telemetry, owned by the actor.
-	started, expired, ended int64
+// Telemetry is a class actor's count of its deadlines. The actor writes it;
+// anyone may read it at any time.
+type Telemetry struct {
+	started, expired, ended atomic.Int64
+	active                  atomic.Int64
+}
+
+// Snapshot returns the counts.
+func (t *Telemetry) Snapshot() admission.DeadlineStats {
+	return admission.DeadlineStats{
+		Active:  t.active.Load(),
+		Started: t.started.Load(),
+		Expired: t.expired.Load(),
+		Ended:   t.ended.Load(),
+	}
 }
 
 type leaseTimer struct {
@@ -55,19 +72,6 @@ type DeadlineExpired[K comparable] struct {
 	Lease K
 }
 
-// LeaseTelemetry counts a class actor's deadline leases.
-type LeaseTelemetry struct {
-	Class   string
-	Active  int
-	Started int64
-	Expired int64
-	Ended   int64
-}
-
-// TelemetryRequest asks a class actor for its telemetry; the answer goes to
-// Reply.
-type TelemetryRequest struct{ Reply chan<- LeaseTelemetry }
-
 type fired[K comparable] struct {
 	lease K
 	gen   uint64
@@ -81,10 +85,11 @@ type fired[K comparable] struct {
 // on the parent's goroutine, so the timer is armed before the admission is
 // answered. A test that moves a mock clock after the call was admitted then
 // always finds the deadline's timer in place.
-func NewLeaseActor[K comparable](class string, clk clock.Clock) *actor.Props {
+func NewLeaseActor[K comparable](class string, clk clock.Clock) (*actor.Props, *Telemetry) {
+	tel := new(Telemetry)
 	return actor.PropsFromProducer(func() actor.Actor {
-		return &LeaseActor[K]{class: class, clk: clock.OrReal(clk), timers: make(map[K]*leaseTimer)}
-	}, actor.WithDispatcher(actor.NewSynchronizedDispatcher(300)))
+		return &LeaseActor[K]{class: class, clk: clock.OrReal(clk), timers: make(map[K]*leaseTimer), tel: tel}
+	}, actor.WithDispatcher(actor.NewSynchronizedDispatcher(300))), tel
 }
 
 // Receive handles one message.
@@ -96,7 +101,8 @@ func (a *LeaseActor[K]) Receive(ctx actor.Context) {
 		if t, ok := a.timers[m.Lease]; ok {
 			t.stop()
 			delete(a.timers, m.Lease)
-			a.ended++
+			a.tel.ended.Add(1)
+			a.tel.active.Add(-1)
 		}
 	case *fired[K]:
 		t, ok := a.timers[m.lease]
@@ -104,15 +110,15 @@ func (a *LeaseActor[K]) Receive(ctx actor.Context) {
 			return // ended, or restarted, before this firing arrived
 		}
 		delete(a.timers, m.lease)
-		a.expired++
+		a.tel.expired.Add(1)
+		a.tel.active.Add(-1)
 		ctx.Send(ctx.Parent(), &DeadlineExpired[K]{Class: a.class, Lease: m.lease})
-	case *TelemetryRequest:
-		m.Reply <- LeaseTelemetry{Class: a.class, Active: len(a.timers), Started: a.started, Expired: a.expired, Ended: a.ended}
 	case *actor.Stopping:
 		for k, t := range a.timers {
 			t.stop()
 			delete(a.timers, k)
 		}
+		a.tel.active.Store(0)
 	}
 }
 
@@ -121,8 +127,10 @@ func (a *LeaseActor[K]) start(ctx actor.Context, m *StartDeadline[K]) {
 	if old, ok := a.timers[m.Lease]; ok {
 		old.stop()
 		gen = old.gen + 1
+	} else {
+		a.tel.active.Add(1)
 	}
-	a.started++
+	a.tel.started.Add(1)
 	msg := &fired[K]{lease: m.Lease, gen: gen}
 	reg := &leaseTimer{gen: gen}
 	a.timers[m.Lease] = reg

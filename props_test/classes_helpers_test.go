@@ -192,6 +192,7 @@ func cmNormalize(st bulkhead.Stats) bulkhead.Stats {
 		for name, cs := range c.Classes {
 			cs.RejectedByReason = cmCleanReasons(cs.RejectedByReason)
 			cs.AbandonedByCause = cmCleanCauses(cs.AbandonedByCause)
+			cs.Deadlines = bulkhead.DeadlineStats{} // checked on its own: cmCheckDeadlines
 			c.Classes[name] = cs
 		}
 		st.Classes = &c
@@ -308,4 +309,23 @@ func cmFmtStats(st bulkhead.Stats) string {
 		}
 	}
 	return s
+}
+
+// cmCheckDeadlines checks each class actor's deadline telemetry against the
+// rest of the class's stats: every deadline started is running, expired or
+// ended, and every abandonment by deadline follows an expiry.
+func cmCheckDeadlines(st bulkhead.Stats) error {
+	if st.Classes == nil {
+		return nil
+	}
+	for name, cs := range st.Classes.Classes {
+		d := cs.Deadlines
+		if d.Active < 0 || d.Started != d.Active+d.Expired+d.Ended {
+			return fmt.Errorf("class %s: deadlines %+v do not add up", name, d)
+		}
+		if byDeadline := cs.AbandonedByCause[bulkhead.AbandonDeadline]; d.Expired < byDeadline {
+			return fmt.Errorf("class %s: %d abandoned by deadline but %d deadlines expired", name, byDeadline, d.Expired)
+		}
+	}
+	return nil
 }

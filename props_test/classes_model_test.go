@@ -1609,7 +1609,11 @@ func limitPairs(st bulkhead.Stats) (pairs map[string]cmPair, shared map[string]b
 func (m *cmMachine) check(t *rapid.T) {
 	m.steps++
 	m.seen["steps"]++
-	got := cmNormalize(m.b.Stats())
+	raw := m.b.Stats()
+	if err := cmCheckDeadlines(raw); err != nil {
+		t.Fatalf("after %s: %v", m.descr, err)
+	}
+	got := cmNormalize(raw)
 	prev := m.prev
 	defer func() {
 		m.prev = got
