@@ -19,6 +19,7 @@ package bulkhead
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"strings"
 	"time"
@@ -38,7 +39,7 @@ type Config struct {
 	Model string
 
 	// MaxConcurrent is the number of calls that may be in flight at once.
-	// Zero starts the bulkhead closed to new calls until ApplyLimits opens
+	// Zero rejects every call with ConcurrencyLimit until ApplyLimits raises
 	// it (a fail-closed start).
 	MaxConcurrent int
 
@@ -184,6 +185,11 @@ func (cfg *Config) validate() error {
 // validates the request and reserves nothing.
 func (b *Bulkhead) reserve(req *Request, override *Reservation) (Reservation, error) {
 	if !b.hasBudget {
+		if override != nil {
+			// Validated, then ignored: there is no budget to reserve from.
+			_, err := estimate.Reserve(nil, req, override)
+			return Reservation{}, err
+		}
 		return Reservation{}, estimate.ValidateRequest(req)
 	}
 	return estimate.Reserve(b.estimator, req, override)
@@ -197,7 +203,12 @@ func (b *Bulkhead) reserve(req *Request, override *Reservation) (Reservation, er
 // its queue timeout expires (Timeout) or ctx ends (Aborted); else it is
 // rejected at once. A ctx that is already done is rejected Aborted before
 // anything is taken. The error is a *RejectedError, or a *ConfigError for
-// invalid input.
+// invalid input (or, should the engine fail, an error matching ErrInternal).
+// A waiter is never admitted once its ctx has ended: the engine checks ctx
+// when it hands the waiter a slot. If ctx ends at the very moment a slot is
+// handed over, the admission stands and Acquire returns its Token (which,
+// like any, must be released): each call ends exactly one way, and Stats
+// and events agree with what the caller saw.
 func (b *Bulkhead) Acquire(ctx context.Context, req *Request, opts ...Option) (*Token, error) {
 	o := resolve(opts)
 	return b.acquire(ctx, req, &o, "Acquire")
@@ -209,13 +220,16 @@ func (b *Bulkhead) acquire(ctx context.Context, req *Request, o *callOptions, me
 		return nil, err
 	}
 	err = b.eng.Acquire(r)
-	if err != nil {
+	switch {
+	case err == nil:
+		r.Spare = nil
+	case errors.Is(err, actor.ErrInternal):
+		tok = nil // the engine failed mid-call: the token may be half written
+	default:
 		// A token that a rejected call did not need stays with the pooled
 		// request for the next call, so rejections allocate no token.
 		r.Spare = tok
 		tok = nil
-	} else {
-		r.Spare = nil
 	}
 	b.eng.PutRequest(r)
 	return tok, err
@@ -332,7 +346,9 @@ func (b *Bulkhead) Subscribe(h Hooks) (unsubscribe func()) { return b.eng.Subscr
 func (b *Bulkhead) Close() { b.eng.Close() }
 
 // Drain waits until nothing is in flight or queued and every admission has
-// been released, or until ctx ends; it cancels nothing. When ctx ends first
+// been released, or until ctx ends; it cancels nothing. An event listener
+// must not call Drain on a closed bulkhead: Drain waits for the delivery of
+// pending events, which waits for that listener. When ctx ends first
 // it returns Drained false with the counts still outstanding, and ctx's
 // error. After Close and a Drain that drained, the bulkhead's goroutines
 // have ended; later calls are rejected Shutdown.

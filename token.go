@@ -52,8 +52,9 @@ func (t *Token) AbandonBorrowedConcurrency() bool { return t.l.Abandon() }
 // refunded. With nil usage the last ReportUsage, if any, is the final
 // usage. Only the first call has an effect; later ones return nil.
 //
-// Invalid usage (a negative count) still releases everything, without the
-// usage, and then returns a *ConfigError.
+// Invalid usage (a negative count) still releases everything, as if usage
+// were nil (the last ReportUsage, if any, is the final usage), and then
+// returns a *ConfigError.
 func (t *Token) Release(usage *Usage) error {
 	err := validateUsage(usage)
 	if err != nil {

@@ -1,6 +1,7 @@
 package bulkhead
 
 import (
+	"github.com/llmbulkhead/bulkhead/actor"
 	"github.com/llmbulkhead/bulkhead/admission"
 	"github.com/llmbulkhead/bulkhead/estimate"
 )
@@ -153,6 +154,10 @@ var (
 
 // ErrBorrowedDeadline matches every *BorrowedDeadlineError.
 var ErrBorrowedDeadline = admission.ErrBorrowedDeadline
+
+// ErrInternal matches the error of a call during which the engine itself
+// failed (a recovered panic); the engine keeps its state and goes on.
+var ErrInternal = actor.ErrInternal
 
 // ErrInvalid matches every *ConfigError.
 var ErrInvalid = admission.ErrInvalid

@@ -62,7 +62,6 @@ type Engine struct {
 	events *actor.PID
 	clk    clock.Clock
 
-	closed atomic.Bool
 
 	// stopMu guards the shutdown of event delivery: flushed is closed once
 	// every event emitted before emission stopped has been delivered;
@@ -179,6 +178,11 @@ func (e *Engine) Acquire(r *AcquireRequest) error {
 		case <-r.done:
 			return r.Err
 		case <-ctxDone:
+			select {
+			case <-r.done: // answered before the context ended
+				return r.Err
+			default:
+			}
 			r.cancelSent = true
 			e.send(&r.cancel)
 		}
@@ -266,10 +270,8 @@ func (e *Engine) ReportUsage(l *Lease, u admission.Usage, p *admission.Progressi
 }
 
 // Close closes the engine to new work. It is idempotent.
+// Every call waits until the close has taken effect.
 func (e *Engine) Close() {
-	if e.closed.Swap(true) {
-		return
-	}
 	q := &closeRequest{done: make(chan struct{}, 1)}
 	e.call(q, q.done)
 }
@@ -286,7 +288,7 @@ func (e *Engine) Drain(ctx context.Context) admission.DrainResult {
 		e.send(&drainCancel{d: d})
 		<-d.done
 	}
-	if d.result.Drained && e.closed.Load() && !e.stop(ctx) {
+	if d.result.Drained && d.closed && !e.stop(ctx) {
 		// The work has drained but listeners are still being handed
 		// events: not a complete drain yet.
 		d.result.Drained = false
@@ -428,11 +430,11 @@ func (a *admissionActor) recovered(msg any, p any) {
 	var done chan struct{}
 	switch m := msg.(type) {
 	case *AcquireRequest:
-		if m.answered || m.queued {
-			return
+		if !m.answered && !m.queued {
+			m.Err = err
+			a.state.answer(m)
 		}
-		m.Err, m.answered = err, true
-		done = m.done
+		return
 	case interface{ fail(error) chan struct{} }:
 		done = m.fail(err)
 	}

@@ -238,9 +238,11 @@ type closeRequest struct{ done chan struct{} }
 // it.
 type syncRequest struct{ done chan struct{} }
 
-// drainRequest waits until the engine is idle.
+// drainRequest waits until the engine is idle. closed is whether the
+// engine was closed when it answered.
 type drainRequest struct {
 	result admission.DrainResult
+	closed bool
 	done   chan struct{}
 }
 

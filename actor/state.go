@@ -374,6 +374,8 @@ func (s *state) pump() {
 		}
 		s.admit(w)
 	}
+	// Rejections from the queue can leave the engine idle.
+	s.checkDrains()
 }
 
 // cancel withdraws a waiter whose context ended. A request that was already
@@ -702,10 +704,15 @@ func (s *state) drainResult() admission.DrainResult {
 	return admission.DrainResult{Drained: s.idle(), InFlight: int(s.calls), Pending: s.pending}
 }
 
+// answerDrain replies to d with the current result.
+func (s *state) answerDrain(d *drainRequest) {
+	d.result, d.closed = s.drainResult(), s.closed
+	d.done <- struct{}{}
+}
+
 func (s *state) drain(d *drainRequest) {
 	if s.idle() {
-		d.result = s.drainResult()
-		d.done <- struct{}{}
+		s.answerDrain(d)
 		return
 	}
 	s.drains = append(s.drains, d)
@@ -715,8 +722,7 @@ func (s *state) cancelDrain(d *drainRequest) {
 	for i, w := range s.drains {
 		if w == d {
 			s.drains = append(s.drains[:i], s.drains[i+1:]...)
-			d.result = s.drainResult()
-			d.done <- struct{}{}
+			s.answerDrain(d)
 			return
 		}
 	}
@@ -727,8 +733,7 @@ func (s *state) checkDrains() {
 		return
 	}
 	for _, d := range s.drains {
-		d.result = s.drainResult()
-		d.done <- struct{}{}
+		s.answerDrain(d)
 	}
 	s.drains = nil
 }

@@ -70,7 +70,8 @@ type ReconfigureEvent struct {
 // Listeners run on the bulkhead's event goroutine, one event at a time, in
 // the order the events happened, and never on the caller's goroutine. A slow
 // listener delays only later events; a panicking one is recovered and
-// counted, and admission goes on. By the time a listener sees an event,
+// counted, and admission goes on. A listener may call the bulkhead's
+// methods, but not Drain after Close: Drain waits for event delivery. By the time a listener sees an event,
 // Stats already reflects the change it reports.
 type Hooks struct {
 	// Admit is called for every admission.
