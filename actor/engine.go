@@ -62,7 +62,6 @@ type Engine struct {
 	events *actor.PID
 	clk    clock.Clock
 
-
 	// stopMu guards the shutdown of event delivery: flushed is closed once
 	// every event emitted before emission stopped has been delivered;
 	// stopped is set once the events actor and the actor system are down.
