@@ -420,6 +420,11 @@ func TestNilContextAndRequest(t *testing.T) {
 	if _, err := b.Acquire(context.Background(), req("a", 0), bulkhead.WithQueueTimeout(-1)); !errors.Is(err, bulkhead.ErrInvalid) {
 		t.Fatalf("negative queue timeout: %v", err)
 	}
+	// Without a budget an override is ignored, but still validated.
+	neg := bulkhead.WithReservation(bulkhead.Reservation{Input: -1})
+	if _, err := b.Acquire(context.Background(), req("a", 0), neg); !errors.Is(err, bulkhead.ErrInvalid) {
+		t.Fatalf("negative override without a budget: %v", err)
+	}
 	if st := b.Stats(); st.Calls.Admitted != 0 || st.Calls.Rejected != 0 {
 		t.Fatalf("invalid input was counted: %+v", st.Calls)
 	}
