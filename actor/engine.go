@@ -99,11 +99,7 @@ func Start(cfg Config) (*Engine, error) {
 		root: sys.Root,
 		clk:  clock.OrReal(cfg.Clock),
 	}
-	e.requests.New = func() any {
-		r := &AcquireRequest{done: make(chan struct{}, 1)}
-		r.cancel.r = r
-		return r
-	}
+	e.requests.New = func() any { return newAcquireRequest(make(chan struct{}, 1), false) }
 	e.usageRequests.New = func() any { return &usageRequest{done: make(chan struct{}, 1)} }
 	e.wouldAdmitRequests.New = func() any { return &wouldAdmitRequest{done: make(chan struct{}, 1)} }
 	ev := &eventsActor{engine: e}
@@ -192,7 +188,13 @@ func (e *Engine) Acquire(r *AcquireRequest) error {
 
 // NewAsyncRequest returns a request for AcquireAsync. It is not pooled.
 func (e *Engine) NewAsyncRequest() *AcquireRequest {
-	r := &AcquireRequest{done: make(chan struct{}), async: true}
+	return newAcquireRequest(make(chan struct{}), true)
+}
+
+// newAcquireRequest returns a request answered on done; its cancel message
+// points back at it.
+func newAcquireRequest(done chan struct{}, async bool) *AcquireRequest {
+	r := &AcquireRequest{done: done, async: async}
 	r.cancel.r = r
 	return r
 }

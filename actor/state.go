@@ -356,7 +356,8 @@ func (s *state) dequeue(r *AcquireRequest) {
 	}
 }
 
-// pump admits waiters, in arrival order, while slots are free.
+// pump admits waiters, in arrival order, while slots are free, then answers
+// waiting Drains if the engine is idle.
 func (s *state) pump() {
 	for s.qhead != nil && s.inFlight < s.limits.MaxConcurrent {
 		w := s.qhead
@@ -374,7 +375,6 @@ func (s *state) pump() {
 		}
 		s.admit(w)
 	}
-	// Rejections from the queue can leave the engine idle.
 	s.checkDrains()
 }
 
@@ -453,8 +453,7 @@ func (s *state) release(m *releaseMsg) {
 			Usage:          usage,
 		})
 	}
-	s.pump()
-	s.checkDrains()
+	s.pump() // and answers any Drain this release completed
 }
 
 // reportUsage applies a cumulative usage report to a lease (F12-F14).
