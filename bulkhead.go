@@ -26,6 +26,7 @@ import (
 
 	"github.com/llmbulkhead/bulkhead/actor"
 	"github.com/llmbulkhead/bulkhead/admission"
+	"github.com/llmbulkhead/bulkhead/classes"
 	"github.com/llmbulkhead/bulkhead/clock"
 	"github.com/llmbulkhead/bulkhead/estimate"
 )
@@ -241,18 +242,11 @@ func (b *Bulkhead) prepare(ctx context.Context, req *Request, o *callOptions, me
 	if ctx == nil {
 		return nil, nil, admission.Invalidf("ctx", "must not be nil")
 	}
-	if err := o.validate(method, true); err != nil {
-		return nil, nil, err
-	}
-	class, err := b.eng.LookupClass(o.class)
-	if err != nil {
-		return nil, nil, err
-	}
 	var start time.Time
 	if b.eng.WantTiming() {
 		start = b.eng.Now()
 	}
-	res, err := b.reserve(req, o.reservation)
+	class, res, err := b.check(req, o, method, true)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -276,6 +270,20 @@ func (b *Bulkhead) prepare(ctx context.Context, req *Request, o *callOptions, me
 	return r, tok, nil
 }
 
+// check validates a call's options and request, then resolves its class
+// and computes its reservation, once.
+func (b *Bulkhead) check(req *Request, o *callOptions, method string, queueing bool) (classes.Class, Reservation, error) {
+	if err := o.validate(method, queueing); err != nil {
+		return classes.None, Reservation{}, err
+	}
+	class, err := b.eng.LookupClass(o.class)
+	if err != nil {
+		return classes.None, Reservation{}, err
+	}
+	res, err := b.reserve(req, o.reservation)
+	return class, res, err
+}
+
 // WouldAdmit says whether a call would be admitted now (or would queue),
 // without reserving, counting or emitting anything. It is advisory: by the
 // time the caller acts, other calls may have changed the answer. Invalid
@@ -283,14 +291,7 @@ func (b *Bulkhead) prepare(ctx context.Context, req *Request, o *callOptions, me
 // WithClass, WithReservation, WithDetail.
 func (b *Bulkhead) WouldAdmit(req *Request, opts ...Option) (Decision, error) {
 	o := resolve(opts)
-	if err := o.validate("WouldAdmit", false); err != nil {
-		return Decision{}, err
-	}
-	class, err := b.eng.LookupClass(o.class)
-	if err != nil {
-		return Decision{}, err
-	}
-	res, err := b.reserve(req, o.reservation)
+	class, res, err := b.check(req, &o, "WouldAdmit", false)
 	if err != nil {
 		return Decision{}, err
 	}
