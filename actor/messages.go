@@ -63,7 +63,7 @@ type AcquireRequest struct {
 	prev, next *AcquireRequest
 	queued     bool
 	enqueuedAt time.Time
-	timer      *clock.Timer
+	timer      clock.Timer
 	gen        uint64
 }
 

@@ -43,7 +43,7 @@ func (t *Telemetry) Snapshot() admission.DeadlineStats {
 }
 
 type leaseTimer struct {
-	timer *clock.Timer // nil when the lease was due on arrival
+	timer clock.Timer // nil when the lease was due on arrival
 	gen   uint64
 }
 

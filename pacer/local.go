@@ -109,7 +109,7 @@ func (l *Local) Sweep() {
 
 // nowUs is the decision time in µs since the Unix epoch.
 func (l *Local) nowUs() int64 {
-	ns := l.baseNs + int64(l.clk.Since(l.base))
+	ns := l.baseNs + int64(l.clk.Now().Sub(l.base))
 	us := ns / 1000
 	if ns%1000 < 0 {
 		us-- // floor, for times before 1970

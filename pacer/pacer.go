@@ -320,7 +320,7 @@ func deadlineWait(ctx context.Context, clk clock.Clock, maxUs int64) (wait int64
 	if !ok {
 		return maxUs, false
 	}
-	left := clk.Until(dl)
+	left := dl.Sub(clk.Now())
 	if left <= 0 {
 		return -1, true
 	}
@@ -339,13 +339,13 @@ func wait(ctx context.Context, clk clock.Clock, d time.Duration) error {
 	if d <= 0 {
 		return nil
 	}
-	t := clk.Timer(d)
+	t := clk.NewTimer(d)
 	defer t.Stop()
 	if testHookWait != nil {
 		testHookWait(d)
 	}
 	select {
-	case <-t.C:
+	case <-t.C():
 		return nil
 	case <-ctx.Done():
 		return context.Cause(ctx)

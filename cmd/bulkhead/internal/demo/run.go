@@ -274,9 +274,9 @@ func (c *client) do(ctx context.Context, req simprovider.Request) (simprovider.R
 		}
 		backoff := min(500*time.Millisecond<<attempt, 8*time.Second)
 		backoff = time.Duration(float64(backoff) * (1 - 0.25*rng.Float64()))
-		t := c.p.Clock().Timer(c.p.Scale(backoff))
+		t := c.p.Clock().NewTimer(c.p.Scale(backoff))
 		select {
-		case <-t.C:
+		case <-t.C():
 		case <-ctx.Done():
 			t.Stop()
 			return resp, err

@@ -432,14 +432,14 @@ type admitted struct {
 	perToken time.Duration
 	end      time.Time
 	slowdown float64
-	timer    *clock.Timer // fires at first (streaming) or end
+	timer    clock.Timer // fires at first (streaming) or end
 }
 
 // enter applies the account limits to req at the current time. It returns
 // the accepted schedule, or a 429 with the timer of its round trip. The
 // first timer is created under p.mu, so whoever sees the request counted in
 // Stats knows its timer exists (tests on a mock clock rely on this).
-func (p *Provider) enter(req Request, pl plan, streaming bool) (*admitted, *RateLimitError, *clock.Timer) {
+func (p *Provider) enter(req Request, pl plan, streaming bool) (*admitted, *RateLimitError, clock.Timer) {
 	cost := req.Cost()
 	c := &p.cfg
 	p.mu.Lock()
@@ -460,7 +460,7 @@ func (p *Provider) enter(req Request, pl plan, streaming bool) (*admitted, *Rate
 	}
 	if rl != nil {
 		p.stats.RateLimited++
-		return nil, rl, p.clk.Timer(p.Scale(pl.rtt))
+		return nil, rl, p.clk.NewTimer(p.Scale(pl.rtt))
 	}
 
 	s := &p.stats
@@ -489,9 +489,9 @@ func (p *Provider) enter(req Request, pl plan, streaming bool) (*admitted, *Rate
 	a.perToken = slow(pl.perToken)
 	a.end = a.first.Add(time.Duration(pl.output)*a.perToken + slow(pl.rtt/2))
 	if streaming {
-		a.timer = p.clk.Timer(a.first.Sub(now))
+		a.timer = p.clk.NewTimer(a.first.Sub(now))
 	} else {
-		a.timer = p.clk.Timer(a.end.Sub(now))
+		a.timer = p.clk.NewTimer(a.end.Sub(now))
 	}
 	return a, nil, nil
 }
@@ -512,9 +512,9 @@ func (p *Provider) leave(req Request, output int64, completed bool) {
 }
 
 // wait waits for t or ctx, whichever comes first.
-func wait(ctx context.Context, t *clock.Timer) error {
+func wait(ctx context.Context, t clock.Timer) error {
 	select {
-	case <-t.C:
+	case <-t.C():
 		return nil
 	case <-ctx.Done():
 		t.Stop()
@@ -581,7 +581,7 @@ func (p *Provider) stream(ctx context.Context, req Request, pl plan, a *admitted
 			// Chunk deadlines are absolute, so a slow emit does not stretch
 			// the response.
 			at := a.first.Add(time.Duration(sent+n-1) * a.perToken)
-			if err := wait(ctx, p.clk.Timer(at.Sub(p.clk.Now()))); err != nil {
+			if err := wait(ctx, p.clk.NewTimer(at.Sub(p.clk.Now()))); err != nil {
 				return err
 			}
 		}
@@ -590,5 +590,5 @@ func (p *Provider) stream(ctx context.Context, req Request, pl plan, a *admitted
 			return err
 		}
 	}
-	return wait(ctx, p.clk.Timer(a.end.Sub(p.clk.Now())))
+	return wait(ctx, p.clk.NewTimer(a.end.Sub(p.clk.Now())))
 }
