@@ -51,7 +51,7 @@ func TestBudgetExactFitAndPriorityReserve(t *testing.T) {
 	_, err := b.Acquire(context.Background(), req("a", 0), override(1, 0))
 	rej := wantReason(t, err, bulkhead.BudgetLimit)
 	d := rej.Detail.TokenBudget
-	if d == nil || d.Budget != 100 || d.EffectiveBudget != 80 || d.InFlightTokens != 80 || d.Available != 0 || d.Requested != 1 {
+	if d == nil || d.Budget != 100 || d.EffectiveBudget != 80 || d.InFlightTokens != 80 || d.Available != 0 || d.Reserved != 1 {
 		t.Fatalf("budget detail = %+v", d)
 	}
 	high := mustAcquire(t, b, req("a", 0), override(10, 10), bulkhead.WithPriority(bulkhead.High))
@@ -178,7 +178,7 @@ func TestWouldAdmit(t *testing.T) {
 	cfg.TokenBudget = &bulkhead.TokenBudget{Budget: 100}
 	b := newBulkhead(t, cfg)
 	d, err := b.WouldAdmit(req("a", 0), override(10, 10), bulkhead.WithDetail())
-	if err != nil || !d.Admit || d.Detail == nil || d.Detail.TokenBudget.Requested != 20 {
+	if err != nil || !d.Admit || d.Detail == nil || d.Detail.TokenBudget.Reserved != 20 {
 		t.Fatalf("WouldAdmit = %+v, %v", d, err)
 	}
 	if d, _ := b.WouldAdmit(req("a", 0), override(10, 10)); d.Detail != nil {

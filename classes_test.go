@@ -31,14 +31,14 @@ func TestClassesProbedScenario(t *testing.T) {
 	bg := bulkhead.WithClass("bg")
 	b1 := mustAcquire(t, b, req("a", 0), override(10, 10), bg)
 	b2 := mustAcquire(t, b, req("a", 0), override(10, 10), bg)
-	for _, tok := range []*bulkhead.Token{b1, b2} {
+	for _, tok := range []*bulkhead.Permit{b1, b2} {
 		if tok.Class() != "bg" || tok.Resources() != (bulkhead.Resources{BorrowedConcurrency: true, BorrowedTokens: 20}) {
 			t.Fatalf("bg admission: class %q, resources %+v", tok.Class(), tok.Resources())
 		}
 	}
 	_, err := b.Acquire(context.Background(), req("a", 0), override(10, 10), bg)
 	rej := wantReason(t, err, bulkhead.ConcurrencyLimit)
-	if rej.Detail.Constraint != bulkhead.ConstraintClass || rej.Detail.Class == nil || rej.Detail.Class.ID != "bg" {
+	if rej.Detail.Constraint != bulkhead.ConstraintClass || rej.Detail.Class == nil || rej.Detail.Class.Name != "bg" {
 		t.Fatalf("third bg detail = %+v", rej.Detail)
 	}
 	f1 := mustAcquire(t, b, req("a", 0), override(10, 10)) // default class
@@ -60,9 +60,9 @@ func TestClassesProbedScenario(t *testing.T) {
 	b3 := mustAcquire(t, b, req("a", 0), override(10, 10), bg)
 	_, err = b.Acquire(context.Background(), req("a", 0), override(10, 10))
 	rej = wantReason(t, err, bulkhead.ConcurrencyLimit)
-	if rej.Detail.Constraint != bulkhead.ConstraintClassProtection || rej.Detail.SharedCapacity == nil ||
-		rej.Detail.SharedCapacity.Concurrency.Capacity != 2 || rej.Detail.SharedCapacity.Concurrency.InUse != 2 {
-		t.Fatalf("protection detail = %+v / %+v", rej.Detail, rej.Detail.SharedCapacity)
+	if rej.Detail.Constraint != bulkhead.ConstraintClassProtection || rej.Detail.Shared == nil ||
+		rej.Detail.Shared.MaxConcurrent != 2 || rej.Detail.Shared.InFlight != 2 {
+		t.Fatalf("protection detail = %+v / %+v", rej.Detail, rej.Detail.Shared)
 	}
 	st := b.Stats()
 	if st.Classes == nil || st.Classes.Default != "fg" || st.Classes.Classes["bg"].InFlight != 2 ||
@@ -70,7 +70,7 @@ func TestClassesProbedScenario(t *testing.T) {
 		st.Classes.Classes["bg"].TotalBorrowedAdmissions != 3 {
 		t.Fatalf("class stats = %+v", st.Classes)
 	}
-	for _, tok := range []*bulkhead.Token{b2, b3, f1} {
+	for _, tok := range []*bulkhead.Permit{b2, b3, f1} {
 		_ = tok.Release(nil)
 	}
 }
@@ -148,7 +148,7 @@ func TestAbandonBorrowedConcurrency(t *testing.T) {
 		t.Fatal("abandon after release was effective")
 	}
 	closeAndDrain(t, b)
-	if len(abandons) != 1 || abandons[0].Cause != bulkhead.AbandonManual || abandons[0].HeldTokens != 20 || abandons[0].Class != "bg" {
+	if len(abandons) != 1 || abandons[0].Cause != bulkhead.AbandonManual || abandons[0].Held != 20 || abandons[0].Class != "bg" {
 		t.Fatalf("abandon events = %+v", abandons)
 	}
 	if st := b.Stats(); st.Gate.InFlight != 0 || st.TokenBudget.InFlightTokens != 0 || st.Classes.Classes["bg"].InFlight != 0 || st.Calls.InFlight != 0 {

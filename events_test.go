@@ -64,11 +64,11 @@ func TestEventsInCausalOrder(t *testing.T) {
 		}
 	}
 	a, rel := admits[0], releases[0]
-	if a.Request != r || a.AdmissionID != tok.AdmissionID() || a.ReservedTokens != 100 || a.LimitRevision != 0 {
+	if a.Request != r || a.ID != tok.ID() || a.Reserved != 100 || a.LimitRevision != 0 {
 		t.Fatalf("admit event = %+v", a)
 	}
-	if rel.AdmissionID != tok.AdmissionID() || rel.HeldTokens != 100 || rel.RefundedTokens != 50 ||
-		rel.Usage == nil || *rel.Usage != (bulkhead.Usage{Input: 10, Output: 40}) || rel.ReservedTokens != 100 {
+	if rel.ID != tok.ID() || rel.Held != 100 || rel.Refunded != 50 ||
+		rel.Usage == nil || *rel.Usage != (bulkhead.Usage{Input: 10, Output: 40}) || rel.Reserved != 100 {
 		t.Fatalf("release event = %+v", rel)
 	}
 	if releases[1].Usage != nil || admits[1].LimitRevision != 1 {
@@ -151,8 +151,8 @@ func TestPanickingAndSlowListenersDoNotStallAdmission(t *testing.T) {
 	close(gate)
 	closeAndDrain(t, b)
 	st := b.Stats()
-	if calls != 100 || st.ListenerPanics != 100 {
-		t.Fatalf("slow listener calls = %d, listener panics = %d", calls, st.ListenerPanics)
+	if calls != 100 || st.Events.ListenerPanics != 100 {
+		t.Fatalf("slow listener calls = %d, listener panics = %d", calls, st.Events.ListenerPanics)
 	}
 }
 

@@ -12,11 +12,11 @@ import (
 type AcquireFuture struct {
 	done <-chan struct{}
 	r    *actor.AcquireRequest
-	tok  *Token
+	p    *Permit
 	stop func() bool
 
 	once sync.Once
-	res  *Token
+	res  *Permit
 	err  error
 }
 
@@ -24,11 +24,11 @@ type AcquireFuture struct {
 // on from many goroutines.
 func (f *AcquireFuture) Done() <-chan struct{} { return f.done }
 
-// Result waits for the answer and returns it: the Token of an admission, or
+// Result waits for the answer and returns it: the Permit of an admission, or
 // the rejection or validation error. It may be called any number of times.
-// An admitted Token must be released like one from Acquire, so call Result
+// An admitted Permit must be released like one from Acquire, so call Result
 // for every future that may admit.
-func (f *AcquireFuture) Result() (*Token, error) {
+func (f *AcquireFuture) Result() (*Permit, error) {
 	<-f.done
 	f.once.Do(func() {
 		if f.r == nil {
@@ -36,10 +36,10 @@ func (f *AcquireFuture) Result() (*Token, error) {
 		}
 		f.stop()
 		if f.r.Err != nil {
-			f.err = f.r.Err
+			f.err = publicError(f.r.Err)
 			return
 		}
-		f.res = f.tok
+		f.res = f.p
 	})
 	return f.res, f.err
 }
@@ -56,11 +56,11 @@ var closedChan = func() chan struct{} {
 // future that is already done with the *ConfigError.
 func (b *Bulkhead) AcquireAsync(ctx context.Context, req *Request, opts ...Option) *AcquireFuture {
 	o := resolve(opts)
-	r, tok, err := b.prepare(ctx, req, &o, "AcquireAsync", b.eng.NewAsyncRequest)
+	r, p, err := b.prepare(ctx, req, &o, "AcquireAsync", b.eng.NewAsyncRequest)
 	if err != nil {
 		f := &AcquireFuture{done: closedChan, err: err}
 		return f
 	}
 	done, stop := b.eng.AcquireAsync(r)
-	return &AcquireFuture{done: done, r: r, tok: tok, stop: stop}
+	return &AcquireFuture{done: done, r: r, p: p, stop: stop}
 }

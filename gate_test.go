@@ -16,7 +16,7 @@ func TestNewValidation(t *testing.T) {
 		field string
 		edit  func(*bulkhead.Config)
 	}{
-		{"Config.Model", func(c *bulkhead.Config) { c.Model = "  " }},
+		{"Config.Model", func(c *bulkhead.Config) { c.Model, c.TokenBudget = "  ", &bulkhead.TokenBudget{Budget: 10} }},
 		{"Config.MaxConcurrent", func(c *bulkhead.Config) { c.MaxConcurrent = -1 }},
 		{"Config.MaxQueue", func(c *bulkhead.Config) { c.MaxQueue = -1 }},
 		{"Config.QueueTimeout", func(c *bulkhead.Config) { c.QueueTimeout = -time.Second }},
@@ -26,6 +26,9 @@ func TestNewValidation(t *testing.T) {
 			c.TokenBudget = &bulkhead.TokenBudget{Budget: 10, HighPriorityReserve: 11}
 		}},
 		{"Config.TokenBudget.OutputCap", func(c *bulkhead.Config) { c.TokenBudget = &bulkhead.TokenBudget{OutputCap: -1} }},
+		{"Config.TokenBudget.OutputCap", func(c *bulkhead.Config) {
+			c.TokenBudget = &bulkhead.TokenBudget{OutputCap: 5, Estimator: estimatorFunc(nil)}
+		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.field, func(t *testing.T) {
@@ -41,6 +44,9 @@ func TestNewValidation(t *testing.T) {
 			}
 		})
 	}
+	// The model is needed only by the default estimator.
+	newBulkhead(t, bulkhead.Config{MaxConcurrent: 1})
+	newBulkhead(t, bulkhead.Config{MaxConcurrent: 1, TokenBudget: &bulkhead.TokenBudget{Estimator: estimatorFunc(nil)}})
 	// Zero budget and zero concurrency are valid.
 	cfg := ok
 	cfg.MaxConcurrent = 0
@@ -59,7 +65,7 @@ func TestProfiles(t *testing.T) {
 	}
 	// The default is fail fast: the 11th concurrent call is rejected at once.
 	b := newBulkhead(t, in)
-	var toks []*bulkhead.Token
+	var toks []*bulkhead.Permit
 	for range 10 {
 		toks = append(toks, mustAcquire(t, b, req("hi", 0)))
 	}
@@ -251,7 +257,7 @@ func TestKillSwitchAndFailClosedStart(t *testing.T) {
 
 func TestShrinkByAttrition(t *testing.T) {
 	b := newBulkhead(t, bulkhead.Batch("m", 3))
-	var toks []*bulkhead.Token
+	var toks []*bulkhead.Permit
 	for range 3 {
 		toks = append(toks, mustAcquire(t, b, req("a", 0)))
 	}
@@ -389,7 +395,7 @@ func TestAdmissionIDs(t *testing.T) {
 	seen := map[bulkhead.ID]bool{}
 	for range 100 {
 		tok := mustAcquire(t, b, req("a", 0))
-		id := tok.AdmissionID()
+		id := tok.ID()
 		s := id.String()
 		if len(s) != 36 || s[14] != '4' || (s[19] != '8' && s[19] != '9' && s[19] != 'a' && s[19] != 'b') {
 			t.Fatalf("ID %q is not a version 4 UUID", s)

@@ -49,7 +49,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 
 // acquireAsync starts an Acquire on its own goroutine.
 type result struct {
-	tok *bulkhead.Token
+	tok *bulkhead.Permit
 	err error
 }
 
@@ -63,7 +63,7 @@ func acquireAsync(ctx context.Context, b *bulkhead.Bulkhead, r *bulkhead.Request
 }
 
 // mustAcquire acquires or fails the test.
-func mustAcquire(t *testing.T, b *bulkhead.Bulkhead, r *bulkhead.Request, opts ...bulkhead.Option) *bulkhead.Token {
+func mustAcquire(t *testing.T, b *bulkhead.Bulkhead, r *bulkhead.Request, opts ...bulkhead.Option) *bulkhead.Permit {
 	t.Helper()
 	tok, err := b.Acquire(context.Background(), r, opts...)
 	if err != nil {
@@ -82,7 +82,7 @@ func wantReason(t *testing.T, err error, why bulkhead.Reason) *bulkhead.Rejected
 	if rej.Reason != why {
 		t.Fatalf("reason = %v, want %v (err %v)", rej.Reason, why, err)
 	}
-	if !errors.Is(err, bulkhead.ErrRejected) || !errors.Is(err, why.Sentinel()) {
+	if !errors.Is(err, bulkhead.ErrRejected) || !errors.Is(err, sentinel[why]) {
 		t.Fatalf("errors.Is fails for %v", err)
 	}
 	return rej
@@ -90,4 +90,25 @@ func wantReason(t *testing.T, err error, why bulkhead.Reason) *bulkhead.Rejected
 
 func pending(b *bulkhead.Bulkhead) func() bool {
 	return func() bool { return b.Stats().Gate.Pending > 0 }
+}
+
+// sentinel is each reason's sentinel error.
+var sentinel = map[bulkhead.Reason]error{
+	bulkhead.ConcurrencyLimit: bulkhead.ErrConcurrencyLimit,
+	bulkhead.QueueLimit:       bulkhead.ErrQueueLimit,
+	bulkhead.Timeout:          bulkhead.ErrTimeout,
+	bulkhead.Aborted:          bulkhead.ErrAborted,
+	bulkhead.Shutdown:         bulkhead.ErrShutdown,
+	bulkhead.BudgetLimit:      bulkhead.ErrBudgetLimit,
+}
+
+// estimatorFunc adapts a function to bulkhead.Estimator; a nil one reserves
+// 1 input token and the request's MaxTokens.
+type estimatorFunc func(*bulkhead.Request) (bulkhead.Reservation, error)
+
+func (f estimatorFunc) Estimate(r *bulkhead.Request) (bulkhead.Reservation, error) {
+	if f == nil {
+		return bulkhead.Reservation{Input: 1, MaxOutput: r.MaxTokens}, nil
+	}
+	return f(r)
 }

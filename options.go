@@ -2,11 +2,10 @@ package bulkhead
 
 import (
 	"time"
-
-	"github.com/llmbulkhead/bulkhead/admission"
 )
 
-// Option is a per-call choice for Acquire, Run and WouldAdmit, such as
+// Option is a per-call choice for Acquire, AcquireAsync, Run and
+// WouldAdmit, such as
 // WithPriority(High). Options that make no sense for a method are an error
 // there, not silently ignored.
 type Option interface {
@@ -21,6 +20,7 @@ type callOptions struct {
 	hasQueueTimeout bool
 	detail          bool
 	class           string
+	tag             string
 
 	// Run only.
 	borrowedDeadline    time.Duration
@@ -41,25 +41,28 @@ func resolve(opts []Option) callOptions {
 // method for the error message.
 func (o *callOptions) validate(method string, queueing bool) error {
 	if o.priority != Normal && o.priority != High {
-		return admission.Invalidf("WithPriority", "unknown priority %d", o.priority)
+		return invalidf("WithPriority", "unknown priority %d", o.priority)
+	}
+	if len(o.tag) > MaxTagLen {
+		return invalidf("WithTag", "must be at most %d bytes, got %d", MaxTagLen, len(o.tag))
 	}
 	if o.hasQueueTimeout {
 		if !queueing {
-			return admission.Invalidf("WithQueueTimeout", "does not apply to %s", method)
+			return invalidf("WithQueueTimeout", "does not apply to %s", method)
 		}
 		if o.queueTimeout < 0 {
-			return admission.Invalidf("WithQueueTimeout", "must be >= 0, got %v", o.queueTimeout)
+			return invalidf("WithQueueTimeout", "must be >= 0, got %v", o.queueTimeout)
 		}
 	}
 	if o.detail && queueing {
-		return admission.Invalidf("WithDetail", "applies to WouldAdmit only, not %s", method)
+		return invalidf("WithDetail", "applies to WouldAdmit only, not %s", method)
 	}
 	if o.hasBorrowedDeadline {
 		if method != "Run" {
-			return admission.Invalidf("WithBorrowedDeadline", "applies to Run only, not %s", method)
+			return invalidf("WithBorrowedDeadline", "applies to Run only, not %s", method)
 		}
 		if o.borrowedDeadline < MinBorrowedDeadline || o.borrowedDeadline > MaxBorrowedDeadline {
-			return admission.Invalidf("WithBorrowedDeadline", "must be in [%v, %v], got %v",
+			return invalidf("WithBorrowedDeadline", "must be in [%v, %v], got %v",
 				MinBorrowedDeadline, MaxBorrowedDeadline, o.borrowedDeadline)
 		}
 	}
@@ -138,7 +141,7 @@ func (d borrowedDeadlineOption) apply(o callOptions) callOptions {
 }
 
 // WithBorrowedDeadline bounds how long a Run may keep a slot it borrowed
-// from the classes' shared pool (SPEC F20). When the deadline expires
+// from the classes' shared pool. When the deadline expires
 // first, the slot is given back (abandoned, cause deadline), the callback's
 // context is cancelled with a *BorrowedDeadlineError as its cause, and Run
 // returns that error at once; the callback's later result is discarded but
@@ -146,3 +149,18 @@ func (d borrowedDeadlineOption) apply(o callOptions) callOptions {
 // borrow its slot is not affected. d must be within [MinBorrowedDeadline,
 // MaxBorrowedDeadline], whether or not the call borrows. Run only.
 func WithBorrowedDeadline(d time.Duration) Option { return borrowedDeadlineOption(d) }
+
+type tagOption string
+
+func (t tagOption) apply(o callOptions) callOptions {
+	o.tag = string(t)
+	return o
+}
+
+// MaxTagLen is the longest tag WithTag accepts, in bytes.
+const MaxTagLen = 256
+
+// WithTag labels the call with tag, such as a request ID or a tenant: it is
+// carried on every event of the call, on its rejection (RejectedError.Tag,
+// and the error's message) and by its Permit. At most MaxTagLen bytes.
+func WithTag(tag string) Option { return tagOption(tag) }

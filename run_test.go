@@ -14,8 +14,8 @@ func TestRunReleasesWhateverFnDoes(t *testing.T) {
 	b := newBulkhead(t, cfg)
 
 	v, err := bulkhead.Run(context.Background(), b, req("a", 0), func(ctx context.Context, rc *bulkhead.RunContext) (string, error) {
-		if rc.Admission() != bulkhead.Admitted || rc.AdmissionID() == (bulkhead.ID{}) || rc.Reservation().Reserved != 100 {
-			t.Errorf("run context: %v %v %+v", rc.Admission(), rc.AdmissionID(), rc.Reservation())
+		if rc.ID() == (bulkhead.ID{}) || rc.Reservation().Reserved != 100 {
+			t.Errorf("run context: %v %+v", rc.ID(), rc.Reservation())
 		}
 		if st := b.Stats(); st.Gate.InFlight != 1 {
 			t.Errorf("fn ran without holding a slot: %+v", st.Gate)

@@ -64,12 +64,12 @@ func TestStreamingLedger(t *testing.T) {
 	if len(usages) != 3 || usages[0].Delta != -40 || usages[1].Delta != 50 || usages[2].Delta != -250 || usages[2].Progressive == nil {
 		t.Fatalf("usage events = %+v", usages)
 	}
-	if len(releases) != 1 || releases[0].HeldTokens != 60 || releases[0].RefundedTokens != 0 || releases[0].UsageSequence != 3 {
+	if len(releases) != 1 || releases[0].Held != 60 || releases[0].Refunded != 0 || releases[0].UsageSequence != 3 {
 		t.Fatalf("release event = %+v", releases)
 	}
 	// The ledger identity: reserved + overrun - early refunds == holds at
 	// release + in flight. Early refunds here are 40 + 250.
-	if st.TotalReserved+st.TotalOverrun-290 != releases[0].HeldTokens+st.InFlightTokens {
+	if st.TotalReserved+st.TotalOverrun-290 != releases[0].Held+st.InFlightTokens {
 		t.Fatalf("ledger identity broken: %+v", st)
 	}
 }

@@ -26,7 +26,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
-	"github.com/llmbulkhead/bulkhead/admission"
+	"github.com/llmbulkhead/bulkhead/internal/admission"
 	"github.com/llmbulkhead/bulkhead/classes"
 	"github.com/llmbulkhead/bulkhead/clock"
 )
@@ -73,6 +73,10 @@ type Engine struct {
 	timing         atomic.Bool
 	doubleReleases atomic.Int64
 	listenerPanics atomic.Int64
+	// backlog counts events emitted and not yet delivered.
+	backlog atomic.Int64
+
+	logger *slog.Logger
 
 	requests           sync.Pool
 	usageRequests      sync.Pool
@@ -86,9 +90,10 @@ type Engine struct {
 // Start starts an engine. cfg.Limits is assumed valid but for the class
 // table, which Start validates.
 func Start(cfg Config) (*Engine, error) {
-	logger := cfg.Logger
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
+	logger := slog.New(slog.DiscardHandler)
+	if cfg.Logger != nil {
+		// A handler that panics must not take the engine down with it.
+		logger = slog.New(guardedHandler{cfg.Logger.Handler()})
 	}
 	sys := actor.NewActorSystem(
 		actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return logger }),
@@ -97,7 +102,8 @@ func Start(cfg Config) (*Engine, error) {
 	e := &Engine{
 		sys:  sys,
 		root: sys.Root,
-		clk:  clock.OrReal(cfg.Clock),
+		clk:    clock.OrReal(cfg.Clock),
+		logger: logger,
 	}
 	e.requests.New = func() any { return newAcquireRequest(make(chan struct{}, 1), false) }
 	e.usageRequests.New = func() any { return &usageRequest{done: make(chan struct{}, 1)} }
@@ -336,7 +342,10 @@ type admissionActor struct {
 	eventsOff bool
 }
 
-func (a *admissionActor) emit(ev any) { a.ctx.Send(a.engine.events, ev) }
+func (a *admissionActor) emit(ev any) {
+	a.engine.backlog.Add(1)
+	a.ctx.Send(a.engine.events, ev)
+}
 
 // tell sends msg to the child actor of class c.
 func (a *admissionActor) tell(c classes.Class, msg any) {
@@ -417,7 +426,7 @@ func (a *admissionActor) Receive(ctx actor.Context) {
 		// In order behind every event emitted so far.
 		m.flushed = make(chan struct{})
 		ctx.Send(a.engine.events, &flushMsg{done: m.flushed})
-		s.listeners = [numKinds]int{}
+		s.listeners = [NumKinds]int{}
 		a.engine.timing.Store(false)
 		m.done <- struct{}{}
 	}
@@ -427,7 +436,7 @@ func (a *admissionActor) Receive(ctx actor.Context) {
 // caller waits forever. The state keeps whatever the handler had done.
 func (a *admissionActor) recovered(msg any, p any) {
 	err := fmt.Errorf("%w: panic handling %T: %v", ErrInternal, msg, p)
-	a.engine.sys.Logger().Error("bulkhead: recovered panic in admission actor", "error", err)
+	a.engine.log(slog.LevelError, "bulkhead: recovered panic in admission actor", "error", err)
 	var done chan struct{}
 	switch m := msg.(type) {
 	case *AcquireRequest:
@@ -463,10 +472,52 @@ func (a *admissionActor) unsubscribe(m *unsubscribeMsg) {
 // listens for, and keeps the facade's timing switch in step.
 func (a *admissionActor) countListeners(sub *subscription, delta int) {
 	s := a.state
-	for kind, set := range sub.kinds() {
+	for kind, set := range sub.kinds {
 		if set {
 			s.listeners[kind] += delta
 		}
 	}
-	a.engine.timing.Store(s.listeners[kindAdmit]+s.listeners[kindReject] > 0)
+	a.engine.timing.Store(s.listeners[KindAdmit]+s.listeners[KindReject] > 0)
 }
+
+// log writes one record to the engine's logger.
+func (e *Engine) log(level slog.Level, msg string, args ...any) {
+	e.logger.Log(context.Background(), level, msg, args...)
+}
+
+// guardedHandler passes records to the caller's handler and swallows a
+// panic in it: a broken logger loses its records, never the engine's state
+// or its event delivery.
+type guardedHandler struct{ h slog.Handler }
+
+func (g guardedHandler) Enabled(ctx context.Context, l slog.Level) (ok bool) {
+	defer func() {
+		if recover() != nil {
+			ok = false
+		}
+	}()
+	return g.h.Enabled(ctx, l)
+}
+
+func (g guardedHandler) Handle(ctx context.Context, r slog.Record) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("bulkhead: log handler panicked: %v", p)
+		}
+	}()
+	return g.h.Handle(ctx, r)
+}
+
+func (g guardedHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return guardedHandler{g.h.WithAttrs(attrs)}
+}
+
+func (g guardedHandler) WithGroup(name string) slog.Handler {
+	return guardedHandler{g.h.WithGroup(name)}
+}
+
+// Backlog returns the number of events emitted and not yet delivered.
+func (e *Engine) Backlog() int64 { return e.backlog.Load() }
+
+// LogError logs an error record through the engine's guarded logger.
+func (e *Engine) LogError(msg string, args ...any) { e.log(slog.LevelError, msg, args...) }

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/llmbulkhead/bulkhead/admission"
+	"github.com/llmbulkhead/bulkhead/internal/admission"
 )
 
 func startEngine(t *testing.T, limits admission.Limits) *Engine {
@@ -27,7 +27,7 @@ func acquire(t *testing.T, e *Engine) *Lease {
 	t.Helper()
 	r := e.NewRequest()
 	defer e.PutRequest(r)
-	r.Ctx, r.Request, r.Lease = context.Background(), &admission.Request{}, &Lease{}
+	r.Ctx, r.Request, r.Lease = context.Background(), "request", &Lease{}
 	if err := e.Acquire(r); err != nil {
 		t.Fatalf("Acquire: %v", err)
 	}
@@ -53,7 +53,7 @@ func TestPanicInHandlerKeepsState(t *testing.T) {
 	// The actor still decides: one more slot, then full.
 	second := acquire(t, e)
 	r := e.NewRequest()
-	r.Ctx, r.Request, r.Lease = context.Background(), &admission.Request{}, &Lease{}
+	r.Ctx, r.Request, r.Lease = context.Background(), "request", &Lease{}
 	if err := e.Acquire(r); !errors.Is(err, admission.ErrConcurrencyLimit) {
 		t.Fatalf("third Acquire = %v", err)
 	}

@@ -1,32 +1,41 @@
 package actor
 
 import (
+	"log/slog"
 	"sync/atomic"
 
 	"github.com/asynkron/protoactor-go/actor"
 
-	"github.com/llmbulkhead/bulkhead/admission"
+	"github.com/llmbulkhead/bulkhead/internal/admission"
 )
 
-// subscription is one Hooks value subscribed to the engine.
+// Kind is a kind of event, for the listener counts that let the engine skip
+// building events nobody listens for.
+type Kind uint8
+
+// The event kinds.
+const (
+	KindAdmit Kind = iota
+	KindReject
+	KindRelease
+	KindReconfigure
+	KindUsage
+	KindAbandon
+	NumKinds
+)
+
+// Kinds says which kinds of event a subscription listens for.
+type Kinds [NumKinds]bool
+
+// subscription is one subscriber: deliver is called with each event of a
+// kind it listens for (a pointer to one of the event types of package
+// admission), on the events actor's goroutine.
 type subscription struct {
-	hooks admission.Hooks
+	kinds   Kinds
+	deliver func(ev any)
 	// gone is set by Unsubscribe, so no event reaches the listener after
 	// Unsubscribe returns, even one already queued.
 	gone atomic.Bool
-}
-
-// kinds reports which event kinds h listens for.
-func (s *subscription) kinds() [numKinds]bool {
-	h := &s.hooks
-	return [numKinds]bool{
-		kindAdmit:       h.Admit != nil,
-		kindReject:      h.Reject != nil,
-		kindRelease:     h.Release != nil,
-		kindReconfigure: h.Reconfigure != nil,
-		kindUsage:       h.Usage != nil,
-		kindAbandon:     h.Abandon != nil,
-	}
 }
 
 // flushMsg is answered once every event sent before it has been delivered.
@@ -54,45 +63,38 @@ func (a *eventsActor) Receive(ctx actor.Context) {
 		}
 	case *flushMsg:
 		close(m.done)
-	case *admission.AdmitEvent:
-		deliver(a, m, func(h *admission.Hooks) func(admission.AdmitEvent) { return h.Admit })
-	case *admission.RejectEvent:
-		deliver(a, m, func(h *admission.Hooks) func(admission.RejectEvent) { return h.Reject })
-	case *admission.ReleaseEvent:
-		deliver(a, m, func(h *admission.Hooks) func(admission.ReleaseEvent) { return h.Release })
-	case *admission.ReconfigureEvent:
-		deliver(a, m, func(h *admission.Hooks) func(admission.ReconfigureEvent) { return h.Reconfigure })
-	case *admission.UsageEvent:
-		deliver(a, m, func(h *admission.Hooks) func(admission.UsageEvent) { return h.Usage })
-	case *admission.AbandonEvent:
-		deliver(a, m, func(h *admission.Hooks) func(admission.AbandonEvent) { return h.Abandon })
-	}
-}
-
-// deliver hands ev to every live subscription's listener for its kind.
-func deliver[E any](a *eventsActor, ev *E, listener func(*admission.Hooks) func(E)) {
-	for _, s := range a.subs {
-		if f := listener(&s.hooks); f != nil && !s.gone.Load() {
-			call(a, f, *ev)
+	default:
+		kind, ok := kindOf(m)
+		if !ok {
+			return
 		}
+		for _, s := range a.subs {
+			if s.kinds[kind] && !s.gone.Load() {
+				a.call(s, m)
+			}
+		}
+		a.engine.backlog.Add(-1)
 	}
 }
 
-// call runs one listener, recovering and counting a panic.
-func call[E any](a *eventsActor, f func(E), ev E) {
+// call runs one listener, recovering and counting a panic. The warning is
+// logged through the engine's guarded logger, so a logger that panics too
+// cannot end event delivery.
+func (a *eventsActor) call(s *subscription, ev any) {
 	defer func() {
 		if p := recover(); p != nil {
 			a.engine.listenerPanics.Add(1)
-			a.engine.sys.Logger().Warn("bulkhead: event listener panicked", "panic", p)
+			a.engine.log(slog.LevelWarn, "bulkhead: event listener panicked", "panic", p)
 		}
 	}()
-	f(ev)
+	s.deliver(ev)
 }
 
-// Subscribe adds hooks and returns the function that removes them. The
-// listeners see every event of a change made after Subscribe returns.
-func (e *Engine) Subscribe(h admission.Hooks) (unsubscribe func()) {
-	sub := &subscription{hooks: h}
+// Subscribe adds a listener for the kinds of event in kinds and returns the
+// function that removes it. The listener sees every event of a change made
+// after Subscribe returns.
+func (e *Engine) Subscribe(kinds Kinds, deliver func(ev any)) (unsubscribe func()) {
+	sub := &subscription{kinds: kinds, deliver: deliver}
 	q := &subscribeRequest{sub: sub, done: make(chan struct{}, 1)}
 	e.call(q, q.done)
 	var once atomic.Bool
@@ -103,4 +105,23 @@ func (e *Engine) Subscribe(h admission.Hooks) (unsubscribe func()) {
 		sub.gone.Store(true)
 		e.send(&unsubscribeMsg{sub: sub})
 	}
+}
+
+// kindOf returns the kind of an event the admission actor emitted.
+func kindOf(ev any) (Kind, bool) {
+	switch ev.(type) {
+	case *admission.AdmitEvent:
+		return KindAdmit, true
+	case *admission.RejectEvent:
+		return KindReject, true
+	case *admission.ReleaseEvent:
+		return KindRelease, true
+	case *admission.ReconfigureEvent:
+		return KindReconfigure, true
+	case *admission.UsageEvent:
+		return KindUsage, true
+	case *admission.AbandonEvent:
+		return KindAbandon, true
+	}
+	return 0, false
 }

@@ -5,7 +5,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/llmbulkhead/bulkhead/admission"
+	"github.com/llmbulkhead/bulkhead/internal/admission"
 	"github.com/llmbulkhead/bulkhead/classes"
 	"github.com/llmbulkhead/bulkhead/clock"
 )
@@ -17,8 +17,12 @@ import (
 type AcquireRequest struct {
 	// Ctx is the caller's context: it cancels waiting only.
 	Ctx context.Context
-	// Request is the caller's request, carried on events.
-	Request *admission.Request
+	// Request is the caller's request, opaque to the engine: it is only
+	// carried on events.
+	Request any
+	// Tag is the caller's tag for the call, carried on events and
+	// rejections.
+	Tag string
 	// Priority selects the effective token budget.
 	Priority admission.Priority
 	// Reservation is the call's reservation, computed once by the facade;
@@ -72,7 +76,7 @@ type AcquireRequest struct {
 // the engine, which settles them before it answers: a stale timer message
 // may still read them, and only the engine's goroutine writes them.
 func (r *AcquireRequest) reset() {
-	r.Ctx, r.Request, r.Lease, r.Err = nil, nil, nil, nil
+	r.Ctx, r.Request, r.Lease, r.Err, r.Tag = nil, nil, nil, nil, ""
 	r.Priority, r.Reservation, r.QueueTimeout = 0, admission.Reservation{}, 0
 	r.Start, r.answered = time.Time{}, false
 	r.Class, r.BorrowedDeadline = classes.None, 0
@@ -112,8 +116,10 @@ type Lease struct {
 	Reservation admission.Reservation
 	// Resources is what the admission borrowed.
 	Resources admission.Resources
-	// Request is the admitted request.
-	Request *admission.Request
+	// Request is the admitted request, opaque to the engine.
+	Request any
+	// Tag is the caller's tag for the call.
+	Tag string
 
 	engine    *Engine
 	releasing atomic.Bool

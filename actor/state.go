@@ -7,20 +7,9 @@ import (
 	mrand "math/rand/v2"
 	"time"
 
-	"github.com/llmbulkhead/bulkhead/admission"
+	"github.com/llmbulkhead/bulkhead/internal/admission"
 	"github.com/llmbulkhead/bulkhead/classes"
 	"github.com/llmbulkhead/bulkhead/clock"
-)
-
-// event kinds, indexing listener counts.
-const (
-	kindAdmit = iota
-	kindReject
-	kindRelease
-	kindReconfigure
-	kindUsage
-	kindAbandon
-	numKinds
 )
 
 // state is the admission state machine. Only the admission actor touches
@@ -52,7 +41,7 @@ type state struct {
 	abandoned  [2]int64
 	budget     admission.BudgetStats
 
-	listeners [numKinds]int
+	listeners [NumKinds]int
 	drains    []*drainRequest
 
 	// tab is the admission class table, nil without classes. tell sends a
@@ -227,6 +216,7 @@ func (s *state) admit(r *AcquireRequest) {
 	l.Priority = r.Priority
 	l.Reservation = r.Reservation
 	l.Request = r.Request
+	l.Tag = r.Tag
 	l.held = reserved
 	l.classID = r.Class
 	l.Class = s.tab.Name(r.Class)
@@ -238,9 +228,10 @@ func (s *state) admit(r *AcquireRequest) {
 		l.expired = make(chan struct{})
 		s.tell(r.Class, &classes.StartDeadline[*Lease]{Lease: l, At: s.clk.Now().Add(r.BorrowedDeadline)})
 	}
-	if s.listeners[kindAdmit] > 0 {
+	if s.listeners[KindAdmit] > 0 {
 		s.emit(&admission.AdmitEvent{
 			Request:        r.Request,
+			Tag:            r.Tag,
 			AdmissionID:    l.ID,
 			LimitRevision:  l.Revision,
 			Priority:       l.Priority,
@@ -271,9 +262,10 @@ func (s *state) reject(r *AcquireRequest, why admission.Reason, atGate bool, cau
 	s.callsByWhy[why]++
 	s.tab.Reject(r.Class, why)
 	d := s.detail(r.Priority, r.Reservation.Reserved, r.Class, constraint)
-	if s.listeners[kindReject] > 0 {
+	if s.listeners[KindReject] > 0 {
 		s.emit(&admission.RejectEvent{
 			Request:       r.Request,
+			Tag:           r.Tag,
 			Reason:        why,
 			LimitRevision: d.LimitRevision,
 			Detail:        d,
@@ -282,7 +274,7 @@ func (s *state) reject(r *AcquireRequest, why admission.Reason, atGate bool, cau
 			Timing:        s.timing(r),
 		})
 	}
-	r.Err = &admission.RejectedError{Reason: why, Detail: d, Cause: cause}
+	r.Err = &admission.RejectedError{Reason: why, Detail: d, Tag: r.Tag, Cause: cause}
 	s.answer(r)
 }
 
@@ -434,13 +426,14 @@ func (s *state) release(m *releaseMsg) {
 	}
 	s.tab.Release(l.classID, settled)
 	l.held = 0
-	if s.listeners[kindRelease] > 0 {
+	if s.listeners[KindRelease] > 0 {
 		var usage *admission.Usage
 		if m.hasUsage {
 			usage = &admission.Usage{Input: m.usage.Input, Output: m.usage.Output}
 		}
 		s.emit(&admission.ReleaseEvent{
 			Request:        l.Request,
+			Tag:            l.Tag,
 			AdmissionID:    l.ID,
 			LimitRevision:  l.Revision,
 			Priority:       l.Priority,
@@ -511,15 +504,17 @@ func (s *state) applyUsage(l *Lease, u admission.Usage, p *admission.Progressive
 	l.held, l.last, l.reported = hold, u, true
 	l.sequence++
 	rep.Sequence, rep.Held = l.sequence, hold
-	if s.listeners[kindUsage] > 0 {
+	if s.listeners[KindUsage] > 0 {
 		ev := &admission.UsageEvent{
 			Request:         l.Request,
+			Tag:             l.Tag,
 			AdmissionID:     l.ID,
 			LimitRevision:   l.Revision,
 			Priority:        l.Priority,
 			Class:           l.Class,
 			Sequence:        l.sequence,
 			ReservedTokens:  res.Reserved,
+			Resources:       l.Resources,
 			PreviousHeld:    prev,
 			Held:            hold,
 			Delta:           delta,
@@ -635,7 +630,7 @@ func (s *state) applyLimits(q *applyRequest) (admission.ApplyResult, error) {
 		c := s.tab.Classes()
 		s.limits.Classes = &c
 	}
-	if s.listeners[kindReconfigure] > 0 {
+	if s.listeners[KindReconfigure] > 0 {
 		s.emit(&admission.ReconfigureEvent{Previous: prev, Current: s.limits.Clone()})
 	}
 	s.pump()
@@ -660,14 +655,16 @@ func (s *state) abandon(l *Lease, cause admission.AbandonCause) bool {
 	} else {
 		s.endDeadline(l)
 	}
-	if s.listeners[kindAbandon] > 0 {
+	if s.listeners[KindAbandon] > 0 {
 		s.emit(&admission.AbandonEvent{
 			Request:       l.Request,
+			Tag:           l.Tag,
 			AdmissionID:   l.ID,
 			LimitRevision: l.Revision,
 			Priority:      l.Priority,
 			Class:         l.Class,
 			Resources:     l.Resources,
+			Reserved:      l.Reservation.Reserved,
 			Cause:         cause,
 			HeldTokens:    l.held,
 		})

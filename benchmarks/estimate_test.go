@@ -4,23 +4,23 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/llmbulkhead/bulkhead/admission"
+	"github.com/llmbulkhead/bulkhead"
 	"github.com/llmbulkhead/bulkhead/estimate"
 )
 
 // estimateRequest is the reference benchmark's request: one user message of
 // 224 characters and max_tokens 256.
-func estimateRequest(model string) *admission.Request {
-	return &admission.Request{
+func estimateRequest(model string) *bulkhead.Request {
+	return &bulkhead.Request{
 		Model:     model,
-		Messages:  []admission.Message{{Role: "user", Content: strings.Repeat("lorem ipsum dolor sit amet, ", 8)}},
+		Messages:  []bulkhead.Message{{Role: "user", Content: strings.Repeat("lorem ipsum dolor sit amet, ", 8)}},
 		MaxTokens: 256,
 	}
 }
 
-var sinkReservation admission.Reservation
+var sinkReservation bulkhead.Reservation
 
-func benchEstimator(b *testing.B, est estimate.Estimator, req *admission.Request) {
+func benchEstimator(b *testing.B, est bulkhead.Estimator, req *bulkhead.Request) {
 	b.Helper()
 	if n := len(req.Messages[0].Content); n != 224 {
 		b.Fatalf("content is %d characters, want 224", n)
@@ -57,7 +57,7 @@ func BenchmarkEstimateAdaptive(b *testing.B) {
 		b.Fatal(err)
 	}
 	req := estimateRequest("")
-	if err := est.Observe(req, admission.Usage{Input: 70, Output: 10}); err != nil {
+	if err := est.Observe(req, bulkhead.Usage{Input: 70, Output: 10}); err != nil {
 		b.Fatal(err)
 	}
 	benchEstimator(b, est, req)
@@ -71,7 +71,7 @@ func BenchmarkEstimateAdaptiveParallel(b *testing.B) {
 		b.Fatal(err)
 	}
 	req := estimateRequest("")
-	if err := est.Observe(req, admission.Usage{Input: 70, Output: 10}); err != nil {
+	if err := est.Observe(req, bulkhead.Usage{Input: 70, Output: 10}); err != nil {
 		b.Fatal(err)
 	}
 	b.ReportAllocs()
@@ -93,41 +93,10 @@ func BenchmarkAdaptiveObserve(b *testing.B) {
 	req := estimateRequest("")
 	b.ReportAllocs()
 	for b.Loop() {
-		if err := est.Observe(req, admission.Usage{Input: 70, Output: 10}); err != nil {
+		if err := est.Observe(req, bulkhead.Usage{Input: 70, Output: 10}); err != nil {
 			b.Fatal(err)
 		}
 	}
-}
-
-// BenchmarkReserve is the admission path's call: validation, the default
-// estimator and the check of its result.
-func BenchmarkReserve(b *testing.B) {
-	est, err := estimate.NewModelAware(estimate.ModelAwareOptions{DefaultModel: "gpt-4o"})
-	if err != nil {
-		b.Fatal(err)
-	}
-	req := estimateRequest("")
-	b.Run("estimator", func(b *testing.B) {
-		b.ReportAllocs()
-		for b.Loop() {
-			r, err := estimate.Reserve(est, req, nil)
-			if err != nil {
-				b.Fatal(err)
-			}
-			sinkReservation = r
-		}
-	})
-	b.Run("override", func(b *testing.B) {
-		o := &admission.Reservation{Input: 61, MaxOutput: 256}
-		b.ReportAllocs()
-		for b.Loop() {
-			r, err := estimate.Reserve(est, req, o)
-			if err != nil {
-				b.Fatal(err)
-			}
-			sinkReservation = r
-		}
-	})
 }
 
 var sinkInt int

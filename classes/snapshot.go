@@ -1,6 +1,6 @@
 package classes
 
-import "github.com/llmbulkhead/bulkhead/admission"
+import "github.com/llmbulkhead/bulkhead/internal/admission"
 
 // Detail returns the class parts of a reject detail (SPEC F21) for a call
 // of class c reserving reserved tokens, from the same numbers Check decides

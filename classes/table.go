@@ -1,7 +1,7 @@
 package classes
 
 import (
-	"github.com/llmbulkhead/bulkhead/admission"
+	"github.com/llmbulkhead/bulkhead/internal/admission"
 )
 
 // Class is a handle on one class of a Table, from Table.Lookup. The zero

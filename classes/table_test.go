@@ -5,7 +5,7 @@ import (
 	"reflect"
 	"testing"
 
-	"github.com/llmbulkhead/bulkhead/admission"
+	"github.com/llmbulkhead/bulkhead/internal/admission"
 )
 
 type L = admission.ClassLimits

@@ -7,7 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/llmbulkhead/bulkhead/admission"
+	"github.com/llmbulkhead/bulkhead"
+	"github.com/llmbulkhead/bulkhead/internal/tokens"
 )
 
 // Defaults of [AdaptiveOptions].
@@ -114,7 +115,7 @@ type modelState struct {
 func (s *modelState) appliedFactor() float64 { return math.Float64frombits(s.applied.Load()) }
 
 // NewAdaptive validates opts and returns an adaptive estimator with no
-// observations. An invalid option is an *admission.ConfigError naming it.
+// observations. An invalid option is an *bulkhead.ConfigError naming it.
 func NewAdaptive(opts AdaptiveOptions) (*Adaptive, error) {
 	base, err := NewModelAware(opts.Base)
 	if err != nil {
@@ -130,16 +131,16 @@ func NewAdaptive(opts AdaptiveOptions) (*Adaptive, error) {
 	}
 	switch {
 	case !(a.smoothing > 0 && a.smoothing <= 1):
-		return nil, admission.Invalidf("AdaptiveOptions.Smoothing", "must be in (0, 1], got %v", opts.Smoothing)
+		return nil, invalidf("AdaptiveOptions.Smoothing", "must be in (0, 1], got %v", opts.Smoothing)
 	case a.minSamples < 0:
-		return nil, admission.Invalidf("AdaptiveOptions.MinSamples", "must be >= 0, got %d", opts.MinSamples)
+		return nil, invalidf("AdaptiveOptions.MinSamples", "must be >= 0, got %d", opts.MinSamples)
 	case !(a.minCorr > 0) || math.IsInf(a.minCorr, 0):
-		return nil, admission.Invalidf("AdaptiveOptions.MinCorrection", "must be finite and > 0, got %v", opts.MinCorrection)
+		return nil, invalidf("AdaptiveOptions.MinCorrection", "must be finite and > 0, got %v", opts.MinCorrection)
 	case !(a.maxCorr >= a.minCorr) || math.IsInf(a.maxCorr, 0):
-		return nil, admission.Invalidf("AdaptiveOptions.MaxCorrection",
+		return nil, invalidf("AdaptiveOptions.MaxCorrection",
 			"must be finite and >= MinCorrection (%v), got %v", a.minCorr, a.maxCorr)
 	case a.maxModels < 0:
-		return nil, admission.Invalidf("AdaptiveOptions.MaxModels", "must be >= 0, got %d", opts.MaxModels)
+		return nil, invalidf("AdaptiveOptions.MaxModels", "must be >= 0, got %d", opts.MaxModels)
 	}
 	empty := map[string]*modelState{}
 	a.tracked.Store(&empty)
@@ -159,7 +160,7 @@ func (a *Adaptive) Base() *ModelAware { return a.base }
 
 // Estimate returns the base model-aware reservation of req with its input
 // corrected by the model's applied factor, when that is not 1.
-func (a *Adaptive) Estimate(req *admission.Request) (admission.Reservation, error) {
+func (a *Adaptive) Estimate(req *bulkhead.Request) (bulkhead.Reservation, error) {
 	r, err := a.base.Estimate(req)
 	if err != nil {
 		return r, err
@@ -168,15 +169,15 @@ func (a *Adaptive) Estimate(req *admission.Request) (admission.Reservation, erro
 	if applied == 1 {
 		return r, nil
 	}
-	input, ok := ceilTokens(float64(r.Input) * applied)
+	input, ok := tokens.CeilTokens(float64(r.Input) * applied)
 	if !ok {
-		return admission.Reservation{}, errInputOverflow()
+		return bulkhead.Reservation{}, errInputOverflow()
 	}
-	sum, ok := addInt64(input, r.MaxOutput)
+	sum, ok := tokens.AddInt64(input, r.MaxOutput)
 	if !ok {
-		return admission.Reservation{}, &EstimatorError{Problem: "Input + MaxOutput overflows int64"}
+		return bulkhead.Reservation{}, &bulkhead.EstimatorError{Problem: "Input + MaxOutput overflows int64"}
 	}
-	return admission.Reservation{Input: input, MaxOutput: r.MaxOutput, Reserved: sum}, nil
+	return bulkhead.Reservation{Input: input, MaxOutput: r.MaxOutput, Reserved: sum}, nil
 }
 
 // applied returns the applied factor of model, 1 when it is not tracked.
@@ -187,7 +188,7 @@ func (a *Adaptive) applied(model string) float64 {
 	}
 	s, ok := m[model]
 	if !ok {
-		s, ok = lookupLower(m, model)
+		s, ok = tokens.LookupLower(m, model)
 	}
 	if !ok {
 		return 1
@@ -201,12 +202,12 @@ func (a *Adaptive) applied(model string) float64 {
 // into the model's moving average. usage.Output is validated but not used:
 // output is never corrected.
 //
-// An invalid request or usage is an *admission.ConfigError naming the field.
-func (a *Adaptive) Observe(req *admission.Request, usage admission.Usage) error {
-	if err := admission.CheckNonNegative("Usage.Input", usage.Input); err != nil {
+// An invalid request or usage is an *bulkhead.ConfigError naming the field.
+func (a *Adaptive) Observe(req *bulkhead.Request, usage bulkhead.Usage) error {
+	if err := checkNonNegative("Usage.Input", usage.Input); err != nil {
 		return err
 	}
-	if err := admission.CheckNonNegative("Usage.Output", usage.Output); err != nil {
+	if err := checkNonNegative("Usage.Output", usage.Output); err != nil {
 		return err
 	}
 	base, err := a.base.Estimate(req)

@@ -7,7 +7,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/llmbulkhead/bulkhead/admission"
+	"github.com/llmbulkhead/bulkhead"
 	"github.com/llmbulkhead/bulkhead/estimate"
 )
 
@@ -21,20 +21,20 @@ func mustAdaptive(t testing.TB, opts estimate.AdaptiveOptions) *estimate.Adaptiv
 }
 
 // req37 is a gpt-4o request whose base input is 10 tokens (37 chars / 3.7).
-func req37(model string) *admission.Request {
+func req37(model string) *bulkhead.Request {
 	return userReq(model, strings.Repeat("a", 37), 100)
 }
 
-func observe(t testing.TB, a *estimate.Adaptive, req *admission.Request, input int64, times int) {
+func observe(t testing.TB, a *estimate.Adaptive, req *bulkhead.Request, input int64, times int) {
 	t.Helper()
 	for range times {
-		if err := a.Observe(req, admission.Usage{Input: input, Output: 1}); err != nil {
+		if err := a.Observe(req, bulkhead.Usage{Input: input, Output: 1}); err != nil {
 			t.Fatal(err)
 		}
 	}
 }
 
-func estimateInput(t testing.TB, est estimate.Estimator, req *admission.Request) admission.Reservation {
+func estimateInput(t testing.TB, est bulkhead.Estimator, req *bulkhead.Request) bulkhead.Reservation {
 	t.Helper()
 	r, err := est.Estimate(req)
 	if err != nil {
@@ -151,21 +151,21 @@ func TestAdaptiveNoCompounding(t *testing.T) {
 
 func TestAdaptiveIgnoresZeroBase(t *testing.T) {
 	a := mustAdaptive(t, estimate.AdaptiveOptions{Base: estimate.ModelAwareOptions{DefaultModel: "gpt-4o"}, MinSamples: 1})
-	if err := a.Observe(&admission.Request{MaxTokens: 5}, admission.Usage{Input: 100}); err != nil {
+	if err := a.Observe(&bulkhead.Request{MaxTokens: 5}, bulkhead.Usage{Input: 100}); err != nil {
 		t.Fatal(err)
 	}
 	if c := a.Corrections(); len(c) != 0 {
 		t.Errorf("zero base input was observed: %+v", c)
 	}
 	// ExtraInputTokens alone makes a non-zero base.
-	if err := a.Observe(&admission.Request{ExtraInputTokens: 10}, admission.Usage{Input: 15}); err != nil {
+	if err := a.Observe(&bulkhead.Request{ExtraInputTokens: 10}, bulkhead.Usage{Input: 15}); err != nil {
 		t.Fatal(err)
 	}
 	if c := a.Corrections(); len(c) != 1 || c[0].Factor != 1.5 {
 		t.Errorf("corrections %+v", c)
 	}
 	// A zero base stays zero when corrected.
-	if got := estimateInput(t, a, &admission.Request{}); got != res(0, 2048) {
+	if got := estimateInput(t, a, &bulkhead.Request{}); got != res(0, 2048) {
 		t.Errorf("empty request: %+v", got)
 	}
 }
@@ -173,7 +173,7 @@ func TestAdaptiveIgnoresZeroBase(t *testing.T) {
 func TestAdaptiveOutputNeverCorrected(t *testing.T) {
 	a := mustAdaptive(t, estimate.AdaptiveOptions{Base: estimate.ModelAwareOptions{DefaultModel: "gpt-4o", OutputCap: 500}, MinSamples: 1})
 	req := req37("")
-	if err := a.Observe(req, admission.Usage{Input: 20, Output: 100000}); err != nil {
+	if err := a.Observe(req, bulkhead.Usage{Input: 20, Output: 100000}); err != nil {
 		t.Fatal(err)
 	}
 	if got := estimateInput(t, a, req); got != res(20, 100) {
@@ -337,14 +337,14 @@ func TestAdaptiveObserveValidation(t *testing.T) {
 	a := mustAdaptive(t, estimate.AdaptiveOptions{})
 	tests := []struct {
 		name  string
-		req   *admission.Request
-		usage admission.Usage
+		req   *bulkhead.Request
+		usage bulkhead.Usage
 		field string
 	}{
-		{"nil request", nil, admission.Usage{Input: 1}, "Request"},
-		{"negative max tokens", &admission.Request{MaxTokens: -1}, admission.Usage{}, "Request.MaxTokens"},
-		{"negative input usage", req37(""), admission.Usage{Input: -1}, "Usage.Input"},
-		{"negative output usage", req37(""), admission.Usage{Output: -1}, "Usage.Output"},
+		{"nil request", nil, bulkhead.Usage{Input: 1}, "Request"},
+		{"negative max tokens", &bulkhead.Request{MaxTokens: -1}, bulkhead.Usage{}, "Request.MaxTokens"},
+		{"negative input usage", req37(""), bulkhead.Usage{Input: -1}, "Usage.Input"},
+		{"negative output usage", req37(""), bulkhead.Usage{Output: -1}, "Usage.Output"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -401,7 +401,7 @@ func TestAdaptiveEstimateDoesNotAllocate(t *testing.T) {
 	a := mustAdaptive(t, estimate.AdaptiveOptions{Base: estimate.ModelAwareOptions{DefaultModel: "gpt-4o"}, MinSamples: 1})
 	observe(t, a, req37(""), 20, 1)
 	observe(t, a, req37("claude-opus-4"), 5, 1)
-	for _, req := range []*admission.Request{req37(""), req37("GPT-4o"), req37("Claude-Opus-4"), req37("untracked")} {
+	for _, req := range []*bulkhead.Request{req37(""), req37("GPT-4o"), req37("Claude-Opus-4"), req37("untracked")} {
 		if n := testing.AllocsPerRun(100, func() { a.Estimate(req) }); n != 0 {
 			t.Errorf("model %q: Estimate allocates %v times", req.Model, n)
 		}
@@ -423,7 +423,7 @@ func TestAdaptiveConcurrent(t *testing.T) {
 				req := req37(model)
 				switch i % 10 {
 				case 0:
-					if err := a.Observe(req, admission.Usage{Input: int64(1 + i%40)}); err != nil {
+					if err := a.Observe(req, bulkhead.Usage{Input: int64(1 + i%40)}); err != nil {
 						t.Error(err)
 						return
 					}

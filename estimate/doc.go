@@ -20,7 +20,7 @@
 // [Reserve] is the one function the admission path calls: it validates the
 // request, applies a per-call reservation override or runs the estimator
 // once, and validates the result, so a bad request, override or estimate is
-// an error (matching [admission.ErrInvalid]) and never an admission.
+// an error (matching [bulkhead.ErrInvalid]) and never an bulkhead.
 //
 // Estimators built here are safe for concurrent use and do not allocate on
 // the common path.

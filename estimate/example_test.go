@@ -4,15 +4,15 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/llmbulkhead/bulkhead/admission"
+	"github.com/llmbulkhead/bulkhead"
 	"github.com/llmbulkhead/bulkhead/estimate"
 )
 
 func ExampleNaive() {
-	req := &admission.Request{
-		Messages: []admission.Message{{Role: "user", Content: "abcd"}},
+	req := &bulkhead.Request{
+		Messages: []bulkhead.Message{{Role: "user", Content: "abcd"}},
 	}
-	r, err := estimate.Reserve(estimate.Naive{}, req, nil)
+	r, err := estimate.Naive{}.Estimate(req)
 	if err != nil {
 		panic(err)
 	}
@@ -34,24 +34,24 @@ func ExampleNewModelAware() {
 	if err != nil {
 		panic(err)
 	}
-	for _, req := range []*admission.Request{
+	for _, req := range []*bulkhead.Request{
 		{ // 37 characters at 3.7 for gpt-4o: 10 tokens
-			Messages:  []admission.Message{{Role: "user", Content: strings.Repeat("a", 37)}},
+			Messages:  []bulkhead.Message{{Role: "user", Content: strings.Repeat("a", 37)}},
 			MaxTokens: 100,
 		},
 		{ // a request's own model wins; MaxTokens 0 means the 2048 output cap
 			Model:    "claude-sonnet-4-5-20250929",
-			Messages: []admission.Message{{Role: "user", Content: strings.Repeat("a", 39)}},
+			Messages: []bulkhead.Message{{Role: "user", Content: strings.Repeat("a", 39)}},
 		},
 		{ // an image and a tool call are charged, the text block is counted
-			Messages: []admission.Message{{Role: "user", Blocks: []admission.Block{
+			Messages: []bulkhead.Message{{Role: "user", Blocks: []bulkhead.Block{
 				{Type: "image"}, {Type: "tool_use"}, {Type: "text", Text: strings.Repeat("a", 37)},
 			}}},
 			MaxTokens: 50,
 		},
 		{Model: "llama-3", System: "abcdefgh", MaxTokens: 10},
 	} {
-		r, err := estimate.Reserve(est, req, nil)
+		r, err := est.Estimate(req)
 		if err != nil {
 			panic(err)
 		}
@@ -73,8 +73,8 @@ func ExampleNewAdaptive() {
 	if err != nil {
 		panic(err)
 	}
-	req := &admission.Request{
-		Messages:  []admission.Message{{Role: "user", Content: strings.Repeat("a", 37)}},
+	req := &bulkhead.Request{
+		Messages:  []bulkhead.Message{{Role: "user", Content: strings.Repeat("a", 37)}},
 		MaxTokens: 100,
 	}
 	// In a bulkhead, Observe is wired to release events:
@@ -86,7 +86,7 @@ func ExampleNewAdaptive() {
 	//	}})
 	for i := 1; i <= 3; i++ {
 		// The provider reports 13 input tokens where we estimated 10.
-		if err := est.Observe(req, admission.Usage{Input: 13, Output: 40}); err != nil {
+		if err := est.Observe(req, bulkhead.Usage{Input: 13, Output: 40}); err != nil {
 			panic(err)
 		}
 		r, _ := est.Estimate(req)
@@ -104,28 +104,6 @@ func ExampleNewAdaptive() {
 	// after 3 observations: input 13, max output 100
 	// gpt-4o: 3 samples, factor 1.30, applied 1.30
 	// after Reset: input 10
-}
-
-func ExampleReserve_override() {
-	est, _ := estimate.NewModelAware(estimate.ModelAwareOptions{DefaultModel: "gpt-4o"})
-	req := &admission.Request{Messages: []admission.Message{{Role: "user", Content: "abcd"}}}
-
-	// A caller that knows better passes an override; the estimator is skipped.
-	r, err := estimate.Reserve(est, req, &admission.Reservation{Input: 500, MaxOutput: 200})
-	fmt.Printf("%+v %v\n", r, err)
-
-	// An estimate round-trips as an override.
-	e, _ := estimate.Reserve(est, req, nil)
-	again, _ := estimate.Reserve(est, req, &e)
-	fmt.Println(e == again)
-
-	// A Reserved that is not Input + MaxOutput is invalid input.
-	_, err = estimate.Reserve(est, req, &admission.Reservation{Input: 1, MaxOutput: 1, Reserved: 3})
-	fmt.Println(err)
-	// Output:
-	// {Input:500 MaxOutput:200 Reserved:700} <nil>
-	// true
-	// bulkhead: invalid Reservation.Reserved: must be 0 or Input + MaxOutput = 2, got 3
 }
 
 func ExampleUTF16Len() {

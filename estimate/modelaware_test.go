@@ -6,7 +6,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/llmbulkhead/bulkhead/admission"
+	"github.com/llmbulkhead/bulkhead"
 	"github.com/llmbulkhead/bulkhead/estimate"
 )
 
@@ -23,11 +23,11 @@ func TestModelAwareSpecChecks(t *testing.T) {
 	m := mustModelAware(t, estimate.ModelAwareOptions{DefaultModel: "gpt-4o"})
 	tests := []struct {
 		name string
-		req  *admission.Request
-		want admission.Reservation
+		req  *bulkhead.Request
+		want bulkhead.Reservation
 	}{
-		{"gpt-4o, 37 chars, max 100", userReq("", strings.Repeat("a", 37), 100), admission.Reservation{Input: 10, MaxOutput: 100, Reserved: 110}},
-		{"gpt-4o, abcd, no max", userReq("", "abcd", 0), admission.Reservation{Input: 2, MaxOutput: 2048, Reserved: 2050}},
+		{"gpt-4o, 37 chars, max 100", userReq("", strings.Repeat("a", 37), 100), bulkhead.Reservation{Input: 10, MaxOutput: 100, Reserved: 110}},
+		{"gpt-4o, abcd, no max", userReq("", "abcd", 0), bulkhead.Reservation{Input: 2, MaxOutput: 2048, Reserved: 2050}},
 		{"explicit model gpt-4o", userReq("gpt-4o", strings.Repeat("a", 37), 100), res(10, 100)},
 	}
 	for _, tt := range tests {
@@ -39,7 +39,7 @@ func TestModelAwareSpecChecks(t *testing.T) {
 			if got != tt.want {
 				t.Errorf("Estimate = %+v, want %+v", got, tt.want)
 			}
-			got, err = estimate.Reserve(m, tt.req, nil)
+			got, err = reserve(t, m, tt.req, nil)
 			if err != nil || got != tt.want {
 				t.Errorf("Reserve = %+v, %v, want %+v", got, err, tt.want)
 			}
@@ -191,7 +191,7 @@ func TestOverridesAreCopied(t *testing.T) {
 	if r, _ := m.Ratio("a"); r != 2 {
 		t.Errorf("ratio changed with the caller's map: %v", r)
 	}
-	got, _ := m.Estimate(&admission.Request{Messages: []admission.Message{{Blocks: []admission.Block{{Type: "image"}}}}, MaxTokens: 1})
+	got, _ := m.Estimate(&bulkhead.Request{Messages: []bulkhead.Message{{Blocks: []bulkhead.Block{{Type: "image"}}}}, MaxTokens: 1})
 	if got != res(1, 1) {
 		t.Errorf("surcharge changed with the caller's map: %+v", got)
 	}
@@ -268,7 +268,7 @@ func TestOnUnknownModel(t *testing.T) {
 	seen = nil
 	m := mustModelAware(t, estimate.ModelAwareOptions{OnUnknownModel: record})
 	for range 3 {
-		m.Estimate(&admission.Request{})
+		m.Estimate(&bulkhead.Request{})
 	}
 	if len(seen) != 3 {
 		t.Errorf("callback called %d times, want 3", len(seen))
@@ -276,10 +276,10 @@ func TestOnUnknownModel(t *testing.T) {
 }
 
 func TestOpaqueSurcharge(t *testing.T) {
-	blocks := func(types ...string) []admission.Block {
-		var bs []admission.Block
+	blocks := func(types ...string) []bulkhead.Block {
+		var bs []bulkhead.Block
 		for _, ty := range types {
-			bs = append(bs, admission.Block{Type: ty, Text: "abcdefgh"})
+			bs = append(bs, bulkhead.Block{Type: ty, Text: "abcdefgh"})
 		}
 		return bs
 	}
@@ -288,31 +288,31 @@ func TestOpaqueSurcharge(t *testing.T) {
 	tests := []struct {
 		name      string
 		surcharge estimate.OpaqueSurcharge
-		req       *admission.Request
+		req       *bulkhead.Request
 		input     int64
 	}{
-		{"none configured", estimate.OpaqueSurcharge{}, &admission.Request{Messages: []admission.Message{{Blocks: blocks("image", "text")}}}, 2},
-		{"flat in messages", estimate.OpaqueSurcharge{Default: 100}, &admission.Request{Messages: []admission.Message{{Blocks: blocks("image", "text", "document")}}}, 202},
-		{"flat in system blocks", estimate.OpaqueSurcharge{Default: 100}, &admission.Request{SystemBlocks: blocks("image", "text")}, 102},
-		{"flat in both", estimate.OpaqueSurcharge{Default: 7}, &admission.Request{
+		{"none configured", estimate.OpaqueSurcharge{}, &bulkhead.Request{Messages: []bulkhead.Message{{Blocks: blocks("image", "text")}}}, 2},
+		{"flat in messages", estimate.OpaqueSurcharge{Default: 100}, &bulkhead.Request{Messages: []bulkhead.Message{{Blocks: blocks("image", "text", "document")}}}, 202},
+		{"flat in system blocks", estimate.OpaqueSurcharge{Default: 100}, &bulkhead.Request{SystemBlocks: blocks("image", "text")}, 102},
+		{"flat in both", estimate.OpaqueSurcharge{Default: 7}, &bulkhead.Request{
 			SystemBlocks: blocks("image"),
-			Messages:     []admission.Message{{Content: "abcd", Blocks: blocks("tool_use")}, {Blocks: blocks("image", "text")}},
+			Messages:     []bulkhead.Message{{Content: "abcd", Blocks: blocks("tool_use")}, {Blocks: blocks("image", "text")}},
 		}, 7 + 7 + 7 + 1 + 2},
-		{"empty type is opaque", estimate.OpaqueSurcharge{Default: 50}, &admission.Request{Messages: []admission.Message{{Blocks: blocks("")}}}, 50},
-		{"Text (capitalised) is opaque", estimate.OpaqueSurcharge{Default: 50}, &admission.Request{Messages: []admission.Message{{Blocks: blocks("Text")}}}, 50},
+		{"empty type is opaque", estimate.OpaqueSurcharge{Default: 50}, &bulkhead.Request{Messages: []bulkhead.Message{{Blocks: blocks("")}}}, 50},
+		{"Text (capitalised) is opaque", estimate.OpaqueSurcharge{Default: 50}, &bulkhead.Request{Messages: []bulkhead.Message{{Blocks: blocks("Text")}}}, 50},
 		{"by type with default", estimate.OpaqueSurcharge{Default: 10, ByType: map[string]int64{"image": 1500, "document": 0}},
-			&admission.Request{
+			&bulkhead.Request{
 				SystemBlocks: blocks("image"),
-				Messages:     []admission.Message{{Blocks: blocks("image", "document", "tool_use", "", "text")}},
+				Messages:     []bulkhead.Message{{Blocks: blocks("image", "document", "tool_use", "", "text")}},
 			}, 1500 + 1500 + 0 + 10 + 10 + 2},
 		{"by type without default", estimate.OpaqueSurcharge{ByType: map[string]int64{"image": 3}},
-			&admission.Request{Messages: []admission.Message{{Blocks: blocks("image", "tool_use")}}}, 3},
+			&bulkhead.Request{Messages: []bulkhead.Message{{Blocks: blocks("image", "tool_use")}}}, 3},
 		{"by type for the empty type", estimate.OpaqueSurcharge{Default: 1, ByType: map[string]int64{"": 9}},
-			&admission.Request{Messages: []admission.Message{{Blocks: blocks("", "x")}}}, 10},
+			&bulkhead.Request{Messages: []bulkhead.Message{{Blocks: blocks("", "x")}}}, 10},
 		{"text key has no effect", estimate.OpaqueSurcharge{ByType: map[string]int64{"text": 1000}},
-			&admission.Request{Messages: []admission.Message{{Blocks: blocks("text")}}}, 2},
+			&bulkhead.Request{Messages: []bulkhead.Message{{Blocks: blocks("text")}}}, 2},
 		{"extra input added", estimate.OpaqueSurcharge{Default: 5},
-			&admission.Request{ExtraInputTokens: 11, Messages: []admission.Message{{Blocks: blocks("image")}}}, 16},
+			&bulkhead.Request{ExtraInputTokens: 11, Messages: []bulkhead.Message{{Blocks: blocks("image")}}}, 16},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -329,7 +329,7 @@ func TestOpaqueSurcharge(t *testing.T) {
 	}
 	// A surcharge that overflows is an estimator error, not a wrap-around.
 	m := mustModelAware(t, estimate.ModelAwareOptions{OpaqueBlockTokens: estimate.OpaqueSurcharge{Default: math.MaxInt64}})
-	_, err := m.Estimate(&admission.Request{Messages: []admission.Message{{Blocks: blocks("image", "image")}}})
+	_, err := m.Estimate(&bulkhead.Request{Messages: []bulkhead.Message{{Blocks: blocks("image", "image")}}})
 	wantEstimatorError(t, err, "overflows")
 }
 
@@ -447,21 +447,21 @@ func TestModelAwareDoesNotAllocate(t *testing.T) {
 		OpaqueBlockTokens: estimate.OpaqueSurcharge{Default: 1, ByType: map[string]int64{"image": 1000}},
 	})
 	content := strings.Repeat("abcdefgh", 28)
-	reqs := map[string]*admission.Request{
+	reqs := map[string]*bulkhead.Request{
 		"default model":        userReq("", content, 256),
 		"same as default":      userReq("gpt-4o", content, 256),
 		"table model":          userReq("claude-sonnet-4-5-20250929", content, 256),
 		"upper-case table":     userReq("Claude-Sonnet-4-5", content, 256),
 		"override, upper-case": userReq("CUSTOM", content, 256),
 		"unknown, upper-case":  userReq("Llama-3-70B-Instruct", content, 256),
-		"with opaque blocks":   {Messages: []admission.Message{{Content: content, Blocks: []admission.Block{{Type: "image"}, {Type: "text", Text: "x"}}}}},
+		"with opaque blocks":   {Messages: []bulkhead.Message{{Content: content, Blocks: []bulkhead.Block{{Type: "image"}, {Type: "text", Text: "x"}}}}},
 		"non-ascii text":       userReq("", "héllo 😀 漢字", 0),
 	}
 	for name, req := range reqs {
 		if n := testing.AllocsPerRun(100, func() { m.Estimate(req) }); n != 0 {
 			t.Errorf("%s: Estimate allocates %v times, want 0", name, n)
 		}
-		if n := testing.AllocsPerRun(100, func() { estimate.Reserve(m, req, nil) }); n != 0 {
+		if n := testing.AllocsPerRun(100, func() { m.Estimate(req) }); n != 0 {
 			t.Errorf("%s: Reserve allocates %v times, want 0", name, n)
 		}
 	}

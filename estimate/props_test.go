@@ -7,7 +7,7 @@ import (
 
 	"pgregory.net/rapid"
 
-	"github.com/llmbulkhead/bulkhead/admission"
+	"github.com/llmbulkhead/bulkhead"
 	"github.com/llmbulkhead/bulkhead/estimate"
 )
 
@@ -30,21 +30,21 @@ func anyCount() *rapid.Generator[int64] {
 	)
 }
 
-func anyBlocks() *rapid.Generator[[]admission.Block] {
-	return rapid.SliceOfN(rapid.Custom(func(t *rapid.T) admission.Block {
-		return admission.Block{
+func anyBlocks() *rapid.Generator[[]bulkhead.Block] {
+	return rapid.SliceOfN(rapid.Custom(func(t *rapid.T) bulkhead.Block {
+		return bulkhead.Block{
 			Type: rapid.SampledFrom([]string{"text", "text", "image", "document", "", "Text"}).Draw(t, "type"),
 			Text: anyText().Draw(t, "text"),
 		}
 	}), 0, 3)
 }
 
-func anyRequest() *rapid.Generator[*admission.Request] {
-	return rapid.Custom(func(t *rapid.T) *admission.Request {
+func anyRequest() *rapid.Generator[*bulkhead.Request] {
+	return rapid.Custom(func(t *rapid.T) *bulkhead.Request {
 		if rapid.IntRange(0, 30).Draw(t, "nil") == 0 {
 			return nil
 		}
-		req := &admission.Request{
+		req := &bulkhead.Request{
 			Model:            rapid.SampledFrom([]string{"", "gpt-4o", "GPT-4O", "claude-sonnet-4-5-20250929", "llama-3", "custom", "CUSTOM", "ünknown"}).Draw(t, "model"),
 			System:           anyText().Draw(t, "system"),
 			SystemBlocks:     anyBlocks().Draw(t, "systemBlocks"),
@@ -52,7 +52,7 @@ func anyRequest() *rapid.Generator[*admission.Request] {
 			ExtraInputTokens: anyCount().Draw(t, "extra"),
 		}
 		for range rapid.IntRange(0, 3).Draw(t, "messages") {
-			req.Messages = append(req.Messages, admission.Message{
+			req.Messages = append(req.Messages, bulkhead.Message{
 				Role:    "user",
 				Content: anyText().Draw(t, "content"),
 				Blocks:  anyBlocks().Draw(t, "blocks"),
@@ -62,9 +62,9 @@ func anyRequest() *rapid.Generator[*admission.Request] {
 	})
 }
 
-func anyReservation() *rapid.Generator[admission.Reservation] {
-	return rapid.Custom(func(t *rapid.T) admission.Reservation {
-		r := admission.Reservation{Input: anyCount().Draw(t, "input"), MaxOutput: anyCount().Draw(t, "maxOutput")}
+func anyReservation() *rapid.Generator[bulkhead.Reservation] {
+	return rapid.Custom(func(t *rapid.T) bulkhead.Reservation {
+		r := bulkhead.Reservation{Input: anyCount().Draw(t, "input"), MaxOutput: anyCount().Draw(t, "maxOutput")}
 		switch rapid.IntRange(0, 2).Draw(t, "reservedKind") {
 		case 1:
 			r.Reserved = r.Input + r.MaxOutput // may have wrapped
@@ -77,7 +77,7 @@ func anyReservation() *rapid.Generator[admission.Reservation] {
 
 // anyEstimator draws one of the built-in estimators or a custom one that
 // may return anything, fail or panic.
-func anyEstimator(t *rapid.T) estimate.Estimator {
+func anyEstimator(t *rapid.T) bulkhead.Estimator {
 	base := estimate.ModelAwareOptions{
 		DefaultModel: rapid.SampledFrom([]string{"", "gpt-4o", "llama-3"}).Draw(t, "defaultModel"),
 		Overrides:    map[string]float64{"custom": rapid.Float64Range(0.01, 100).Draw(t, "ratio")},
@@ -103,8 +103,8 @@ func anyEstimator(t *rapid.T) estimate.Estimator {
 		}
 		for range rapid.IntRange(0, 5).Draw(t, "observations") {
 			req := anyRequest().Draw(t, "observed")
-			usage := admission.Usage{Input: anyCount().Draw(t, "usageIn"), Output: anyCount().Draw(t, "usageOut")}
-			if err := a.Observe(req, usage); err != nil && !errors.Is(err, admission.ErrInvalid) {
+			usage := bulkhead.Usage{Input: anyCount().Draw(t, "usageIn"), Output: anyCount().Draw(t, "usageOut")}
+			if err := a.Observe(req, usage); err != nil && !errors.Is(err, bulkhead.ErrInvalid) {
 				t.Fatalf("Observe error does not match ErrInvalid: %v", err)
 			}
 		}
@@ -112,10 +112,10 @@ func anyEstimator(t *rapid.T) estimate.Estimator {
 	default:
 		r := anyReservation().Draw(t, "custom")
 		mode := rapid.IntRange(0, 5).Draw(t, "customMode")
-		return estimate.Func(func(*admission.Request) (admission.Reservation, error) {
+		return estimate.Func(func(*bulkhead.Request) (bulkhead.Reservation, error) {
 			switch mode {
 			case 0:
-				return admission.Reservation{}, errors.New("custom failure")
+				return bulkhead.Reservation{}, errors.New("custom failure")
 			case 1:
 				panic("custom panic")
 			}
@@ -124,12 +124,12 @@ func anyEstimator(t *rapid.T) estimate.Estimator {
 	}
 }
 
-func checkReservation(t *rapid.T, r admission.Reservation, err error) {
+func checkReservation(t *rapid.T, r bulkhead.Reservation, err error) {
 	if err != nil {
-		if !errors.Is(err, admission.ErrInvalid) {
+		if !errors.Is(err, bulkhead.ErrInvalid) {
 			t.Fatalf("error %v (%T) does not match ErrInvalid", err, err)
 		}
-		if r != (admission.Reservation{}) {
+		if r != (bulkhead.Reservation{}) {
 			t.Fatalf("non-zero reservation %+v with error %v", r, err)
 		}
 		return
@@ -146,17 +146,17 @@ func TestPropReserve(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		est := anyEstimator(t)
 		req := anyRequest().Draw(t, "req")
-		var override *admission.Reservation
+		var override *bulkhead.Reservation
 		if rapid.Bool().Draw(t, "hasOverride") {
 			o := anyReservation().Draw(t, "override")
 			override = &o
 		}
 
-		r, err := estimate.Reserve(est, req, override)
+		r, err := reserve(t, est, req, override)
 		checkReservation(t, r, err)
 
 		// Invalid requests fail whatever else is given.
-		if reqErr := estimate.ValidateRequest(req); reqErr != nil {
+		if reqErr := req.Validate(); reqErr != nil {
 			if err == nil || err.Error() != reqErr.Error() {
 				t.Fatalf("invalid request: Reserve error %v, want %v", err, reqErr)
 			}
@@ -164,7 +164,7 @@ func TestPropReserve(t *testing.T) {
 		}
 
 		// Deterministic: the same inputs give the same outcome.
-		r2, err2 := estimate.Reserve(est, req, override)
+		r2, err2 := reserve(t, est, req, override)
 		if r2 != r || (err == nil) != (err2 == nil) || (err != nil && err.Error() != err2.Error()) {
 			t.Fatalf("not deterministic: %+v, %v then %+v, %v", r, err, r2, err2)
 		}
@@ -178,7 +178,7 @@ func TestPropReserve(t *testing.T) {
 			return
 		}
 		// Round trip as an override.
-		r3, err := estimate.Reserve(nil, req, &r)
+		r3, err := reserve(t, nil, req, &r)
 		if err != nil || r3 != r {
 			t.Fatalf("round trip of %+v: %+v, %v", r, r3, err)
 		}
@@ -188,14 +188,14 @@ func TestPropReserve(t *testing.T) {
 func TestPropBuiltinEstimates(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		req := anyRequest().Draw(t, "req")
-		if estimate.ValidateRequest(req) != nil {
+		if req.Validate() != nil {
 			return
 		}
 		m, err := estimate.NewModelAware(estimate.ModelAwareOptions{DefaultModel: "gpt-4o"})
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, est := range []estimate.Estimator{estimate.Naive{}, m} {
+		for _, est := range []bulkhead.Estimator{estimate.Naive{}, m} {
 			r, err := est.Estimate(req)
 			checkReservation(t, r, err)
 			if err != nil {
@@ -203,7 +203,7 @@ func TestPropBuiltinEstimates(t *testing.T) {
 			}
 			wantOut := req.MaxTokens
 			if wantOut == 0 {
-				wantOut = estimate.DefaultOutputCap
+				wantOut = bulkhead.DefaultOutputCap
 			}
 			if r.MaxOutput != wantOut {
 				t.Fatalf("%T: MaxOutput %d, want %d", est, r.MaxOutput, wantOut)
@@ -212,7 +212,7 @@ func TestPropBuiltinEstimates(t *testing.T) {
 				t.Fatalf("%T: Input %d below ExtraInputTokens %d", est, r.Input, req.ExtraInputTokens)
 			}
 			// Text means at least one token; no text and no extras means none.
-			chars := estimate.TextLength(req)
+			chars := req.TextLength()
 			if text := r.Input - req.ExtraInputTokens; (chars > 0) != (text > 0) {
 				t.Fatalf("%T: %d chars gave %d text tokens", est, chars, text)
 			}

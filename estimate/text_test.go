@@ -5,7 +5,7 @@ import (
 	"testing"
 	"unicode/utf16"
 
-	"github.com/llmbulkhead/bulkhead/admission"
+	"github.com/llmbulkhead/bulkhead"
 	"github.com/llmbulkhead/bulkhead/estimate"
 )
 
@@ -70,26 +70,26 @@ func FuzzUTF16Len(f *testing.F) {
 func TestTextLength(t *testing.T) {
 	tests := []struct {
 		name string
-		req  *admission.Request
+		req  *bulkhead.Request
 		want int
 	}{
 		{"nil", nil, 0},
-		{"empty", &admission.Request{}, 0},
-		{"system", &admission.Request{System: "abcd"}, 4},
-		{"message content", &admission.Request{Messages: []admission.Message{{Role: "user", Content: "abcd"}}}, 4},
-		{"all text sources", &admission.Request{
-			System:       "sys",                                                                      // 3
-			SystemBlocks: []admission.Block{{Type: "text", Text: "blk"}, {Type: "image", Text: "x"}}, // 3
-			Messages: []admission.Message{
-				{Content: "hello", Blocks: []admission.Block{{Type: "text", Text: "😀"}}},                                                  // 5 + 2
-				{Blocks: []admission.Block{{Type: "tool_use", Text: "ignored"}, {Type: "", Text: "ignored"}, {Type: "text", Text: "ok"}}}, // 2
+		{"empty", &bulkhead.Request{}, 0},
+		{"system", &bulkhead.Request{System: "abcd"}, 4},
+		{"message content", &bulkhead.Request{Messages: []bulkhead.Message{{Role: "user", Content: "abcd"}}}, 4},
+		{"all text sources", &bulkhead.Request{
+			System:       "sys",                                                                     // 3
+			SystemBlocks: []bulkhead.Block{{Type: "text", Text: "blk"}, {Type: "image", Text: "x"}}, // 3
+			Messages: []bulkhead.Message{
+				{Content: "hello", Blocks: []bulkhead.Block{{Type: "text", Text: "😀"}}},                                                  // 5 + 2
+				{Blocks: []bulkhead.Block{{Type: "tool_use", Text: "ignored"}, {Type: "", Text: "ignored"}, {Type: "text", Text: "ok"}}}, // 2
 			},
 		}, 15},
-		{"type is case-sensitive", &admission.Request{Messages: []admission.Message{{Blocks: []admission.Block{{Type: "Text", Text: "abcd"}}}}}, 0},
+		{"type is case-sensitive", &bulkhead.Request{Messages: []bulkhead.Message{{Blocks: []bulkhead.Block{{Type: "Text", Text: "abcd"}}}}}, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := estimate.TextLength(tt.req); got != tt.want {
+			if got := (tt.req).TextLength(); got != tt.want {
 				t.Errorf("TextLength = %d, want %d", got, tt.want)
 			}
 		})
@@ -97,11 +97,11 @@ func TestTextLength(t *testing.T) {
 }
 
 func TestTextLengthDoesNotAllocate(t *testing.T) {
-	req := &admission.Request{
+	req := &bulkhead.Request{
 		System:   "You are helpful. 😀",
-		Messages: []admission.Message{{Role: "user", Content: strings.Repeat("héllo wörld ", 20)}},
+		Messages: []bulkhead.Message{{Role: "user", Content: strings.Repeat("héllo wörld ", 20)}},
 	}
-	if n := testing.AllocsPerRun(100, func() { estimate.TextLength(req) }); n != 0 {
+	if n := testing.AllocsPerRun(100, func() { req.TextLength() }); n != 0 {
 		t.Errorf("TextLength allocates %v times, want 0", n)
 	}
 }

@@ -4,8 +4,6 @@ import (
 	"context"
 	"slices"
 	"time"
-
-	"github.com/llmbulkhead/bulkhead/admission"
 )
 
 // Composite combines several pacers on one store, for example a
@@ -36,15 +34,15 @@ func NewComposite(members ...*Pacer) (*Composite, error) {
 	seen := make(map[string]bool, len(members))
 	for i, p := range c.members {
 		if p == nil {
-			return nil, admission.Invalidf("members", "member %d is nil", i)
+			return nil, invalidf("members", "member %d is nil", i)
 		}
 		if c.store == nil {
 			c.store = p.store
 		} else if p.store != c.store {
-			return nil, admission.Invalidf("members", "member %q uses another store; a composite decides atomically in one store", p.opts.Name)
+			return nil, invalidf("members", "member %q uses another store; a composite decides atomically in one store", p.opts.Name)
 		}
 		if seen[p.opts.Name] {
-			return nil, admission.Invalidf("members", "two members are named %q", p.opts.Name)
+			return nil, invalidf("members", "two members are named %q", p.opts.Name)
 		}
 		seen[p.opts.Name] = true
 	}
@@ -140,7 +138,7 @@ func (c *Composite) decide(ctx context.Context, key string, weights []float64, m
 		return CompositeOutcome{}, context.Cause(ctx)
 	}
 	if len(weights) > 1 && len(weights) != len(c.members) {
-		return CompositeOutcome{}, admission.Invalidf("weights", "got %d weights for %d members", len(weights), len(c.members))
+		return CompositeOutcome{}, invalidf("weights", "got %d weights for %d members", len(weights), len(c.members))
 	}
 	if err := checkKey(key); err != nil {
 		return CompositeOutcome{}, err

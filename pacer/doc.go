@@ -86,7 +86,7 @@
 //
 // Invalid input (QPS not > 0 and finite, MaxBurst or BurstFactor negative or
 // not finite, a weight not > 0 and finite, an empty key) is an
-// *admission.ConfigError naming the field, matching admission.ErrInvalid
+// *ConfigError naming the field, matching bulkhead.ErrInvalid
 // (bulkhead.ErrInvalid); it is caught before the store is called, so it never
 // writes state. A call whose context is already done fails with the
 // context's cause and records nothing.

@@ -6,7 +6,7 @@ import (
 	"math"
 	"strings"
 
-	"github.com/llmbulkhead/bulkhead/admission"
+	"github.com/llmbulkhead/bulkhead/internal/admission"
 )
 
 // ErrUnavailable matches every error about a backend that could not decide:
@@ -31,31 +31,46 @@ func unavailable(err error) error {
 	return fmt.Errorf("%w: %w", ErrUnavailable, err)
 }
 
-// Invalid input is reported as an *admission.ConfigError naming the field,
-// which matches admission.ErrInvalid (re-exported by the root package as
-// bulkhead.ErrInvalid). It is caught before the backend is called, so it
-// never writes state.
+// ConfigError reports an invalid option, key or weight. It matches
+// bulkhead.ErrInvalid, like the bulkhead's own configuration errors. Invalid
+// input is caught before the backend is called, so it never writes state.
+type ConfigError struct {
+	// Field names the bad field, such as "Options.QPS" or "key".
+	Field string
+	// Problem says what is wrong with it.
+	Problem string
+}
+
+// Error returns "pacer: invalid <Field>: <Problem>".
+func (e *ConfigError) Error() string { return "pacer: invalid " + e.Field + ": " + e.Problem }
+
+// Is reports whether target is bulkhead.ErrInvalid.
+func (e *ConfigError) Is(target error) bool { return target == admission.ErrInvalid }
+
+func invalidf(field, format string, args ...any) *ConfigError {
+	return &ConfigError{Field: field, Problem: fmt.Sprintf(format, args...)}
+}
 
 func checkName(field, v string) error {
 	if strings.IndexByte(v, '{') >= 0 || strings.IndexByte(v, '}') >= 0 {
-		return admission.Invalidf(field, "must not contain '{' or '}', got %q", v)
+		return invalidf(field, "must not contain '{' or '}', got %q", v)
 	}
 	return nil
 }
 
 func checkKey(key string) error {
 	if key == "" {
-		return admission.Invalidf("key", "must not be empty")
+		return invalidf("key", "must not be empty")
 	}
 	return checkName("key", key)
 }
 
 func checkWeight(field string, w, qps float64) error {
 	if !(w > 0) || math.IsInf(w, 1) {
-		return admission.Invalidf(field, "must be > 0 and finite, got %v", w)
+		return invalidf(field, "must be > 0 and finite, got %v", w)
 	}
 	if !intervalOK(w, qps) {
-		return admission.Invalidf(field, "books %v s at %v qps, more than the limit of %v s", w/qps, qps, horizonUs/1e6)
+		return invalidf(field, "books %v s at %v qps, more than the limit of %v s", w/qps, qps, horizonUs/1e6)
 	}
 	return nil
 }

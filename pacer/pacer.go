@@ -7,7 +7,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/llmbulkhead/bulkhead/admission"
 	"github.com/llmbulkhead/bulkhead/clock"
 )
 
@@ -104,25 +103,25 @@ type request struct {
 // New returns a pacer that keeps its state in store.
 func New(store Store, opts Options) (*Pacer, error) {
 	if store == nil {
-		return nil, admission.Invalidf("store", "must not be nil")
+		return nil, invalidf("store", "must not be nil")
 	}
 	if opts.Name == "" {
-		return nil, admission.Invalidf("Options.Name", "must not be empty")
+		return nil, invalidf("Options.Name", "must not be empty")
 	}
 	if err := checkName("Options.Name", opts.Name); err != nil {
 		return nil, err
 	}
 	if !(opts.QPS > 0) || math.IsInf(opts.QPS, 1) {
-		return nil, admission.Invalidf("Options.QPS", "must be > 0 and finite, got %v", opts.QPS)
+		return nil, invalidf("Options.QPS", "must be > 0 and finite, got %v", opts.QPS)
 	}
 	if !(opts.MaxBurst >= 0) || math.IsInf(opts.MaxBurst, 1) {
-		return nil, admission.Invalidf("Options.MaxBurst", "must be >= 0 and finite, got %v", opts.MaxBurst)
+		return nil, invalidf("Options.MaxBurst", "must be >= 0 and finite, got %v", opts.MaxBurst)
 	}
 	if !(opts.BurstFactor >= 0) || math.IsInf(opts.BurstFactor, 1) {
-		return nil, admission.Invalidf("Options.BurstFactor", "must be >= 0 and finite (0 selects the default), got %v", opts.BurstFactor)
+		return nil, invalidf("Options.BurstFactor", "must be >= 0 and finite (0 selects the default), got %v", opts.BurstFactor)
 	}
 	if opts.MaxDelay < 0 {
-		return nil, admission.Invalidf("Options.MaxDelay", "must be >= 0, got %v", opts.MaxDelay)
+		return nil, invalidf("Options.MaxDelay", "must be >= 0, got %v", opts.MaxDelay)
 	}
 	p := &Pacer{store: store, opts: opts, maxDelayUs: horizonUs}
 	if opts.MaxDelay > 0 && opts.MaxDelay < Horizon {
@@ -199,7 +198,7 @@ func (o Outcome) Reason() string {
 // The key must be non-empty and must not contain '{' or '}' (on Redis it
 // is the key's cluster hash tag). ctx bounds the store's work (the Redis
 // round trip), not the wait. Invalid input (a bad key, a weight that is not
-// > 0 and finite) returns an error matching admission.ErrInvalid and
+// > 0 and finite) returns an error matching bulkhead.ErrInvalid and
 // records nothing. A store failure returns an error
 // matching ErrUnavailable, or a decision made by the store's failure policy.
 func (p *Pacer) Pace(ctx context.Context, key string, weight float64) (Outcome, error) {

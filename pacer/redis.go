@@ -15,7 +15,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/llmbulkhead/bulkhead/admission"
 	"github.com/llmbulkhead/bulkhead/clock"
 )
 
@@ -167,7 +166,7 @@ type Redis struct {
 // It does not talk to Redis; call Preload to load the script up front.
 func NewRedis(client RedisClient, opts RedisOptions) (*Redis, error) {
 	if client == nil {
-		return nil, admission.Invalidf("client", "must not be nil")
+		return nil, invalidf("client", "must not be nil")
 	}
 	prefix := opts.Prefix
 	if prefix == "" {
@@ -177,11 +176,11 @@ func NewRedis(client RedisClient, opts RedisOptions) (*Redis, error) {
 		return nil, err
 	}
 	if opts.OnFailure > FailClosed {
-		return nil, admission.Invalidf("RedisOptions.OnFailure", "unknown policy %d", opts.OnFailure)
+		return nil, invalidf("RedisOptions.OnFailure", "unknown policy %d", opts.OnFailure)
 	}
 	delay := opts.FailureDelay
 	if delay < 0 {
-		return nil, admission.Invalidf("RedisOptions.FailureDelay", "must be >= 0, got %v", delay)
+		return nil, invalidf("RedisOptions.FailureDelay", "must be >= 0, got %v", delay)
 	}
 	if delay == 0 {
 		delay = DefaultFailureDelay

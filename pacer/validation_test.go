@@ -7,16 +7,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/llmbulkhead/bulkhead/admission"
+	"github.com/llmbulkhead/bulkhead/internal/admission"
 )
 
-// wantInvalid checks that err is a *admission.ConfigError for field.
+// wantInvalid checks that err is a *ConfigError for field.
 func wantInvalid(t *testing.T, err error, field string) {
 	t.Helper()
 	if !errors.Is(err, admission.ErrInvalid) {
-		t.Fatalf("error %v does not match admission.ErrInvalid", err)
+		t.Fatalf("error %v does not match ErrInvalid", err)
 	}
-	var ce *admission.ConfigError
+	var ce *ConfigError
 	if !errors.As(err, &ce) || ce.Field != field {
 		t.Fatalf("error %v: want a ConfigError for field %q", err, field)
 	}

@@ -91,7 +91,7 @@ type cmDone struct {
 // fn is the callback.
 func (r *cmRun) fn(ctx context.Context, rc *bulkhead.RunContext) (int, error) {
 	r.started <- cmStart{
-		id: rc.AdmissionID(), rev: rc.LimitRevision(), prio: rc.Priority(), class: rc.Class(),
+		id: rc.ID(), rev: rc.LimitRevision(), prio: rc.Priority(), class: rc.Class(),
 		res: rc.Reservation(), resources: rc.Resources(), admission: rc.Admission(), ctxErr: ctx.Err(),
 	}
 	for cmd := range r.cmds {
@@ -281,7 +281,7 @@ func cmFmtDetail(d *bulkhead.RejectDetail) string {
 		if tb := c.TokenBudget; tb != nil {
 			s += fmt.Sprintf(" classTokens {in %d floor %d pInUse %d borrowed %d availP %d max %s avail %s req %d}",
 				tb.InFlightTokens, tb.ProtectedInFlightTokens, tb.ProtectedTokensInUse, tb.BorrowedInFlightTokens,
-				tb.AvailableProtectedTokens, cmFmtInt64(tb.MaxInFlightTokens), cmFmtInt64(tb.Available), tb.Requested)
+				tb.AvailableProtectedTokens, cmFmtInt64(tb.MaxInFlightTokens), cmFmtInt64(tb.Available), tb.Reserved)
 		}
 	}
 	return s

@@ -103,7 +103,7 @@ type cmWaiter struct {
 // cmHold is one admission the model knows of.
 type cmHold struct {
 	w          *cmWaiter
-	tok        *bulkhead.Token // Acquire only
+	tok        *bulkhead.Permit // Acquire only
 	id         bulkhead.ID
 	class      string
 	prio       bulkhead.Priority
@@ -130,7 +130,7 @@ type cmExpect struct {
 
 // cmOutcome is what a waiter ended with.
 type cmOutcome struct {
-	tok   *bulkhead.Token
+	tok   *bulkhead.Permit
 	start *cmStart
 	err   error
 }
@@ -598,7 +598,7 @@ func (m *cmMachine) settle(h *cmHold, u *bulkhead.Usage) {
 			m.ledger.consumed += total
 			k.st.TotalConsumed += total
 			if total < held {
-				ev.RefundedTokens = held - total
+				ev.Refunded = held - total
 				m.ledger.refunded += held - total
 				k.st.TotalRefunded += held - total
 			}
@@ -742,7 +742,7 @@ func (m *cmMachine) adopt(t *rapid.T, h *cmHold, o cmOutcome) {
 	)
 	if h.w.run == nil {
 		h.tok = o.tok
-		id, rev, prio, class, res, resources = o.tok.AdmissionID(), o.tok.LimitRevision(), o.tok.Priority(), o.tok.Class(), o.tok.Reservation(), o.tok.Resources()
+		id, rev, prio, class, res, resources = o.tok.ID(), o.tok.LimitRevision(), o.tok.Priority(), o.tok.Class(), o.tok.Reservation(), o.tok.Resources()
 	} else {
 		s := o.start
 		id, rev, prio, class, res, resources = s.id, s.rev, s.prio, s.class, s.res, s.resources
@@ -1785,7 +1785,7 @@ func (m *cmMachine) checkEvents(t *rapid.T, st bulkhead.Stats) {
 		}
 		h := byID[e.AdmissionID]
 		if e.Request != h.w.req || e.LimitRevision != h.rev || e.Priority != h.prio || e.Class != h.class ||
-			e.ReservedTokens != h.res.Reserved || e.Resources != h.resources {
+			e.Reserved != h.res.Reserved || e.Resources != h.resources {
 			t.Fatalf("admit event %+v, want class %s revision %d priority %v reserved %d resources %+v", e, h.class, h.rev, h.prio,
 				h.res.Reserved, h.resources)
 		}
@@ -1843,7 +1843,7 @@ func (m *cmMachine) checkEvents(t *rapid.T, st bulkhead.Stats) {
 	// Reject events: the model's multiset, constraint included (F21).
 	got := map[cmRejectKey]int{}
 	for _, e := range ev.rejects {
-		if e.Detail == nil || e.Detail.LimitRevision != e.LimitRevision || e.Detail.Class == nil || e.Detail.Class.ID != e.Class {
+		if e.Detail == nil || e.Detail.LimitRevision != e.LimitRevision || e.Detail.Class == nil || e.Detail.Class.Name != e.Class {
 			t.Fatalf("reject event %+v detail %s", e, cmFmtDetail(e.Detail))
 		}
 		got[cmRejectKey{e.Reason, e.Detail.Constraint, e.Class, e.Priority, e.LimitRevision}]++

@@ -50,8 +50,8 @@ func TestDrainDoneCtxOnClosedIdleKeepsEvents(t *testing.T) {
 	}
 	select {
 	case id := <-released:
-		if id != tok.AdmissionID() {
-			t.Fatalf("release event for %s, want %s", id, tok.AdmissionID())
+		if id != tok.ID() {
+			t.Fatalf("release event for %s, want %s", id, tok.ID())
 		}
 	case <-time.After(2 * time.Second):
 		t.Fatalf("the release event was never delivered: Drain(done ctx) returned %+v, %v on a closed, idle "+

@@ -74,7 +74,7 @@ const unit = 10 * time.Millisecond
 const settle = 10 * time.Second
 
 type outcome struct {
-	tok *bulkhead.Token
+	tok *bulkhead.Permit
 	err error
 }
 
@@ -91,7 +91,7 @@ type waiter struct {
 
 // hold is one admission the model knows of.
 type hold struct {
-	tok      *bulkhead.Token
+	tok      *bulkhead.Permit
 	id       bulkhead.ID
 	prio     bulkhead.Priority
 	res      bulkhead.Reservation
@@ -377,9 +377,9 @@ func (m *machine) await(t *rapid.T, e expect) {
 }
 
 // adopt checks an admitted token against the model's hold and records it.
-func (m *machine) adopt(t *rapid.T, h *hold, tok *bulkhead.Token, w *waiter) {
+func (m *machine) adopt(t *rapid.T, h *hold, tok *bulkhead.Permit, w *waiter) {
 	t.Helper()
-	h.tok, h.id = tok, tok.AdmissionID()
+	h.tok, h.id = tok, tok.ID()
 	if tok.LimitRevision() != h.rev {
 		t.Fatalf("waiter %d admitted under revision %d, want %d (I8, F25)", w.id, tok.LimitRevision(), h.rev)
 	}
@@ -733,11 +733,11 @@ func (m *machine) release(t *rapid.T) {
 		Usage:          usage,
 	}
 	if m.hasBudget {
-		ev.HeldTokens = h.res.Reserved
+		ev.Held = h.res.Reserved
 		if usage != nil {
 			m.ledger.consumed += usage.Total()
-			ev.RefundedTokens = max(0, h.res.Reserved-usage.Total())
-			m.ledger.refunded += ev.RefundedTokens
+			ev.Refunded = max(0, h.res.Reserved-usage.Total())
+			m.ledger.refunded += ev.Refunded
 		}
 		m.ledger.inFlight -= h.res.Reserved
 		m.ledger.releasedReserved += h.res.Reserved
@@ -1098,8 +1098,8 @@ func (m *machine) check(t *rapid.T) {
 	if got.Limits.Revision < prev.Limits.Revision {
 		t.Fatalf("I8: revision fell from %d to %d", prev.Limits.Revision, got.Limits.Revision)
 	}
-	if got.ListenerPanics != 0 {
-		t.Fatalf("listener panics: %d", got.ListenerPanics)
+	if got.Events.ListenerPanics != 0 {
+		t.Fatalf("listener panics: %d", got.Events.ListenerPanics)
 	}
 }
 
@@ -1124,7 +1124,7 @@ func (m *machine) finish(t *rapid.T) {
 			m.calls.Released++
 			ev := bulkhead.ReleaseEvent{AdmissionID: h.id, LimitRevision: h.rev, Priority: h.prio, ReservedTokens: h.res.Reserved, Usage: u}
 			if m.hasBudget {
-				ev.HeldTokens = h.res.Reserved
+				ev.Held = h.res.Reserved
 				if u != nil {
 					m.ledger.consumed += u.Total()
 				}
@@ -1180,7 +1180,7 @@ func (m *machine) checkEvents(t *rapid.T, st bulkhead.Stats) {
 			t.Fatalf("I11: admit event %d is %s, want %s (order %v)", i, e.AdmissionID, m.admitOrder[i], m.admitOrder)
 		}
 		h := byID[e.AdmissionID]
-		if e.LimitRevision != h.rev || e.Priority != h.prio || e.ReservedTokens != h.res.Reserved || e.Class != "" || e.Request == nil {
+		if e.LimitRevision != h.rev || e.Priority != h.prio || e.Reserved != h.res.Reserved || e.Class != "" || e.Request == nil {
 			t.Fatalf("admit event %+v, want revision %d priority %v reserved %d", e, h.rev, h.prio, h.res.Reserved)
 		}
 		if e.DecisionDuration != 0 || e.QueueWait != m.admitWait[h.id] {
@@ -1200,8 +1200,8 @@ func (m *machine) checkEvents(t *rapid.T, st bulkhead.Stats) {
 		}
 		seen[e.AdmissionID] = true
 		if e.Request == nil || e.LimitRevision != want.LimitRevision || e.Priority != want.Priority || e.Class != "" ||
-			e.ReservedTokens != want.ReservedTokens || e.Resources != (bulkhead.Resources{}) || e.HeldTokens != want.HeldTokens ||
-			e.RefundedTokens != want.RefundedTokens || e.UsageSequence != 0 || !reflect.DeepEqual(e.Usage, want.Usage) {
+			e.Reserved != want.Reserved || e.Resources != (bulkhead.Resources{}) || e.Held != want.Held ||
+			e.Refunded != want.Refunded || e.UsageSequence != 0 || !reflect.DeepEqual(e.Usage, want.Usage) {
 			t.Fatalf("release event\n got %+v\nwant %+v", e, want)
 		}
 	}

@@ -243,11 +243,11 @@ func TestSoak(t *testing.T) {
 		if !okA || !okR {
 			t.Fatalf("admission %s: admit event %v, release event %v", id, okA, okR)
 		}
-		if r.LimitRevision != a.LimitRevision || r.ReservedTokens != a.ReservedTokens || r.HeldTokens != a.ReservedTokens || !applied[a.LimitRevision] {
+		if r.LimitRevision != a.LimitRevision || r.Reserved != a.Reserved || r.Held != a.Reserved || !applied[a.LimitRevision] {
 			t.Fatalf("admission %s: admit %+v, release %+v (applied revisions %v)", id, a, r, applied)
 		}
-		held += r.HeldTokens
-		refunded += r.RefundedTokens
+		held += r.Held
+		refunded += r.Refunded
 	}
 	if held != tb.TotalReserved || refunded != tb.TotalRefunded {
 		t.Fatalf("release events hold %d and refund %d; ledger %+v", held, refunded, *tb)
@@ -255,8 +255,8 @@ func TestSoak(t *testing.T) {
 	if !maps.Equal(ev.rejects, normalize(st).Calls.RejectedByReason) {
 		t.Fatalf("reject events %v, stats %v", ev.rejects, c.RejectedByReason)
 	}
-	if int64(ev.reconfigs) != int64(len(total.applied)) || st.ListenerPanics != int64(len(total.applied)) {
-		t.Fatalf("%d reconfigure events, %d listener panics, %d applies", ev.reconfigs, st.ListenerPanics, len(total.applied))
+	if int64(ev.reconfigs) != int64(len(total.applied)) || st.Events.ListenerPanics != int64(len(total.applied)) {
+		t.Fatalf("%d reconfigure events, %d listener panics, %d applies", ev.reconfigs, st.Events.ListenerPanics, len(total.applied))
 	}
 }
 
@@ -360,9 +360,9 @@ func (s *soaker) settled(res bulkhead.Reservation, u *bulkhead.Usage) {
 	s.t.refunded += max(0, res.Reserved-u.Total())
 }
 
-func (s *soaker) admitted(tok *bulkhead.Token, res bulkhead.Reservation) error {
+func (s *soaker) admitted(tok *bulkhead.Permit, res bulkhead.Reservation) error {
 	s.t.reserved += res.Reserved
-	s.t.ids = append(s.t.ids, tok.AdmissionID())
+	s.t.ids = append(s.t.ids, tok.ID())
 	if got := tok.Reservation(); got == nil || *got != res {
 		return fmt.Errorf("token reservation %+v, want %+v", got, res)
 	}
@@ -415,7 +415,7 @@ func (s *soaker) run() error {
 	func() {
 		defer func() { recovered = recover() }()
 		_, err = bulkhead.Run(ctx, s.b, soakReq, func(_ context.Context, rc *bulkhead.RunContext) (int, error) {
-			id = rc.AdmissionID()
+			id = rc.ID()
 			if u != nil && (rc.SetUsage(*u) == nil) != valid {
 				return 0, fmt.Errorf("SetUsage(%+v) disagrees with validation", *u)
 			}

@@ -36,13 +36,15 @@ type UsageReport struct {
 // UsageEvent is emitted when a usage report changes an admission's usage or
 // hold.
 type UsageEvent struct {
-	Request        *Request
+	Request        any
+	Tag            string
 	AdmissionID    ID
 	LimitRevision  int64
 	Priority       Priority
 	Class          string
 	Sequence       int64
 	ReservedTokens int64
+	Resources      Resources
 	// PreviousHeld and Held are the hold before and after; Delta is
 	// Held - PreviousHeld (positive for an overrun, negative for a refund).
 	PreviousHeld int64

@@ -1,6 +1,12 @@
-package estimate
+package tokens
 
-import "testing"
+import (
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestBuiltinMatch(t *testing.T) {
 	tests := []struct{ model, prefix string }{
@@ -69,9 +75,9 @@ func TestCeilTokens(t *testing.T) {
 		{-1, 0, false},
 	}
 	for _, tt := range tests {
-		got, ok := ceilTokens(tt.x)
+		got, ok := CeilTokens(tt.x)
 		if got != tt.want || ok != tt.ok {
-			t.Errorf("ceilTokens(%v) = %d, %v; want %d, %v", tt.x, got, ok, tt.want, tt.ok)
+			t.Errorf("CeilTokens(%v) = %d, %v; want %d, %v", tt.x, got, ok, tt.want, tt.ok)
 		}
 	}
 }

@@ -1,4 +1,4 @@
-package admission
+package bulkhead
 
 // Limits is the bulkhead's whole runtime-adjustable configuration, as one
 // versioned snapshot. ApplyLimits replaces it atomically.
@@ -24,6 +24,9 @@ type Limits struct {
 	Classes *Classes
 }
 
+// String formats the snapshot with its pointers followed.
+func (l Limits) String() string { return format(l) }
+
 // BudgetLimits is the adjustable part of a token budget.
 type BudgetLimits struct {
 	// Budget is the most tokens that admitted calls may hold at once.
@@ -48,14 +51,13 @@ func (l Limits) Clone() Limits {
 	return l
 }
 
-// ApplyResult is the outcome of ApplyLimits.
+// ApplyResult is the outcome of ApplyLimits and SetBudget.
 type ApplyResult struct {
 	// Applied is true when the snapshot was installed.
 	Applied bool
 
-	// Reason is "stale_revision" when the snapshot was not applied because
-	// its revision was not above the current one.
-	Reason string
+	// Reason says why the snapshot was not applied, when Applied is false.
+	Reason ApplyReason
 
 	// Previous is the snapshot that was current before the call.
 	Previous Limits
@@ -64,9 +66,12 @@ type ApplyResult struct {
 	Current Limits
 }
 
-// StaleRevision is ApplyResult.Reason for a snapshot whose revision was not
+// ApplyReason says why ApplyLimits left the limits as they were.
+type ApplyReason string
+
+// StaleRevision is the ApplyReason of a snapshot whose revision was not
 // above the current one.
-const StaleRevision = "stale_revision"
+const StaleRevision ApplyReason = "stale_revision"
 
 // Constraint names which limit a capacity rejection hit. It is set only when
 // the bulkhead has admission classes.
@@ -74,51 +79,15 @@ type Constraint string
 
 // The constraints.
 const (
-	ConstraintGlobal          Constraint = "global"
-	ConstraintClass           Constraint = "admission_class"
+	// ConstraintGlobal is a bulkhead-wide limit: MaxConcurrent, MaxQueue or
+	// the token budget.
+	ConstraintGlobal Constraint = "global"
+	// ConstraintClass is a ceiling of the call's class.
+	ConstraintClass Constraint = "admission_class"
+	// ConstraintClassProtection is the shared pool: the call would borrow
+	// capacity that other classes' floors protect.
 	ConstraintClassProtection Constraint = "admission_class_protection"
 )
-
-// RejectDetail is the capacity snapshot a decision was made on.
-type RejectDetail struct {
-	// LimitRevision is the revision of the limits the decision used.
-	LimitRevision int64
-
-	// Constraint is which limit the rejection hit, with classes only.
-	Constraint Constraint
-
-	// InFlight is the number of slots in use.
-	InFlight int
-	// MaxConcurrent is the slot limit.
-	MaxConcurrent int
-	// Pending is the number of waiting calls.
-	Pending int
-	// MaxQueue is the queue limit.
-	MaxQueue int
-
-	// TokenBudget is the token side, nil without a budget.
-	TokenBudget *BudgetDetail
-
-	// SharedCapacity is the shared pool the classes borrow from, and Class
-	// the deciding call's class, both nil without classes.
-	SharedCapacity *SharedCapacityDetail
-	Class          *ClassDetail
-}
-
-// BudgetDetail is the token budget at decision time.
-type BudgetDetail struct {
-	// Budget is the configured budget.
-	Budget int64
-	// InFlightTokens is what admitted calls hold.
-	InFlightTokens int64
-	// EffectiveBudget is the budget for this call's priority: the whole
-	// budget for High, the budget less the high-priority reserve for Normal.
-	EffectiveBudget int64
-	// Available is max(0, EffectiveBudget - InFlightTokens).
-	Available int64
-	// Requested is the call's reservation.
-	Requested int64
-}
 
 // Classes is an admission class table: a fixed set of named classes, each
 // with optional floors (protected capacity no other class may use) and
@@ -131,6 +100,9 @@ type Classes struct {
 	// the bulkhead's life.
 	Limits map[string]ClassLimits
 }
+
+// String formats the table with its ceilings followed.
+func (c Classes) String() string { return format(c) }
 
 // ClassLimits is one class's floors and ceilings. A nil ceiling means the
 // class is bound by the global limits only; a ceiling of zero is valid and
@@ -149,6 +121,14 @@ type ClassLimits struct {
 	MaxInFlightTokens *int64
 }
 
+// String formats the limits with the ceilings' values, not their
+// addresses.
+func (l ClassLimits) String() string { return format(l) }
+
+// Ceiling returns a pointer to n, for the optional ceilings of ClassLimits:
+// ClassLimits{MaxConcurrent: bulkhead.Ceiling(2)}.
+func Ceiling[T int | int64](n T) *T { return &n }
+
 // Clone returns a deep copy of c.
 func (c Classes) Clone() Classes {
 	if c.Limits == nil {
@@ -157,12 +137,10 @@ func (c Classes) Clone() Classes {
 	m := make(map[string]ClassLimits, len(c.Limits))
 	for k, v := range c.Limits {
 		if v.MaxConcurrent != nil {
-			n := *v.MaxConcurrent
-			v.MaxConcurrent = &n
+			v.MaxConcurrent = Ceiling(*v.MaxConcurrent)
 		}
 		if v.MaxInFlightTokens != nil {
-			n := *v.MaxInFlightTokens
-			v.MaxInFlightTokens = &n
+			v.MaxInFlightTokens = Ceiling(*v.MaxInFlightTokens)
 		}
 		m[k] = v
 	}

@@ -18,8 +18,6 @@ const (
 	Aborted                  // the caller's context ended first
 	Shutdown                 // the bulkhead is closed
 	BudgetLimit              // the token reservation does not fit the budget
-	UnshareableResult        // a dedup follower cannot share the leader's result
-	RateLimit                // a rate limit said "not yet"
 	numReasons
 )
 
@@ -35,8 +33,6 @@ var reasonNames = [...]string{
 	Aborted:           "aborted",
 	Shutdown:          "shutdown",
 	BudgetLimit:       "budget_limit",
-	UnshareableResult: "unshareable_result",
-	RateLimit:         "rate_limit",
 }
 
 // String returns the reason's wire name, such as "concurrency_limit".
@@ -72,8 +68,6 @@ var (
 	ErrAborted           = errors.New("bulkhead: rejected: aborted")
 	ErrShutdown          = errors.New("bulkhead: rejected: shutdown")
 	ErrBudgetLimit       = errors.New("bulkhead: rejected: budget_limit")
-	ErrUnshareableResult = errors.New("bulkhead: rejected: unshareable_result")
-	ErrRateLimit         = errors.New("bulkhead: rejected: rate_limit")
 )
 
 var sentinels = [...]error{
@@ -83,8 +77,6 @@ var sentinels = [...]error{
 	Aborted:           ErrAborted,
 	Shutdown:          ErrShutdown,
 	BudgetLimit:       ErrBudgetLimit,
-	UnshareableResult: ErrUnshareableResult,
-	RateLimit:         ErrRateLimit,
 }
 
 // Sentinel returns the sentinel error of reason r, or nil for NoReason.
@@ -110,9 +102,9 @@ type RejectedError struct {
 	// wait ending carries none.
 	Detail *RejectDetail
 
-	// RetryAfter is how long until a rate-limited call would fit. It is set
-	// only for RateLimit: a concurrency rejection does not invent a time.
-	RetryAfter time.Duration
+
+	// Tag is the caller's tag for the call.
+	Tag string
 
 	// Cause is what ended an Aborted wait: the context's cause.
 	Cause error
@@ -121,9 +113,6 @@ type RejectedError struct {
 // Error returns a one-line message naming the reason.
 func (e *RejectedError) Error() string {
 	msg := "bulkhead: rejected: " + e.Reason.String()
-	if e.RetryAfter > 0 {
-		msg += " (retry after " + e.RetryAfter.String() + ")"
-	}
 	if e.Cause != nil {
 		msg += ": " + e.Cause.Error()
 	}

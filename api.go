@@ -1,0 +1,402 @@
+package bulkhead
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"runtime/debug"
+	"time"
+
+	"github.com/llmbulkhead/bulkhead/actor"
+	"github.com/llmbulkhead/bulkhead/classes"
+	"github.com/llmbulkhead/bulkhead/internal/admission"
+)
+
+// Bulkhead is an admission controller for LLM calls. Its methods are safe
+// for concurrent use. Shutdown (or Close, then Drain) ends it.
+type Bulkhead struct {
+	eng       *actor.Engine
+	estimator Estimator
+	hasBudget bool
+	timeout   time.Duration
+	cfg       *Config
+}
+
+// New validates cfg and starts a Bulkhead.
+func New(cfg Config) (*Bulkhead, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	b := &Bulkhead{timeout: cfg.QueueTimeout, cfg: &Config{Logger: cfg.Logger}}
+	limits := Limits{Revision: cfg.InitialRevision, MaxConcurrent: cfg.MaxConcurrent, MaxQueue: cfg.MaxQueue}
+	if tb := cfg.TokenBudget; tb != nil {
+		b.hasBudget = true
+		b.estimator = tb.Estimator
+		if b.estimator == nil {
+			b.estimator = newDefaultEstimator(cfg.Model, tb.OutputCap)
+		}
+		limits.TokenBudget = &BudgetLimits{Budget: tb.Budget, HighPriorityReserve: tb.HighPriorityReserve}
+	}
+	if cfg.Classes != nil {
+		limits.Classes = cfg.Classes
+	}
+	eng, err := actor.Start(actor.Config{Limits: engineLimits(limits), Clock: cfg.Clock, Logger: cfg.Logger})
+	if err != nil {
+		return nil, publicError(err)
+	}
+	b.eng = eng
+	return b, nil
+}
+
+// reserve validates req and computes its reservation, exactly once per
+// call: the override when given, else the estimator. Without a budget it
+// validates the request (and an override) and reserves nothing.
+func (b *Bulkhead) reserve(req *Request, override *Reservation) (Reservation, error) {
+	if !b.hasBudget {
+		if override != nil {
+			// Validated, then ignored: there is no budget to reserve from.
+			_, err := reserve(nil, req, override)
+			return Reservation{}, err
+		}
+		return Reservation{}, req.Validate()
+	}
+	return reserve(b.estimator, req, override)
+}
+
+// Acquire waits for admission and returns a Permit holding the slot and the
+// token reservation until Permit.Release. It never deduplicates.
+//
+// A call that finds a free slot (and room in the token budget) is admitted
+// at once. Otherwise it queues when the queue has room, until a slot frees,
+// its queue timeout expires (Timeout) or ctx ends (Aborted); else it is
+// rejected at once. A ctx that is already done is rejected Aborted before
+// anything is taken. The error is a *RejectedError, or a *ConfigError for
+// invalid input (or, should the engine fail, an error matching ErrInternal);
+// the Permit is then nil.
+//
+// A waiter is never admitted once the engine has seen its ctx end. If ctx
+// ends at the very moment a slot is handed over, the admission stands and
+// Acquire returns its Permit (which, like any, must be released): each call
+// ends exactly one way, and Stats and events agree with what the caller saw.
+func (b *Bulkhead) Acquire(ctx context.Context, req *Request, opts ...Option) (*Permit, error) {
+	o := resolve(opts)
+	return b.acquire(ctx, req, &o, "Acquire")
+}
+
+func (b *Bulkhead) acquire(ctx context.Context, req *Request, o *callOptions, method string) (*Permit, error) {
+	r, p, err := b.prepare(ctx, req, o, method, b.eng.NewRequest)
+	if err != nil {
+		return nil, err
+	}
+	err = b.eng.Acquire(r)
+	switch {
+	case err == nil:
+		r.Spare = nil
+	case errors.Is(err, actor.ErrInternal):
+		p = nil // the engine failed mid-call: the permit may be half written
+	default:
+		// A permit that a rejected call did not need stays with the pooled
+		// request for the next call, so rejections allocate no permit.
+		r.Spare = p
+		p = nil
+		err = publicError(err)
+	}
+	b.eng.PutRequest(r)
+	return p, err
+}
+
+// prepare validates a call and fills a request for it, from newRequest,
+// with the permit that will record its admission.
+func (b *Bulkhead) prepare(ctx context.Context, req *Request, o *callOptions, method string, newRequest func() *actor.AcquireRequest) (*actor.AcquireRequest, *Permit, error) {
+	if ctx == nil {
+		return nil, nil, invalidf("ctx", "must not be nil")
+	}
+	var start time.Time
+	if b.eng.WantTiming() {
+		start = b.eng.Now()
+	}
+	class, res, err := b.check(req, o, method, true)
+	if err != nil {
+		return nil, nil, err
+	}
+	r := newRequest()
+	p, _ := r.Spare.(*Permit)
+	if p == nil {
+		p = &Permit{b: b}
+	}
+	r.Ctx = ctx
+	r.Request = req
+	r.Tag = o.tag
+	r.Priority = admission.Priority(o.priority)
+	r.Reservation = admission.Reservation(res)
+	r.QueueTimeout = b.timeout
+	if o.hasQueueTimeout {
+		r.QueueTimeout = o.queueTimeout
+	}
+	r.Lease = &p.l
+	r.Start = start
+	r.Class = class
+	r.BorrowedDeadline = o.borrowedDeadline
+	return r, p, nil
+}
+
+// check validates a call's options and request, then resolves its class
+// and computes its reservation, once.
+func (b *Bulkhead) check(req *Request, o *callOptions, method string, queueing bool) (classes.Class, Reservation, error) {
+	if err := o.validate(method, queueing); err != nil {
+		return classes.None, Reservation{}, err
+	}
+	class, err := b.eng.LookupClass(o.class)
+	if err != nil {
+		return classes.None, Reservation{}, publicError(err)
+	}
+	res, err := b.reserve(req, o.reservation)
+	return class, res, err
+}
+
+// WouldAdmit says whether a call would be admitted now (or would queue),
+// without reserving, counting or emitting anything. It is advisory: by the
+// time the caller acts, other calls may have changed the answer. Invalid
+// input is an error, even on a closed bulkhead. Options: WithPriority,
+// WithClass, WithReservation, WithTag, WithDetail.
+func (b *Bulkhead) WouldAdmit(req *Request, opts ...Option) (Decision, error) {
+	o := resolve(opts)
+	class, res, err := b.check(req, &o, "WouldAdmit", false)
+	if err != nil {
+		return Decision{}, err
+	}
+	d := b.eng.WouldAdmit(class, admission.Priority(o.priority), admission.Reservation(res), o.detail)
+	return Decision{Admit: d.Admit, Reason: Reason(d.Reason), Detail: rejectDetail(d.Detail)}, nil
+}
+
+// Estimate returns the reservation the bulkhead would take for req, through
+// the same validation and estimator as admission, or nil without a token
+// budget. The result round-trips through WithReservation.
+func (b *Bulkhead) Estimate(req *Request) (*Reservation, error) {
+	res, err := b.reserve(req, nil)
+	if err != nil || !b.hasBudget {
+		return nil, err
+	}
+	return &res, nil
+}
+
+// Stats returns a copy of the bulkhead's counters and gauges. It reflects
+// every change whose event a listener has seen.
+func (b *Bulkhead) Stats() Stats {
+	st := stats(b.eng.Stats())
+	st.Events.Backlog = b.eng.Backlog()
+	return st
+}
+
+// Limits returns the current limits snapshot.
+func (b *Bulkhead) Limits() Limits { return publicLimits(b.eng.Limits()) }
+
+// ApplyLimits replaces the whole limits snapshot atomically.
+//
+// A snapshot whose Revision is not above the current one changes nothing and
+// returns Applied false with Reason StaleRevision. An invalid snapshot is a
+// *ConfigError and changes nothing; TokenBudget must be set exactly when the
+// bulkhead has a budget, and Classes exactly when it has classes, with the
+// same class names. Lowering a limit revokes nothing: it takes effect as
+// work finishes. Raising MaxConcurrent admits waiters at once;
+// MaxConcurrent 0 is a kill switch that rejects new calls and keeps queued
+// ones waiting.
+func (b *Bulkhead) ApplyLimits(next Limits) (ApplyResult, error) {
+	res, err := b.eng.ApplyLimits(engineLimits(next))
+	if err != nil {
+		return ApplyResult{}, publicError(err)
+	}
+	return applyResult(res), nil
+}
+
+// SetBudget applies the current limits with Budget replaced, at the next
+// revision. It is an error without a token budget.
+func (b *Bulkhead) SetBudget(budget int64) (ApplyResult, error) {
+	if err := checkNonNegative("Budget", budget); err != nil {
+		return ApplyResult{}, err
+	}
+	res, err := b.eng.SetBudget(budget)
+	if err != nil {
+		return ApplyResult{}, publicError(err)
+	}
+	return applyResult(res), nil
+}
+
+// Subscribe adds event listeners and returns the function that removes
+// them. The listeners see the events of every change made after Subscribe
+// returns, in order, on the bulkhead's event goroutine.
+func (b *Bulkhead) Subscribe(h Hooks) (unsubscribe func()) {
+	kinds := actor.Kinds{
+		actor.KindAdmit:       h.Admit != nil,
+		actor.KindReject:      h.Reject != nil,
+		actor.KindRelease:     h.Release != nil,
+		actor.KindReconfigure: h.Reconfigure != nil,
+		actor.KindUsage:       h.Usage != nil,
+		actor.KindAbandon:     h.Abandon != nil,
+	}
+	return b.eng.Subscribe(kinds, func(ev any) { deliver(&h, ev) })
+}
+
+// Close stops admitting: queued calls and every later call are rejected
+// Shutdown, while calls in flight run on and release normally. It is
+// idempotent and final.
+func (b *Bulkhead) Close() { b.eng.Close() }
+
+// Drain waits until nothing is in flight or queued, every admission has
+// been released and every event delivered, or until ctx ends; it cancels
+// nothing. When ctx ends first it returns Drained false with the counts
+// still outstanding, and ctx's error, as soon as ctx ends (a blocked
+// listener does not hold it). After Close and a Drain that drained, the
+// bulkhead's goroutines have ended; later calls are rejected Shutdown. An
+// event listener must not call Drain: it would wait for itself.
+func (b *Bulkhead) Drain(ctx context.Context) (DrainResult, error) {
+	if ctx == nil {
+		return DrainResult{}, invalidf("ctx", "must not be nil")
+	}
+	d := b.eng.Drain(ctx)
+	res := DrainResult{Drained: d.Drained, InFlight: d.InFlight, Pending: d.Pending}
+	if !res.Drained {
+		return res, context.Cause(ctx)
+	}
+	return res, nil
+}
+
+// Shutdown closes the bulkhead (see Close) and drains it (see Drain): it
+// returns once every admission has been released and every event
+// delivered, or when ctx ends, with Drain's result and error.
+func (b *Bulkhead) Shutdown(ctx context.Context) (DrainResult, error) {
+	if ctx == nil {
+		return DrainResult{}, invalidf("ctx", "must not be nil")
+	}
+	b.Close()
+	return b.Drain(ctx)
+}
+
+// Run waits for admission, calls fn, and releases afterwards whatever fn
+// does: returns, fails, panics (the panic then propagates) or exits its
+// goroutine with runtime.Goexit. fn runs only after admission, with the
+// caller's ctx; the bulkhead never cancels admitted work, except through
+// WithBorrowedDeadline.
+//
+// The usage settled at release is what fn recorded with RunContext.SetUsage,
+// or else the last RunContext.ReportUsage; when fn returns an error, only the
+// last report counts. A rejection is a *RejectedError and fn is not called.
+// Options are those of Acquire, plus WithBorrowedDeadline.
+func Run[T any](ctx context.Context, b *Bulkhead, req *Request, fn func(context.Context, *RunContext) (T, error), opts ...Option) (T, error) {
+	var zero T
+	if fn == nil {
+		return zero, invalidf("fn", "must not be nil")
+	}
+	o := resolve(opts)
+	p, err := b.acquire(ctx, req, &o, "Run")
+	if err != nil {
+		return zero, err
+	}
+	rc := &p.run
+	rc.p = p
+	if _, expired := p.l.Deadline(); expired != nil {
+		return runWithDeadline(ctx, p, fn)
+	}
+	return runAdmitted(ctx, p, fn)
+}
+
+// runAdmitted calls fn for admission p and releases p afterwards.
+func runAdmitted[T any](ctx context.Context, p *Permit, fn func(context.Context, *RunContext) (T, error)) (T, error) {
+	rc := &p.run
+	failed := true
+	defer func() {
+		var u *admission.Usage
+		if !failed && rc.hasUsage {
+			u = (*admission.Usage)(&rc.usage)
+		}
+		p.l.Release(u)
+	}()
+	v, err := fn(ctx, rc)
+	failed = err != nil
+	return v, err
+}
+
+type runResult[T any] struct {
+	v      T
+	err    error
+	panic  any
+	stack  []byte
+	goexit bool
+}
+
+// runWithDeadline runs fn on its own goroutine, so that Run can return as
+// soon as the admission's borrowed-slot deadline expires. fn's context is
+// then cancelled with the *BorrowedDeadlineError as its cause; fn's result,
+// when it comes, is discarded, but its release still settles the tokens.
+// A panic or Goexit in fn propagates to Run's caller while Run is still
+// waiting; a panic after Run returned on the deadline has nobody to reach,
+// so it is recovered and logged (Config.Logger) instead of crashing the
+// process.
+//
+// Run's answer always agrees with the engine's books: when the engine
+// abandoned the slot on the deadline before it settled fn's release, Run
+// returns the deadline error even if fn's result is already in.
+func runWithDeadline[T any](ctx context.Context, p *Permit, fn func(context.Context, *RunContext) (T, error)) (T, error) {
+	deadline, expired := p.l.Deadline()
+	fnCtx, cancel := context.WithCancelCause(ctx)
+	results := make(chan runResult[T])
+	gone := make(chan struct{}) // closed when Run has returned on the deadline
+	go func() {
+		var res runResult[T]
+		returned := false
+		defer func() {
+			if pv := recover(); pv != nil {
+				res.panic, res.stack = pv, debug.Stack()
+			} else if !returned {
+				res.goexit = true
+			}
+			// The release is settled once this returns, so whether the
+			// deadline expired first is known.
+			p.l.Sync()
+			select {
+			case results <- res:
+			case <-gone:
+				if res.panic != nil {
+					p.b.eng.LogError("bulkhead: Run callback panicked after its borrowed-slot deadline",
+						"panic", res.panic, "admission_id", p.ID().String(), "stack", string(res.stack))
+				}
+			}
+			cancel(nil)
+		}()
+		res.v, res.err = runAdmitted(fnCtx, p, fn)
+		returned = true
+	}()
+	select {
+	case res := <-results:
+		select {
+		case <-expired:
+			if res.panic == nil && !res.goexit {
+				return deadlineExpired[T](p, deadline, cancel)
+			}
+		default:
+		}
+		return res.unwrap()
+	case <-expired:
+		close(gone)
+		return deadlineExpired[T](p, deadline, cancel)
+	}
+}
+
+// deadlineExpired cancels fn's context with the deadline error and returns
+// it.
+func deadlineExpired[T any](p *Permit, deadline time.Duration, cancel context.CancelCauseFunc) (T, error) {
+	err := &BorrowedDeadlineError{Deadline: deadline, AdmissionID: p.ID(), Resources: p.Resources(), Class: p.Class(), Tag: p.Tag()}
+	cancel(err)
+	var zero T
+	return zero, err
+}
+
+func (r runResult[T]) unwrap() (T, error) {
+	if r.panic != nil {
+		panic(r.panic)
+	}
+	if r.goexit {
+		runtime.Goexit()
+	}
+	return r.v, r.err
+}

@@ -1,0 +1,127 @@
+package bulkhead
+
+import (
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/llmbulkhead/bulkhead/clock"
+)
+
+// Config configures a Bulkhead. The zero value of each optional field is
+// documented with it; New rejects anything invalid with a *ConfigError
+// naming the field.
+type Config struct {
+	// Model is the model the bulkhead guards, such as "gpt-4o". The default
+	// estimator reads it, so it is required with a TokenBudget that names
+	// no Estimator; otherwise it is optional. A request's own Model wins.
+	Model string
+
+	// MaxConcurrent is the number of calls that may be in flight at once.
+	// Zero rejects every call with ConcurrencyLimit until ApplyLimits raises
+	// it (a fail-closed start).
+	MaxConcurrent int
+
+	// MaxQueue is how many calls may wait for a slot. Zero means fail fast:
+	// a call that finds no free slot is rejected at once.
+	MaxQueue int
+
+	// QueueTimeout bounds the wait in the queue. Zero means wait until the
+	// call's context ends.
+	QueueTimeout time.Duration
+
+	// InitialRevision is the revision of the starting limits. ApplyLimits
+	// takes only snapshots with a higher revision.
+	InitialRevision int64
+
+	// TokenBudget turns on token admission. Nil means none: calls are
+	// admitted on concurrency alone.
+	TokenBudget *TokenBudget
+
+	// Classes partitions capacity between a fixed set of admission classes
+	// (tenants, workloads), with floors no other class may take and
+	// ceilings a class may not exceed. Nil means none.
+	Classes *Classes
+
+	// Clock is the time source. Nil means the wall clock; tests pass
+	// clock.NewMock().
+	Clock clock.Clock
+
+	// Logger receives the bulkhead's own diagnostics (recovered panics). Nil
+	// means silence. A handler that panics loses its record, nothing else.
+	Logger *slog.Logger
+}
+
+// TokenBudget bounds the tokens that admitted calls may hold at once. It is
+// an in-flight ceiling, not a spend cap: each admission holds its
+// reservation (input estimate + max output) until it is released.
+type TokenBudget struct {
+	// Budget is the most tokens admitted calls may hold at once. Zero is
+	// valid: it admits only calls that reserve nothing.
+	Budget int64
+
+	// HighPriorityReserve is the part of Budget that only High priority
+	// calls may use. It must not exceed Budget.
+	HighPriorityReserve int64
+
+	// Estimator turns a request into its reservation. Nil means the
+	// default: characters per token by model (Config.Model, or the
+	// request's own), with OutputCap for requests that set no MaxTokens.
+	Estimator Estimator
+
+	// OutputCap is the default estimator's max output for a request that
+	// sets no MaxTokens. Zero means 2048. It must be zero when Estimator is
+	// set.
+	OutputCap int64
+}
+
+// Interactive returns a Config for latency-sensitive traffic: no queue, so a
+// call that finds every slot taken is rejected at once.
+func Interactive(model string, maxConcurrent int) Config {
+	return Config{Model: model, MaxConcurrent: maxConcurrent}
+}
+
+// Batch returns a Config for throughput traffic: up to 20 calls wait, each
+// for at most 30 seconds.
+func Batch(model string, maxConcurrent int) Config {
+	return Config{Model: model, MaxConcurrent: maxConcurrent, MaxQueue: 20, QueueTimeout: 30 * time.Second}
+}
+
+func (cfg *Config) validate() error {
+	if cfg.MaxConcurrent < 0 {
+		return invalidf("Config.MaxConcurrent", "must be >= 0, got %d", cfg.MaxConcurrent)
+	}
+	if cfg.MaxQueue < 0 {
+		return invalidf("Config.MaxQueue", "must be >= 0, got %d", cfg.MaxQueue)
+	}
+	if cfg.QueueTimeout < 0 {
+		return invalidf("Config.QueueTimeout", "must be >= 0, got %v", cfg.QueueTimeout)
+	}
+	if err := checkNonNegative("Config.InitialRevision", cfg.InitialRevision); err != nil {
+		return err
+	}
+	tb := cfg.TokenBudget
+	if tb == nil {
+		return nil
+	}
+	if err := checkNonNegative("Config.TokenBudget.Budget", tb.Budget); err != nil {
+		return err
+	}
+	if err := checkNonNegative("Config.TokenBudget.HighPriorityReserve", tb.HighPriorityReserve); err != nil {
+		return err
+	}
+	if tb.HighPriorityReserve > tb.Budget {
+		return invalidf("Config.TokenBudget.HighPriorityReserve",
+			"must not exceed Budget (%d), got %d", tb.Budget, tb.HighPriorityReserve)
+	}
+	if err := checkNonNegative("Config.TokenBudget.OutputCap", tb.OutputCap); err != nil {
+		return err
+	}
+	if tb.Estimator != nil && tb.OutputCap != 0 {
+		return invalidf("Config.TokenBudget.OutputCap", "applies to the default estimator only; set the cap on the Estimator")
+	}
+	if tb.Estimator == nil && strings.TrimSpace(cfg.Model) == "" {
+		return invalidf("Config.Model", "must not be blank: the default estimator reads it (or set TokenBudget.Estimator)")
+	}
+	return nil
+}

@@ -1,0 +1,19 @@
+// Package bulkhead decides whether an LLM call should run before it runs.
+//
+// A Bulkhead admits, queues or rejects each call in microseconds, in-process,
+// from how many calls are in flight and how many tokens they have already
+// committed. Services that call LLM providers under concurrent traffic wrap
+// each call in one: a fast, typed rejection beats a request that piles onto a
+// saturated provider and turns a burst into a storm of 429s.
+//
+// Build one with New, from a Config or a profile (Interactive, Batch). Wrap a
+// call with Run, or hold its capacity by hand with Acquire and
+// Permit.Release. Rejections are *RejectedError values: errors.Is(err,
+// ErrRejected) matches them all, errors.Is(err, ErrBudgetLimit) (one
+// sentinel per reason) matches one reason, and errors.As gives the capacity
+// snapshot the decision was made on. Invalid input is a *ConfigError, never
+// a rejection, and takes nothing.
+//
+// Shutdown (or Close, then Drain) ends a Bulkhead: no goroutine of it
+// remains afterwards.
+package bulkhead

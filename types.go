@@ -1,0 +1,104 @@
+package bulkhead
+
+import (
+	"encoding/hex"
+	"strconv"
+	"time"
+)
+
+// ID identifies one admission. It is a random RFC 4122 version 4 UUID,
+// minted when the call is admitted and carried by every artefact of that
+// admission: its permit, run context, usage reports and events.
+type ID [16]byte
+
+// String formats the ID as a UUID, such as
+// "1b4e28ba-2fa1-41d2-883f-0016d3cca427". The zero ID formats as "".
+func (id ID) String() string {
+	if id == (ID{}) {
+		return ""
+	}
+	var b [36]byte
+	hex.Encode(b[0:8], id[0:4])
+	b[8] = '-'
+	hex.Encode(b[9:13], id[4:6])
+	b[13] = '-'
+	hex.Encode(b[14:18], id[6:8])
+	b[18] = '-'
+	hex.Encode(b[19:23], id[8:10])
+	b[23] = '-'
+	hex.Encode(b[24:], id[10:])
+	return string(b[:])
+}
+
+// MarshalText encodes the ID as its UUID string.
+func (id ID) MarshalText() ([]byte, error) { return []byte(id.String()), nil }
+
+// Resources says which shared capacity an admission took on loan. Without
+// admission classes it is always the zero value.
+type Resources struct {
+	// BorrowedConcurrency is true when the admission's slot came from the
+	// shared pool rather than its class's protected floor.
+	BorrowedConcurrency bool
+	// BorrowedTokens is how much of the reservation came from the shared
+	// token pool.
+	BorrowedTokens int64
+}
+
+// Timing is how long an admission decision took, from the clock.
+type Timing struct {
+	// DecisionDuration is the bulkhead's own work on the call, excluding
+	// any time spent waiting in the queue.
+	DecisionDuration time.Duration
+	// QueueWait is the time spent waiting for a slot; zero for a call that
+	// never queued.
+	QueueWait time.Duration
+}
+
+// AbandonCause says why a borrowed slot was given back early.
+type AbandonCause uint8
+
+// The abandonment causes.
+const (
+	// AbandonManual is a call to AbandonBorrowedConcurrency.
+	AbandonManual AbandonCause = iota
+	// AbandonDeadline is the expiry of a borrowed-slot deadline.
+	AbandonDeadline
+)
+
+// String returns "manual" or "deadline".
+func (c AbandonCause) String() string {
+	switch c {
+	case AbandonManual:
+		return "manual"
+	case AbandonDeadline:
+		return "deadline"
+	}
+	return "cause(" + itoa(int64(c)) + ")"
+}
+
+// MarshalText encodes the cause as "manual" or "deadline".
+func (c AbandonCause) MarshalText() ([]byte, error) { return []byte(c.String()), nil }
+
+// Decision is the answer of WouldAdmit.
+type Decision struct {
+	// Admit is true when the call would be admitted now or would queue.
+	Admit bool
+	// Reason is why not, when Admit is false.
+	Reason Reason
+	// Detail is the capacity snapshot, when asked for with WithDetail.
+	Detail *RejectDetail
+}
+
+// DrainResult is the outcome of Drain.
+type DrainResult struct {
+	// Drained is true when nothing was in flight or queued, every admission
+	// had been released and every event had been delivered.
+	Drained bool
+	// InFlight is the number of admissions not yet released when Drain
+	// gave up.
+	InFlight int
+	// Pending is the number of queued calls when Drain gave up.
+	Pending int
+}
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }
