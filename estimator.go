@@ -74,7 +74,6 @@ func (d *defaultEstimator) Estimate(req *Request) (Reservation, error) {
 	return Reservation{Input: input, MaxOutput: out, Reserved: sum}, nil
 }
 
-
 // reserve computes the token reservation of one admission attempt. It is what the admission path, WouldAdmit and the bulkhead's
 // Estimate call, so all three agree.
 //
@@ -180,4 +179,3 @@ func checkEstimate(r Reservation) (Reservation, error) {
 	r.Reserved = sum
 	return r, nil
 }
-

@@ -26,9 +26,9 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
-	"github.com/llmbulkhead/bulkhead/internal/admission"
 	"github.com/llmbulkhead/bulkhead/classes"
 	"github.com/llmbulkhead/bulkhead/clock"
+	"github.com/llmbulkhead/bulkhead/internal/admission"
 )
 
 // Config is what the engine needs to start.
@@ -100,8 +100,8 @@ func Start(cfg Config) (*Engine, error) {
 		actor.WithDeadLetterRequestLogging(false),
 	)
 	e := &Engine{
-		sys:  sys,
-		root: sys.Root,
+		sys:    sys,
+		root:   sys.Root,
 		clk:    clock.OrReal(cfg.Clock),
 		logger: logger,
 	}

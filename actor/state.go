@@ -7,9 +7,9 @@ import (
 	mrand "math/rand/v2"
 	"time"
 
-	"github.com/llmbulkhead/bulkhead/internal/admission"
 	"github.com/llmbulkhead/bulkhead/classes"
 	"github.com/llmbulkhead/bulkhead/clock"
+	"github.com/llmbulkhead/bulkhead/internal/admission"
 )
 
 // state is the admission state machine. Only the admission actor touches

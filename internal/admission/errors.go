@@ -11,13 +11,13 @@ type Reason uint8
 
 // The rejection reasons. The zero value, NoReason, means "admitted".
 const (
-	NoReason          Reason = iota
-	ConcurrencyLimit         // every slot is taken and the call may not wait
-	QueueLimit               // every slot and every queue position is taken
-	Timeout                  // the call waited its whole queue timeout
-	Aborted                  // the caller's context ended first
-	Shutdown                 // the bulkhead is closed
-	BudgetLimit              // the token reservation does not fit the budget
+	NoReason         Reason = iota
+	ConcurrencyLimit        // every slot is taken and the call may not wait
+	QueueLimit              // every slot and every queue position is taken
+	Timeout                 // the call waited its whole queue timeout
+	Aborted                 // the caller's context ended first
+	Shutdown                // the bulkhead is closed
+	BudgetLimit             // the token reservation does not fit the budget
 	numReasons
 )
 
@@ -26,13 +26,13 @@ const (
 const NumReasons = int(numReasons)
 
 var reasonNames = [...]string{
-	NoReason:          "",
-	ConcurrencyLimit:  "concurrency_limit",
-	QueueLimit:        "queue_limit",
-	Timeout:           "timeout",
-	Aborted:           "aborted",
-	Shutdown:          "shutdown",
-	BudgetLimit:       "budget_limit",
+	NoReason:         "",
+	ConcurrencyLimit: "concurrency_limit",
+	QueueLimit:       "queue_limit",
+	Timeout:          "timeout",
+	Aborted:          "aborted",
+	Shutdown:         "shutdown",
+	BudgetLimit:      "budget_limit",
 }
 
 // String returns the reason's wire name, such as "concurrency_limit".
@@ -62,21 +62,21 @@ var ErrRejected = errors.New("bulkhead: rejected")
 // One sentinel per reason: errors.Is(err, ErrBudgetLimit) is true for a
 // rejection with reason BudgetLimit.
 var (
-	ErrConcurrencyLimit  = errors.New("bulkhead: rejected: concurrency_limit")
-	ErrQueueLimit        = errors.New("bulkhead: rejected: queue_limit")
-	ErrTimeout           = errors.New("bulkhead: rejected: timeout")
-	ErrAborted           = errors.New("bulkhead: rejected: aborted")
-	ErrShutdown          = errors.New("bulkhead: rejected: shutdown")
-	ErrBudgetLimit       = errors.New("bulkhead: rejected: budget_limit")
+	ErrConcurrencyLimit = errors.New("bulkhead: rejected: concurrency_limit")
+	ErrQueueLimit       = errors.New("bulkhead: rejected: queue_limit")
+	ErrTimeout          = errors.New("bulkhead: rejected: timeout")
+	ErrAborted          = errors.New("bulkhead: rejected: aborted")
+	ErrShutdown         = errors.New("bulkhead: rejected: shutdown")
+	ErrBudgetLimit      = errors.New("bulkhead: rejected: budget_limit")
 )
 
 var sentinels = [...]error{
-	ConcurrencyLimit:  ErrConcurrencyLimit,
-	QueueLimit:        ErrQueueLimit,
-	Timeout:           ErrTimeout,
-	Aborted:           ErrAborted,
-	Shutdown:          ErrShutdown,
-	BudgetLimit:       ErrBudgetLimit,
+	ConcurrencyLimit: ErrConcurrencyLimit,
+	QueueLimit:       ErrQueueLimit,
+	Timeout:          ErrTimeout,
+	Aborted:          ErrAborted,
+	Shutdown:         ErrShutdown,
+	BudgetLimit:      ErrBudgetLimit,
 }
 
 // Sentinel returns the sentinel error of reason r, or nil for NoReason.
@@ -101,7 +101,6 @@ type RejectedError struct {
 	// rejection on the admission path carries one; a dedup follower's own
 	// wait ending carries none.
 	Detail *RejectDetail
-
 
 	// Tag is the caller's tag for the call.
 	Tag string

@@ -68,4 +68,3 @@ type ReconfigureEvent struct {
 	Previous Limits
 	Current  Limits
 }
-
