@@ -2,10 +2,10 @@ package classes
 
 import "github.com/llmbulkhead/bulkhead/admission"
 
-// Detail returns the class parts of a reject detail (SPEC F21) for a call
-// of class c reserving reserved tokens, from the same numbers Check decides
-// on (so g is given as to Check: the effective budget, and SlotHeld when
-// the caller still holds the call's slot). It returns nil, nil for None.
+// Detail returns the class parts of a reject detail for a call of class c
+// reserving reserved tokens, from the same numbers Check decides on (so g
+// is given as to Check: the effective budget, and SlotHeld when the caller
+// still holds the call's slot). It returns nil, nil for None.
 //
 // Its floors, and all that is computed from them (the shared pools, the
 // protected and borrowed parts, the available protected capacity), are the
@@ -67,10 +67,10 @@ func (t *Table) Detail(c Class, g Capacity, reserved int64) (*admission.SharedCa
 	return shared, cd
 }
 
-// Stats returns the class part of the statistics (SPEC F32), nil on a nil
-// Table. g.Budget is the whole budget (the shared token pool in Stats is
-// not priority-adjusted); g.SlotHeld is ignored. The result shares no
-// memory with the table.
+// Stats returns the class part of the statistics, nil on a nil Table.
+// g.Budget is the whole budget (the shared token pool in Stats is not
+// priority-adjusted); g.SlotHeld is ignored. The result shares no memory
+// with the table.
 //
 // Like Detail it works with the floors in effect. Each class's Limits
 // holds its floors in effect (ProtectedConcurrent, ProtectedInFlightTokens)

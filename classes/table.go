@@ -217,11 +217,10 @@ func (k *state) borrowedTokens(reserved int64) int64 {
 }
 
 // Check runs the class checks for a call of class c reserving reserved
-// tokens, in the order of SPEC F17, after the global budget check (which
-// is the caller's): the class token ceiling, the class concurrency
-// ceiling, the concurrency protection, the token protection. It returns
-// the reason and constraint of the first that fails, or NoReason and ""
-// when all pass. It changes nothing and does not allocate.
+// tokens, in this order, after the global budget check (which is the
+// caller's): the class token ceiling, the class concurrency ceiling, the
+// concurrency protection, the token protection. It returns the reason and
+// constraint of the first that fails, or NoReason and "" when all pass. It changes nothing and does not allocate.
 //
 // The actor calls it at the precheck (g.SlotHeld false), before it takes
 // a global slot, and again at the postcheck with the slot held (g.SlotHeld
@@ -266,10 +265,10 @@ func (t *Table) Check(c Class, g Capacity, reserved int64) (admission.Reason, ad
 }
 
 // Resources returns what an admission of class c reserving reserved tokens
-// would borrow now (SPEC F18): the shared slot when the class is at or
-// above its floor, and the part of the reservation its unused token floor
-// does not cover. A class without floors always borrows. None borrows
-// nothing. The floors are those in effect, as in Check.
+// would borrow now: the shared slot when the class is at or above its
+// floor, and the part of the reservation its unused token floor does not
+// cover. A class without floors always borrows. None borrows nothing. The
+// floors are those in effect, as in Check.
 func (t *Table) Resources(c Class, reserved int64) admission.Resources {
 	k := t.get(c)
 	if k == nil {
@@ -346,8 +345,8 @@ func (t *Table) Reject(c Class, why admission.Reason) {
 
 // AdjustHold records that an unreleased admission of class c changed its
 // token hold by delta (the new hold less the old): a rise is an overrun
-// (SPEC F12), a fall an early refund. The caller adjusts the global hold
-// and ledger the same way.
+// (usage beyond the reservation), a fall an early refund. The caller
+// adjusts the global hold and ledger the same way.
 func (t *Table) AdjustHold(c Class, delta int64) {
 	k := t.get(c)
 	if k == nil || delta == 0 {
@@ -362,9 +361,9 @@ func (t *Table) AdjustHold(c Class, delta int64) {
 }
 
 // Abandon records that an admission of class c gave its borrowed slot back
-// early (SPEC F19): the class's slot count falls by one, its tokens stay
-// held until Release. The caller has checked that the admission borrowed
-// its slot, is unreleased and was not abandoned before.
+// early: the class's slot count falls by one, its tokens stay held until
+// Release. The caller has checked that the admission borrowed its slot, is
+// unreleased and was not abandoned before.
 func (t *Table) Abandon(c Class, cause admission.AbandonCause) {
 	k := t.get(c)
 	if k == nil {
@@ -378,7 +377,7 @@ func (t *Table) Abandon(c Class, cause admission.AbandonCause) {
 }
 
 // Settlement is the release of one admission, as the actor settled it on
-// the global ledger (SPEC F11).
+// the global ledger.
 type Settlement struct {
 	// Held is the admission's hold at release, returned to the class.
 	Held int64
