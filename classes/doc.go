@@ -1,5 +1,5 @@
 // Package classes is the admission class policy: floors, ceilings, the
-// shared pool and borrowing (SPEC F16-F18).
+// shared pool and borrowing.
 //
 // A Table holds a fixed set of named classes, each with optional floors
 // (capacity no other class may use) and ceilings (the most the class may

@@ -11,7 +11,7 @@ import (
 )
 
 // LeaseActor is the child actor of one admission class: it owns the class's
-// leases that carry a borrowed-slot deadline (SPEC F20) and their timers.
+// leases that carry a borrowed-slot deadline and their timers.
 // The admission actor spawns one per class, tells it when a deadline lease
 // starts and when it ends early, and hears back, as a DeadlineExpired
 // message, when a deadline fires first. It decides nothing about capacity:
@@ -80,9 +80,9 @@ type fired[K comparable] struct {
 // NewLeaseActor returns the props of a class actor for class, with timers
 // from clk.
 //
-// The actor runs on protoactor's synchronized dispatcher: when its parent
-// tells it of a new deadline and it is idle, it handles the message at once,
-// on the parent's goroutine, so the timer is armed before the admission is
+// The actor runs on a synchronized dispatcher: when its parent tells it of
+// a new deadline and it is idle, it handles the message at once, on the
+// parent's goroutine, so the timer is armed before the admission is
 // answered. A test that moves a mock clock after the call was admitted then
 // always finds the deadline's timer in place.
 func NewLeaseActor[K comparable](class string, clk clock.Clock) (*actor.Props, *Telemetry) {

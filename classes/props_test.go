@@ -2,6 +2,7 @@ package classes
 
 import (
 	"fmt"
+	"reflect"
 	"testing"
 
 	"pgregory.net/rapid"
@@ -14,6 +15,9 @@ import (
 // admission actor around it (global budget, class checks, a gate without a
 // queue, the postcheck), and compares it after every step with a model
 // that recomputes every SPEC F17 formula from the list of live admissions.
+// Runtime replacements may set limits below the sum of the floors; the
+// model then shrinks the floors itself (SPEC F16) and uses the floors in
+// effect in every formula.
 
 // lease is one live admission in the model.
 type lease struct {
@@ -62,6 +66,27 @@ func (m *model) effective(p admission.Priority) int64 {
 	return max(0, b.Budget-b.HighPriorityReserve)
 }
 
+// inEffect returns class i's floors in effect: floor * limit / sum of the
+// floors, rounded down, while the limit (MaxConcurrent, the whole budget)
+// is below the sum; the configured floors otherwise.
+func (m *model) inEffect(i int) (floor int, tokFloor int64) {
+	var sum int
+	var tokSum int64
+	for _, c := range m.classes {
+		sum += c.limits.ProtectedConcurrent
+		tokSum += c.limits.ProtectedInFlightTokens
+	}
+	l := m.classes[i].limits
+	floor, tokFloor = l.ProtectedConcurrent, l.ProtectedInFlightTokens
+	if sum > m.g.MaxConcurrent {
+		floor = floor * m.g.MaxConcurrent / sum
+	}
+	if b := m.g.TokenBudget; b != nil && tokSum > b.Budget {
+		tokFloor = tokFloor * b.Budget / tokSum
+	}
+	return floor, tokFloor
+}
+
 // usage recomputes, from the live leases, class i's slots and tokens.
 func (m *model) usage(i int) (slots int, tokens int64) {
 	for _, l := range m.leases {
@@ -84,13 +109,15 @@ func (m *model) gate() (slots int, tokens int64) {
 	return slots, tokens
 }
 
+// sums is the sums of the floors in effect and of the protected use.
 func (m *model) sums() (floors int, tokFloors int64, protInUse int, protTokInUse int64) {
-	for i, c := range m.classes {
+	for i := range m.classes {
 		s, t := m.usage(i)
-		floors += c.limits.ProtectedConcurrent
-		tokFloors += c.limits.ProtectedInFlightTokens
-		protInUse += min(s, c.limits.ProtectedConcurrent)
-		protTokInUse += min(t, c.limits.ProtectedInFlightTokens)
+		f, tf := m.inEffect(i)
+		floors += f
+		tokFloors += tf
+		protInUse += min(s, f)
+		protTokInUse += min(t, tf)
 	}
 	return
 }
@@ -107,12 +134,13 @@ func (m *model) capacity(p admission.Priority, slotHeld bool) Capacity {
 // "only what is borrowed is checked" rule.
 func (m *model) refCheck(i int, reserved int64, p admission.Priority) (admission.Reason, admission.Constraint, admission.Resources) {
 	c := m.classes[i].limits
+	floor, tokFloor := m.inEffect(i)
 	slots, tokens := m.usage(i)
 	gslots, gtokens := m.gate()
 	floors, tokFloors, protInUse, protTokInUse := m.sums()
 	res := admission.Resources{
-		BorrowedConcurrency: slots >= c.ProtectedConcurrent,
-		BorrowedTokens:      max(0, reserved-max(0, c.ProtectedInFlightTokens-tokens)),
+		BorrowedConcurrency: slots >= floor,
+		BorrowedTokens:      max(0, reserved-max(0, tokFloor-tokens)),
 	}
 	switch {
 	case c.MaxInFlightTokens != nil && tokens+reserved > *c.MaxInFlightTokens:
@@ -151,8 +179,10 @@ func (m *model) steadiness() (conc, tok bool) {
 }
 
 // genLimits draws a valid class table for the key set names and new global
-// limits: the floors are drawn within what is left of the global limits.
-func genLimits(t *rapid.T, names []string, hasBudget bool) (admission.Limits, map[string]admission.ClassLimits) {
+// limits: the floors are drawn within what is left of the global limits,
+// or, for a runtime replacement (overcommit), regardless of them, so that
+// they may sum above the limits.
+func genLimits(t *rapid.T, names []string, hasBudget, overcommit bool) (admission.Limits, map[string]admission.ClassLimits) {
 	g := admission.Limits{MaxConcurrent: rapid.IntRange(0, 6).Draw(t, "maxConcurrent"), MaxQueue: 0}
 	if hasBudget {
 		b := rapid.Int64Range(0, 1000).Draw(t, "budget")
@@ -166,16 +196,24 @@ func genLimits(t *rapid.T, names []string, hasBudget bool) (admission.Limits, ma
 	for _, name := range names {
 		var l admission.ClassLimits
 		if rapid.Bool().Draw(t, name+".hasFloor") {
-			l.ProtectedConcurrent = rapid.IntRange(0, left).Draw(t, name+".floor")
-			left -= l.ProtectedConcurrent
+			if overcommit {
+				l.ProtectedConcurrent = rapid.IntRange(0, 4).Draw(t, name+".floor")
+			} else {
+				l.ProtectedConcurrent = rapid.IntRange(0, left).Draw(t, name+".floor")
+				left -= l.ProtectedConcurrent
+			}
 		}
 		if rapid.Bool().Draw(t, name+".hasMax") {
 			l.MaxConcurrent = ip(rapid.IntRange(l.ProtectedConcurrent, l.ProtectedConcurrent+4).Draw(t, name+".max"))
 		}
 		if hasBudget {
 			if rapid.Bool().Draw(t, name+".hasTokFloor") {
-				l.ProtectedInFlightTokens = rapid.Int64Range(0, tokLeft).Draw(t, name+".tokFloor")
-				tokLeft -= l.ProtectedInFlightTokens
+				if overcommit {
+					l.ProtectedInFlightTokens = rapid.Int64Range(0, 600).Draw(t, name+".tokFloor")
+				} else {
+					l.ProtectedInFlightTokens = rapid.Int64Range(0, tokLeft).Draw(t, name+".tokFloor")
+					tokLeft -= l.ProtectedInFlightTokens
+				}
 			}
 			if rapid.Bool().Draw(t, name+".hasMaxTok") {
 				l.MaxInFlightTokens = i64p(rapid.Int64Range(l.ProtectedInFlightTokens, l.ProtectedInFlightTokens+600).Draw(t, name+".maxTok"))
@@ -193,7 +231,7 @@ func newModel(t *rapid.T) *model {
 		names[i] = fmt.Sprintf("c%d", i)
 	}
 	hasBudget := rapid.Bool().Draw(t, "hasBudget")
-	g, lim := genLimits(t, names, hasBudget)
+	g, lim := genLimits(t, names, hasBudget, false)
 	def := rapid.IntRange(0, n-1).Draw(t, "default")
 	tab, err := New("Config.Classes", admission.Classes{Default: names[def], Limits: lim}, g)
 	if err != nil {
@@ -365,7 +403,7 @@ func (m *model) apply(t *rapid.T) {
 	for i, c := range m.classes {
 		names[i] = c.name
 	}
-	g, lim := genLimits(t, names, m.hasBudget())
+	g, lim := genLimits(t, names, m.hasBudget(), rapid.Bool().Draw(t, "overcommit"))
 	u, err := m.tab.Prepare("Limits.Classes", admission.Classes{Limits: lim}, g)
 	if err != nil {
 		t.Fatalf("Prepare on a valid table: %v", err)
@@ -382,6 +420,17 @@ func (m *model) apply(t *rapid.T) {
 func (m *model) check(t *rapid.T) {
 	gslots, gtokens := m.gate()
 	st := m.tab.Stats(Capacity{MaxConcurrent: m.g.MaxConcurrent, InFlight: gslots, InFlightTokens: gtokens, Budget: m.effective(admission.High)})
+	conf := m.tab.Classes()
+	floors, tokFloors, _, _ := m.sums()
+	if floors > m.g.MaxConcurrent || (m.hasBudget() && tokFloors > m.g.TokenBudget.Budget) {
+		t.Fatalf("the floors in effect sum to %d/%d, above the limits %d/%+v", floors, tokFloors, m.g.MaxConcurrent, m.g.TokenBudget)
+	}
+	if st.Shared.MaxConcurrent != max(0, m.g.MaxConcurrent-floors) {
+		t.Fatalf("shared capacity %d, model %d", st.Shared.MaxConcurrent, max(0, m.g.MaxConcurrent-floors))
+	}
+	if m.hasBudget() && st.Shared.TokenBudget.Budget != max(0, m.g.TokenBudget.Budget-tokFloors) {
+		t.Fatalf("shared token capacity %d, model %d", st.Shared.TokenBudget.Budget, max(0, m.g.TokenBudget.Budget-tokFloors))
+	}
 	var protInUse int
 	var protTokInUse int64
 	for i, cm := range m.classes {
@@ -410,6 +459,20 @@ func (m *model) check(t *rapid.T) {
 		case cs.ProtectedConcurrentInUse+cs.BorrowedConcurrent != cs.InFlight || cs.ProtectedTokensInUse+cs.BorrowedInFlightTokens != cs.InFlightTokens:
 			t.Fatalf("%s: protected + borrowed != in flight: %+v", cm.name, cs)
 		}
+		// Stats shows the floors in effect beside the configured ceilings;
+		// Classes the configured limits.
+		want := cm.limits
+		want.ProtectedConcurrent, want.ProtectedInFlightTokens = m.inEffect(i)
+		if !reflect.DeepEqual(cs.Limits, want) {
+			t.Fatalf("%s: Stats limits %s, model %s (configured %s)", cm.name, fmtLimits(cs.Limits), fmtLimits(want), fmtLimits(cm.limits))
+		}
+		if got := conf.Limits[cm.name]; !reflect.DeepEqual(got, cm.limits) {
+			t.Fatalf("%s: Classes says %s, configured %s", cm.name, fmtLimits(got), fmtLimits(cm.limits))
+		}
+		if cs.ProtectedConcurrentInUse != min(slots, want.ProtectedConcurrent) || cs.ProtectedTokensInUse != min(tokens, want.ProtectedInFlightTokens) {
+			t.Fatalf("%s: protected in use %d/%d, model %d/%d", cm.name, cs.ProtectedConcurrentInUse, cs.ProtectedTokensInUse,
+				min(slots, want.ProtectedConcurrent), min(tokens, want.ProtectedInFlightTokens))
+		}
 		var byReason, byCause int64
 		for _, n := range cs.RejectedByReason {
 			byReason += n
@@ -435,11 +498,12 @@ func (m *model) check(t *rapid.T) {
 	if m.concSteady {
 		for i, cm := range m.classes {
 			slots, _ := m.usage(i)
-			if slots >= cm.limits.ProtectedConcurrent {
+			floor, _ := m.inEffect(i)
+			if slots >= floor {
 				continue
 			}
 			if gslots >= m.g.MaxConcurrent {
-				t.Fatalf("%s is below its floor (%d < %d) but the gate is full (%d)", cm.name, slots, cm.limits.ProtectedConcurrent, gslots)
+				t.Fatalf("%s is below its floor in effect (%d < %d) but the gate is full (%d)", cm.name, slots, floor, gslots)
 			}
 			capacity := m.capacity(admission.High, false)
 			if why, con := m.tab.Check(Class(i+1), capacity, 0); why == admission.ConcurrencyLimit {
@@ -450,7 +514,8 @@ func (m *model) check(t *rapid.T) {
 	if m.tokSteady && m.hasBudget() {
 		for i, cm := range m.classes {
 			_, tokens := m.usage(i)
-			room := cm.limits.ProtectedInFlightTokens - tokens
+			_, tokFloor := m.inEffect(i)
+			room := tokFloor - tokens
 			if room <= 0 {
 				continue
 			}
@@ -480,4 +545,21 @@ func TestTableModel(t *testing.T) {
 		}
 		t.Repeat(actions)
 	})
+}
+
+// fmtLimits formats class limits with their ceilings dereferenced.
+func fmtLimits(l admission.ClassLimits) string {
+	ceil := func(p *int) string {
+		if p == nil {
+			return "-"
+		}
+		return fmt.Sprint(*p)
+	}
+	ceil64 := func(p *int64) string {
+		if p == nil {
+			return "-"
+		}
+		return fmt.Sprint(*p)
+	}
+	return fmt.Sprintf("{floor %d max %s tokFloor %d maxTok %s}", l.ProtectedConcurrent, ceil(l.MaxConcurrent), l.ProtectedInFlightTokens, ceil64(l.MaxInFlightTokens))
 }

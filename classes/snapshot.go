@@ -2,10 +2,16 @@ package classes
 
 import "github.com/llmbulkhead/bulkhead/internal/admission"
 
-// Detail returns the class parts of a reject detail (SPEC F21) for a call
-// of class c reserving reserved tokens, from the same numbers Check decides
-// on (so g is given as to Check: the effective budget, and SlotHeld when
-// the caller still holds the call's slot). It returns nil, nil for None.
+// Detail returns the class parts of a reject detail for a call of class c
+// reserving reserved tokens, from the same numbers Check decides on (so g
+// is given as to Check: the effective budget, and SlotHeld when the caller
+// still holds the call's slot). It returns nil, nil for None.
+//
+// Its floors, and all that is computed from them (the shared pools, the
+// protected and borrowed parts, the available protected capacity), are the
+// floors in effect: the configured ones, shrunk while MaxConcurrent or the
+// token budget is below the sum of the floors (see Prepare). The ceilings
+// are as configured.
 // The caller sets RejectDetail.Constraint from Check and ConstraintGlobal
 // for a global rejection. The results share no memory with the table.
 func (t *Table) Detail(c Class, g Capacity, reserved int64) (*admission.SharedCapacityDetail, *admission.ClassDetail) {
@@ -14,6 +20,7 @@ func (t *Table) Detail(c Class, g Capacity, reserved int64) (*admission.SharedCa
 		return nil, nil
 	}
 	l := &k.limits
+	floor, tokFloor := k.floor, k.tokFloor
 	shared := &admission.SharedCapacityDetail{}
 	capacity, inUse := t.sharedCapacity(&g), t.sharedInUse(&g)
 	shared.Concurrency = admission.SharedConcurrencyDetail{
@@ -27,10 +34,10 @@ func (t *Table) Detail(c Class, g Capacity, reserved int64) (*admission.SharedCa
 	cd := &admission.ClassDetail{
 		ID:                           k.name,
 		InFlight:                     k.inFlight,
-		ProtectedConcurrent:          l.floor,
-		ProtectedConcurrentInUse:     min(k.inFlight, l.floor),
-		BorrowedConcurrent:           max(0, k.inFlight-l.floor),
-		AvailableProtectedConcurrent: max(0, l.floor-k.inFlight),
+		ProtectedConcurrent:          floor,
+		ProtectedConcurrentInUse:     min(k.inFlight, floor),
+		BorrowedConcurrent:           max(0, k.inFlight-floor),
+		AvailableProtectedConcurrent: max(0, floor-k.inFlight),
 	}
 	if l.hasMax {
 		m, a := l.max, max(0, l.max-k.inFlight)
@@ -46,10 +53,10 @@ func (t *Table) Detail(c Class, g Capacity, reserved int64) (*admission.SharedCa
 		}
 		cd.TokenBudget = &admission.ClassBudgetDetail{
 			InFlightTokens:           k.tokens,
-			ProtectedInFlightTokens:  l.tokFloor,
-			ProtectedTokensInUse:     min(k.tokens, l.tokFloor),
-			BorrowedInFlightTokens:   max(0, k.tokens-l.tokFloor),
-			AvailableProtectedTokens: max(0, l.tokFloor-k.tokens),
+			ProtectedInFlightTokens:  tokFloor,
+			ProtectedTokensInUse:     min(k.tokens, tokFloor),
+			BorrowedInFlightTokens:   max(0, k.tokens-tokFloor),
+			AvailableProtectedTokens: max(0, tokFloor-k.tokens),
 			Requested:                reserved,
 		}
 		if l.hasMaxTok {
@@ -60,10 +67,17 @@ func (t *Table) Detail(c Class, g Capacity, reserved int64) (*admission.SharedCa
 	return shared, cd
 }
 
-// Stats returns the class part of the statistics (SPEC F32), nil on a nil
-// Table. g.Budget is the whole budget (the shared token pool in Stats is
-// not priority-adjusted); g.SlotHeld is ignored. The result shares no
-// memory with the table.
+// Stats returns the class part of the statistics, nil on a nil Table.
+// g.Budget is the whole budget (the shared token pool in Stats is not
+// priority-adjusted); g.SlotHeld is ignored. The result shares no memory
+// with the table.
+//
+// Like Detail it works with the floors in effect. Each class's Limits
+// holds its floors in effect (ProtectedConcurrent, ProtectedInFlightTokens)
+// and its configured ceilings, so the protected and borrowed fields are
+// computed from the Limits beside them. While MaxConcurrent or the token
+// budget is below the sum of the floors, those floors are smaller than the
+// configured ones, which Classes reports (and the bulkhead's Limits).
 func (t *Table) Stats(g Capacity) *admission.ClassesStats {
 	if t == nil {
 		return nil
@@ -89,15 +103,16 @@ func (t *Table) Stats(g Capacity) *admission.ClassesStats {
 	}
 	for i := range t.classes {
 		k := &t.classes[i]
-		l := &k.limits
+		lim := k.limits.public()
+		lim.ProtectedConcurrent, lim.ProtectedInFlightTokens = k.floor, k.tokFloor
 		cs := admission.ClassStats{
-			Limits:                      l.public(),
+			Limits:                      lim,
 			InFlight:                    k.inFlight,
-			ProtectedConcurrentInUse:    min(k.inFlight, l.floor),
-			BorrowedConcurrent:          max(0, k.inFlight-l.floor),
+			ProtectedConcurrentInUse:    min(k.inFlight, k.floor),
+			BorrowedConcurrent:          max(0, k.inFlight-k.floor),
 			InFlightTokens:              k.tokens,
-			ProtectedTokensInUse:        min(k.tokens, l.tokFloor),
-			BorrowedInFlightTokens:      max(0, k.tokens-l.tokFloor),
+			ProtectedTokensInUse:        min(k.tokens, k.tokFloor),
+			BorrowedInFlightTokens:      max(0, k.tokens-k.tokFloor),
 			Admitted:                    k.admitted,
 			Released:                    k.released,
 			Abandoned:                   k.abandoned,
@@ -126,9 +141,10 @@ func (t *Table) Stats(g Capacity) *admission.ClassesStats {
 	return st
 }
 
-// Classes returns the current class table as configuration: the default
-// class and every class's limits, for Limits() and Stats().Limits. It is a
-// deep copy; an empty admission.Classes on a nil Table.
+// Classes returns the current class table as configured: the default class
+// and every class's limits, for Limits() and Stats().Limits. Its floors are
+// the configured ones, even while smaller floors are in effect (see Stats).
+// It is a deep copy; an empty admission.Classes on a nil Table.
 func (t *Table) Classes() admission.Classes {
 	if t == nil {
 		return admission.Classes{}

@@ -13,7 +13,8 @@ const None Class = 0
 
 // Capacity is the admission actor's global view, given to the class checks.
 type Capacity struct {
-	// MaxConcurrent is the global slot limit.
+	// MaxConcurrent is the global slot limit: the one the table was built
+	// or last updated with, as the floors in effect follow from it.
 	MaxConcurrent int
 	// InFlight is the global slots in use, as the gate counts them.
 	InFlight int
@@ -40,13 +41,19 @@ func (g *Capacity) inFlight() int {
 // state is one class: its limits, its usage and its counters.
 type state struct {
 	name   string
-	limits limits
+	limits limits // as configured
+
+	// floor and tokFloor are the floors in effect: limits.floor and
+	// limits.tokFloor, shrunk while a limit is below the sum of the floors.
+	// Every decision uses these.
+	floor    int
+	tokFloor int64
 
 	inFlight int   // slots held, abandoned ones excluded
 	tokens   int64 // tokens held by unreleased admissions
 
-	protectedInUse       int   // min(inFlight, limits.floor)
-	protectedTokensInUse int64 // min(tokens, limits.tokFloor)
+	protectedInUse       int   // min(inFlight, floor)
+	protectedTokensInUse int64 // min(tokens, tokFloor)
 
 	admitted, released     int64
 	abandoned              int64
@@ -69,8 +76,8 @@ type Table struct {
 	hasBudget bool
 	classes   []state
 
-	sumFloor    int   // sum of the concurrency floors
-	sumTokFloor int64 // sum of the token floors
+	sumFloor    int   // sum of the concurrency floors in effect
+	sumTokFloor int64 // sum of the token floors in effect
 
 	protectedInUse       int   // sum over classes of min(inFlight, floor)
 	protectedTokensInUse int64 // sum over classes of min(tokens, tokFloor)
@@ -79,25 +86,42 @@ type Table struct {
 // New validates c against the global limits g (see Validate; errors name
 // fields under field, such as "Config.Classes") and returns an idle Table.
 // The table has a token budget, for good, when g.TokenBudget is set.
+//
+// At construction the floors must fit: their sums are at most
+// g.MaxConcurrent and the token budget. Later limits may be lower (see
+// Prepare).
 func New(field string, c admission.Classes, g admission.Limits) (*Table, error) {
-	cc, err := compileTable(field, c, g)
+	cc, err := compileNew(field, c, g)
 	if err != nil {
 		return nil, err
 	}
 	t := &Table{
-		names:       cc.names,
-		index:       make(map[string]Class, len(cc.names)),
-		def:         cc.def,
-		hasBudget:   g.TokenBudget != nil,
-		classes:     make([]state, len(cc.names)),
-		sumFloor:    cc.sumFloor,
-		sumTokFloor: cc.sumTokFloor,
+		names:     cc.names,
+		index:     make(map[string]Class, len(cc.names)),
+		def:       cc.def,
+		hasBudget: g.TokenBudget != nil,
+		classes:   make([]state, len(cc.names)),
 	}
 	for i, name := range cc.names {
 		t.index[name] = Class(i + 1)
-		t.classes[i] = state{name: name, limits: cc.limits[i]}
+		t.classes[i].name = name
 	}
+	t.install(&cc)
 	return t, nil
+}
+
+// install sets the classes' configured limits and floors in effect from
+// cc, and recomputes the sums that depend on the floors.
+func (t *Table) install(cc *compiled) {
+	t.sumFloor, t.sumTokFloor = 0, 0
+	for i := range t.classes {
+		k := &t.classes[i]
+		k.limits = cc.limits[i]
+		k.floor, k.tokFloor = cc.floors[i].floor, cc.floors[i].tokFloor
+		t.sumFloor += k.floor
+		t.sumTokFloor += k.tokFloor
+	}
+	t.recount()
 }
 
 // Lookup resolves a call's class name: "" is the default class. An unknown
@@ -165,7 +189,8 @@ func exceeds(used, add, limit int64) bool {
 }
 
 // sharedInUse is max(0, in flight - sum over classes of min(class in
-// flight, class floor)), leaving the deciding call's held slot out.
+// flight, class floor)), leaving the deciding call's held slot out. Here,
+// and in all that follows, a floor is a floor in effect.
 func (t *Table) sharedInUse(g *Capacity) int {
 	return max(0, g.inFlight()-t.protectedInUse)
 }
@@ -183,20 +208,19 @@ func (t *Table) sharedTokenCapacity(g *Capacity) int64 {
 }
 
 // borrowsSlot reports whether a new admission of k takes a shared slot.
-func (k *state) borrowsSlot() bool { return k.inFlight >= k.limits.floor }
+func (k *state) borrowsSlot() bool { return k.inFlight >= k.floor }
 
 // borrowedTokens is the part of reserved that k's unused token floor does
 // not cover: max(0, reserved - max(0, tokFloor - tokens)).
 func (k *state) borrowedTokens(reserved int64) int64 {
-	return max(0, reserved-max(0, k.limits.tokFloor-k.tokens))
+	return max(0, reserved-max(0, k.tokFloor-k.tokens))
 }
 
 // Check runs the class checks for a call of class c reserving reserved
-// tokens, in the order of SPEC F17, after the global budget check (which
-// is the caller's): the class token ceiling, the class concurrency
-// ceiling, the concurrency protection, the token protection. It returns
-// the reason and constraint of the first that fails, or NoReason and ""
-// when all pass. It changes nothing and does not allocate.
+// tokens, in this order, after the global budget check (which is the
+// caller's): the class token ceiling, the class concurrency ceiling, the
+// concurrency protection, the token protection. It returns the reason and
+// constraint of the first that fails, or NoReason and "" when all pass. It changes nothing and does not allocate.
 //
 // The actor calls it at the precheck (g.SlotHeld false), before it takes
 // a global slot, and again at the postcheck with the slot held (g.SlotHeld
@@ -212,6 +236,11 @@ func (k *state) borrowedTokens(reserved int64) int64 {
 // They are active only when some class has a concurrency floor, and with a
 // token budget and some token floor: otherwise they would repeat the global
 // checks (and the global gate, which may queue, must not reject).
+//
+// The floors here are the floors in effect (see Prepare): while
+// MaxConcurrent or the token budget is below the sum of the configured
+// floors, they are shrunk in proportion, and when they all shrink to 0 (a
+// kill switch) the protections are inactive, as without floors.
 func (t *Table) Check(c Class, g Capacity, reserved int64) (admission.Reason, admission.Constraint) {
 	k := t.get(c)
 	if k == nil {
@@ -236,10 +265,10 @@ func (t *Table) Check(c Class, g Capacity, reserved int64) (admission.Reason, ad
 }
 
 // Resources returns what an admission of class c reserving reserved tokens
-// would borrow now (SPEC F18): the shared slot when the class is at or
-// above its floor, and the part of the reservation its unused token floor
-// does not cover. A class without floors always borrows. None borrows
-// nothing.
+// would borrow now: the shared slot when the class is at or above its
+// floor, and the part of the reservation its unused token floor does not
+// cover. A class without floors always borrows. None borrows nothing. The
+// floors are those in effect, as in Check.
 func (t *Table) Resources(c Class, reserved int64) admission.Resources {
 	k := t.get(c)
 	if k == nil {
@@ -251,7 +280,7 @@ func (t *Table) Resources(c Class, reserved int64) admission.Resources {
 // setInFlight moves k's slot count to n, keeping the protected sum.
 func (t *Table) setInFlight(k *state, n int) {
 	n = max(0, n)
-	p := min(n, k.limits.floor)
+	p := min(n, k.floor)
 	t.protectedInUse += p - k.protectedInUse
 	k.protectedInUse = p
 	k.inFlight = n
@@ -260,7 +289,7 @@ func (t *Table) setInFlight(k *state, n int) {
 // setTokens moves k's token count to n, keeping the protected sum.
 func (t *Table) setTokens(k *state, n int64) {
 	n = max(0, n)
-	p := min(n, k.limits.tokFloor)
+	p := min(n, k.tokFloor)
 	t.protectedTokensInUse += p - k.protectedTokensInUse
 	k.protectedTokensInUse = p
 	k.tokens = n
@@ -271,8 +300,8 @@ func (t *Table) recount() {
 	t.protectedInUse, t.protectedTokensInUse = 0, 0
 	for i := range t.classes {
 		k := &t.classes[i]
-		k.protectedInUse = min(k.inFlight, k.limits.floor)
-		k.protectedTokensInUse = min(k.tokens, k.limits.tokFloor)
+		k.protectedInUse = min(k.inFlight, k.floor)
+		k.protectedTokensInUse = min(k.tokens, k.tokFloor)
 		t.protectedInUse += k.protectedInUse
 		t.protectedTokensInUse += k.protectedTokensInUse
 	}
@@ -316,8 +345,8 @@ func (t *Table) Reject(c Class, why admission.Reason) {
 
 // AdjustHold records that an unreleased admission of class c changed its
 // token hold by delta (the new hold less the old): a rise is an overrun
-// (SPEC F12), a fall an early refund. The caller adjusts the global hold
-// and ledger the same way.
+// (usage beyond the reservation), a fall an early refund. The caller
+// adjusts the global hold and ledger the same way.
 func (t *Table) AdjustHold(c Class, delta int64) {
 	k := t.get(c)
 	if k == nil || delta == 0 {
@@ -332,9 +361,9 @@ func (t *Table) AdjustHold(c Class, delta int64) {
 }
 
 // Abandon records that an admission of class c gave its borrowed slot back
-// early (SPEC F19): the class's slot count falls by one, its tokens stay
-// held until Release. The caller has checked that the admission borrowed
-// its slot, is unreleased and was not abandoned before.
+// early: the class's slot count falls by one, its tokens stay held until
+// Release. The caller has checked that the admission borrowed its slot, is
+// unreleased and was not abandoned before.
 func (t *Table) Abandon(c Class, cause admission.AbandonCause) {
 	k := t.get(c)
 	if k == nil {
@@ -348,7 +377,7 @@ func (t *Table) Abandon(c Class, cause admission.AbandonCause) {
 }
 
 // Settlement is the release of one admission, as the actor settled it on
-// the global ledger (SPEC F11).
+// the global ledger.
 type Settlement struct {
 	// Held is the admission's hold at release, returned to the class.
 	Held int64

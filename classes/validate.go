@@ -2,6 +2,8 @@ package classes
 
 import (
 	"math"
+	"math/big"
+	"math/bits"
 	"slices"
 	"strconv"
 	"strings"
@@ -45,33 +47,53 @@ func (l limits) public() admission.ClassLimits {
 	return out
 }
 
-// compiled is a validated class table, in sorted name order.
+// compiled is a validated class table, in sorted name order, with its
+// floors in effect under the limits it was compiled against.
 type compiled struct {
 	def         int
 	names       []string
 	limits      []limits
-	sumFloor    int
-	sumTokFloor int64
+	floors      []inEffect
+	sumFloor    sum // of the configured concurrency floors
+	sumTokFloor sum // of the configured token floors
 }
 
-// Validate checks a class table against the global limits g (SPEC F16) and
-// returns the first problem as a *admission.ConfigError whose field starts
-// with field, such as "Config.Classes" or "Limits.Classes".
+// Validate checks a class table against the global limits g, as New does,
+// and returns the first problem as a *admission.ConfigError whose field
+// starts with field, such as "Config.Classes" or "Limits.Classes".
 //
 // The rules, checked in this order (classes in name order): at least one
 // class; no empty name; Default names a class; per class, every number is
 // >= 0, each floor is at most its own ceiling, and the token fields are
 // set only with a token budget; the sum of the concurrency floors is at
-// most g.MaxConcurrent; the sum of the token floors is at most the budget.
+// most g.MaxConcurrent; the sum of the token floors is at most the budget
+// (the whole budget: the high-priority reserve is not taken off). So a
+// bulkhead that starts with MaxConcurrent 0 has no concurrency floors.
 //
-// The same rules hold for a runtime replacement (see Table.Prepare): in
-// particular a replacement whose token floors sum above its budget is
-// invalid, even though the high-priority reserve may exceed the budget
-// after a runtime change (SPEC F15), and a kill switch (MaxConcurrent 0)
-// must come with zero concurrency floors.
+// A runtime replacement (see Table.Prepare) follows the same rules but the
+// last two: there a limit below the sum of its floors is valid and shrinks
+// the floors in effect instead.
 func Validate(field string, c admission.Classes, g admission.Limits) error {
-	_, err := compileTable(field, c, g)
+	_, err := compileNew(field, c, g)
 	return err
+}
+
+// compileNew compiles a class table for construction: the floors must fit
+// the limits.
+func compileNew(field string, c admission.Classes, g admission.Limits) (compiled, error) {
+	cc, err := compileTable(field, c, g)
+	if err != nil {
+		return compiled{}, err
+	}
+	if cc.sumFloor.above(int64(g.MaxConcurrent)) {
+		return compiled{}, admission.Invalidf(field+".Limits",
+			"the ProtectedConcurrent floors sum to %s, above MaxConcurrent %d", cc.sumFloor, g.MaxConcurrent)
+	}
+	if g.TokenBudget != nil && cc.sumTokFloor.above(g.TokenBudget.Budget) {
+		return compiled{}, admission.Invalidf(field+".Limits",
+			"the ProtectedInFlightTokens floors sum to %s, above the token budget %d", cc.sumTokFloor, g.TokenBudget.Budget)
+	}
+	return cc, nil
 }
 
 func compileTable(field string, c admission.Classes, g admission.Limits) (compiled, error) {
@@ -94,26 +116,76 @@ func compileTable(field string, c admission.Classes, g admission.Limits) (compil
 		return compiled{}, admission.Invalidf(field+".Default", "names no class: %q is not one of %s", c.Default, quoteAll(names))
 	}
 	out := compiled{def: def, names: names, limits: make([]limits, len(names))}
-	var sumFloor, sumTokFloor sum
+	floors, tokFloors := make([]int64, len(names)), make([]int64, len(names))
 	for i, name := range names {
 		l := c.Limits[name]
 		if err := checkClass(classField(field, name), l, g.TokenBudget != nil); err != nil {
 			return compiled{}, err
 		}
 		out.limits[i] = compile(l)
-		sumFloor.add(int64(l.ProtectedConcurrent))
-		sumTokFloor.add(l.ProtectedInFlightTokens)
+		floors[i], tokFloors[i] = int64(l.ProtectedConcurrent), l.ProtectedInFlightTokens
+		out.sumFloor.add(floors[i])
+		out.sumTokFloor.add(tokFloors[i])
 	}
-	if sumFloor.above(int64(g.MaxConcurrent)) {
-		return compiled{}, admission.Invalidf(field+".Limits",
-			"the ProtectedConcurrent floors sum to %s, above MaxConcurrent %d", sumFloor, g.MaxConcurrent)
+	var budget int64
+	if g.TokenBudget != nil {
+		budget = g.TokenBudget.Budget
 	}
-	if g.TokenBudget != nil && sumTokFloor.above(g.TokenBudget.Budget) {
-		return compiled{}, admission.Invalidf(field+".Limits",
-			"the ProtectedInFlightTokens floors sum to %s, above the token budget %d", sumTokFloor, g.TokenBudget.Budget)
+	out.floors = make([]inEffect, len(names))
+	for i, f := range shrink(floors, int64(g.MaxConcurrent)) {
+		out.floors[i].floor = int(f)
 	}
-	out.sumFloor, out.sumTokFloor = int(sumFloor.n), sumTokFloor.n
+	for i, f := range shrink(tokFloors, budget) {
+		out.floors[i].tokFloor = f
+	}
 	return out, nil
+}
+
+// inEffect is one class's floors in effect: its configured floors, or less
+// while a limit is below the sum of the floors (see shrink).
+type inEffect struct {
+	floor    int
+	tokFloor int64
+}
+
+// shrink returns the floors in effect under limit: floors unchanged when
+// they sum to at most limit, else each floor scaled by limit / sum, rounded
+// down, so that they sum to at most limit. A negative limit counts as 0.
+// The floors must be non-negative. The arithmetic is exact: the products
+// and the sum are taken without overflow, however large the numbers.
+func shrink(floors []int64, limit int64) []int64 {
+	limit = max(0, limit)
+	// The sum, in 128 bits: it fits, as there are fewer than 2^64 floors,
+	// each below 2^63.
+	var hi, lo uint64
+	for _, f := range floors {
+		var carry uint64
+		lo, carry = bits.Add64(lo, uint64(f), 0)
+		hi += carry
+	}
+	out := slices.Clone(floors)
+	if hi == 0 && lo <= uint64(limit) {
+		return out
+	}
+	if hi == 0 {
+		// f * limit < sum * 2^63, so the high word of the product is below
+		// sum and Div64 cannot overflow.
+		for i, f := range floors {
+			ph, pl := bits.Mul64(uint64(f), uint64(limit))
+			q, _ := bits.Div64(ph, pl, lo)
+			out[i] = int64(q) // q <= f
+		}
+		return out
+	}
+	total := new(big.Int).Lsh(new(big.Int).SetUint64(hi), 64)
+	total.Or(total, new(big.Int).SetUint64(lo))
+	l, q := big.NewInt(limit), new(big.Int)
+	for i, f := range floors {
+		q.Mul(big.NewInt(f), l)
+		q.Quo(q, total)
+		out[i] = q.Int64() // q <= f
+	}
+	return out
 }
 
 // checkClass checks one class's limits; field is its path, such as
@@ -197,16 +269,29 @@ type Update struct {
 	c compiled
 }
 
-// Prepare validates next as a runtime replacement of t's limits (SPEC F24)
-// against the new global limits g, and returns it ready for Apply. It
-// changes nothing, so the caller can validate every other part of a limits
+// Prepare validates next as a runtime replacement of t's limits against
+// the new global limits g, and returns it ready for Apply. It changes
+// nothing, so the caller can validate every other part of a limits
 // snapshot before installing any of it.
 //
-// Errors name fields under field, such as "Limits.Classes". Besides the
-// rules of Validate, the replacement must have exactly t's class names (the
-// key set is fixed for the bulkhead's life; the error lists the missing and
-// the unknown ones), and its Default must be empty (keep the current one)
-// or t's default (the default class is fixed too).
+// Errors name fields under field, such as "Limits.Classes". The rules are
+// those of Validate except the sums: at runtime g.MaxConcurrent may be
+// below the sum of the concurrency floors, and the token budget below the
+// sum of the token floors, so a kill switch (MaxConcurrent 0, a budget of
+// 0) or a back-off needs no rewrite of the class table. While a limit is
+// below the sum of its floors, the floors in effect shrink in proportion:
+// a class's floor in effect is floor * limit / sum of the floors, rounded
+// down, so they never sum above the limit; at or above the sum the floors
+// apply unchanged. Concurrency floors scale with g.MaxConcurrent, token
+// floors with the whole token budget g.TokenBudget.Budget (not a
+// priority-adjusted one: the floors in effect are the same for every call).
+// Every decision, Resources, Detail and Stats use the floors in effect;
+// Classes reports the configured ones.
+//
+// Besides, the replacement must have exactly t's class names (the key set
+// is fixed for the bulkhead's life; the error lists the missing and the
+// unknown ones), and its Default must be empty (keep the current one) or
+// t's default (the default class is fixed too).
 func (t *Table) Prepare(field string, next admission.Classes, g admission.Limits) (*Update, error) {
 	if t == nil {
 		return nil, admission.Invalidf(field, "must be nil: the bulkhead has no admission classes")
@@ -248,18 +333,15 @@ func (t *Table) Prepare(field string, next admission.Classes, g admission.Limits
 	return &Update{t: t, c: c}, nil
 }
 
-// Apply installs an update that Prepare made for t. It revokes nothing:
-// admissions keep their slots and tokens, and a lowered ceiling or raised
-// floor takes effect by attrition. In-flight counts and counters are kept.
+// Apply installs an update that Prepare made for t, with the floors in
+// effect that Prepare computed. It revokes nothing: admissions keep their
+// slots and tokens, and a lowered ceiling or limit or a raised floor takes
+// effect by attrition. In-flight counts and counters are kept.
 // Apply panics if u was prepared for another table or was already applied.
 func (t *Table) Apply(u *Update) {
 	if u == nil || u.t != t || t == nil {
 		panic("classes: Apply of an update prepared for another table")
 	}
 	u.t = nil
-	for i := range t.classes {
-		t.classes[i].limits = u.c.limits[i]
-	}
-	t.sumFloor, t.sumTokFloor = u.c.sumFloor, u.c.sumTokFloor
-	t.recount()
+	t.install(&u.c)
 }

@@ -3,6 +3,7 @@ package classes
 import (
 	"errors"
 	"math"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -120,9 +121,19 @@ func TestPrepare(t *testing.T) {
 		{"nil limits", admission.Classes{Default: "fg"}, g, "Limits.Classes.Limits", `missing ["bg" "fg"]`},
 		{"default changes", admission.Classes{Default: "bg", Limits: base.Clone().Limits}, g, "Limits.Classes.Default", `is fixed at "fg", got "bg"`},
 		{"bad class", with(func(m map[string]L) { m["bg"] = L{MaxConcurrent: ip(-1)} }), g, `Limits.Classes.Limits["bg"].MaxConcurrent`, "must be >= 0"},
-		{"floors above new MaxConcurrent", base, limitsOf(0, 1000, 0), "Limits.Classes.Limits", "sum to 1, above MaxConcurrent 0"},
+		// At runtime a limit below the sum of its floors is valid: the
+		// floors in effect shrink (TestRuntimeFloors).
+		{"floors above new MaxConcurrent", base, limitsOf(0, 1000, 0), "", ""},
 		{"kill switch with floors zeroed", with(func(m map[string]L) { m["fg"] = L{ProtectedInFlightTokens: 100} }), limitsOf(0, 1000, 0), "", ""},
-		{"token floors above new budget", base, limitsOf(3, 99, 0), "Limits.Classes.Limits", "sum to 100, above the token budget 99"},
+		{"token floors above new budget", base, limitsOf(3, 99, 0), "", ""},
+		{"budget kill switch", base, limitsOf(3, 0, 0), "", ""},
+		{"floors raised above the limits", with(func(m map[string]L) { m["bg"] = L{ProtectedConcurrent: 5, ProtectedInFlightTokens: 5000} }), g, "", ""},
+		{"token floors overflow", with(func(m map[string]L) {
+			m["fg"] = L{ProtectedInFlightTokens: math.MaxInt64}
+			m["bg"] = L{ProtectedInFlightTokens: math.MaxInt64}
+		}), limitsOf(3, math.MaxInt64, 0), "", ""},
+		{"still no floor above its ceiling", with(func(m map[string]L) { m["bg"] = L{ProtectedConcurrent: 3, MaxConcurrent: ip(2)} }), limitsOf(0, 0, 0),
+			`Limits.Classes.Limits["bg"].ProtectedConcurrent`, "must not exceed the class's MaxConcurrent (2), got 3"},
 		{"reserve may exceed budget", base, limitsOf(3, 100, 500), "", ""},
 	}
 	for _, tc := range tests {
@@ -141,8 +152,8 @@ func TestPrepare(t *testing.T) {
 			}
 			tab.Apply(u)
 			got := tab.Classes()
-			if got.Default != "fg" || len(got.Limits) != 2 {
-				t.Fatalf("after Apply: %+v", got)
+			if got.Default != "fg" || !reflect.DeepEqual(got.Limits, tc.next.Limits) {
+				t.Fatalf("after Apply: %+v, want the configured %+v", got, tc.next.Limits)
 			}
 		})
 	}
