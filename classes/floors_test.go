@@ -7,7 +7,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/llmbulkhead/bulkhead/admission"
+	"github.com/llmbulkhead/bulkhead/internal/admission"
 )
 
 // TestShrink covers the floors in effect: floor * limit / sum, rounded

@@ -14,7 +14,7 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/llmbulkhead/bulkhead"
-	"github.com/llmbulkhead/bulkhead/admission"
+	"github.com/llmbulkhead/bulkhead/internal/admission"
 	"github.com/llmbulkhead/bulkhead/clock"
 )
 
