@@ -1,13 +1,13 @@
 module github.com/llmbulkhead/bulkhead
 
-go 1.26.0
+go 1.24.0
 
 require (
 	github.com/asynkron/protoactor-go v0.0.0-20240822202345-3c0e61ca19c9
 	github.com/benbjohnson/clock v1.3.5
-	github.com/redis/go-redis/v9 v9.23.0
+	github.com/redis/go-redis/v9 v9.22.0
 	go.uber.org/goleak v1.3.0
-	golang.org/x/sync v0.25.0
+	golang.org/x/sync v0.19.0
 	pgregory.net/rapid v1.3.0
 )
 
@@ -36,6 +36,6 @@ require (
 	go.opentelemetry.io/otel/sdk/metric v1.21.0 // indirect
 	go.opentelemetry.io/otel/trace v1.21.0 // indirect
 	go.uber.org/atomic v1.12.0 // indirect
-	golang.org/x/sys v0.48.0 // indirect
+	golang.org/x/sys v0.30.0 // indirect
 	google.golang.org/protobuf v1.33.0 // indirect
 )

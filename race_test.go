@@ -23,7 +23,9 @@ func TestStaleTimersAndCancelsOnReusedRequests(t *testing.T) {
 	r := req("hi", 10)
 	var wg sync.WaitGroup
 	for g := range 8 {
-		wg.Go(func() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
 			for i := range 300 {
 				ctx, cancel := context.WithCancel(context.Background())
 				if (g+i)%3 == 0 {
@@ -37,7 +39,7 @@ func TestStaleTimersAndCancelsOnReusedRequests(t *testing.T) {
 				})
 				cancel()
 			}
-		})
+		}()
 	}
 	wg.Wait()
 	st := b.Stats()

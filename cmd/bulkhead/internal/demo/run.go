@@ -201,7 +201,9 @@ dispatch:
 				break dispatch
 			}
 		}
-		wg.Go(func() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
 			t0 := time.Now()
 			var err error
 			if b == nil {
@@ -216,7 +218,7 @@ dispatch:
 				})
 			}
 			outcomes[i] = outcome{latency: time.Since(t0), err: err}
-		})
+		}()
 	}
 	wg.Wait()
 	wall := time.Since(start)

@@ -381,12 +381,14 @@ func TestPlanDependsOnlyOnSeedAndID(t *testing.T) {
 	seen := map[uint64]int64{}
 	var wg sync.WaitGroup
 	for id := range uint64(200) {
-		wg.Go(func() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
 			out, _ := p1.Plan(simprovider.Request{ID: id, MaxTokens: 100_000})
 			mu.Lock()
 			seen[id] = out
 			mu.Unlock()
-		})
+		}()
 	}
 	wg.Wait()
 	var total int64
@@ -420,12 +422,14 @@ func TestConcurrentRealClock(t *testing.T) {
 	}
 	var wg sync.WaitGroup
 	for _, req := range reqs {
-		wg.Go(func() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
 			_, err := p.Complete(context.Background(), req)
 			if err != nil && !errors.Is(err, simprovider.ErrRateLimited) {
 				t.Errorf("Complete: %v", err)
 			}
-		})
+		}()
 	}
 	wg.Wait()
 	s := p.Stats()
