@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/llmbulkhead/bulkhead/internal/testutil"
+
 	"github.com/llmbulkhead/bulkhead"
 )
 
@@ -159,7 +161,7 @@ func TestQueuedCallIsPostchecked(t *testing.T) {
 	b := newBulkhead(t, cfg)
 	first := mustAcquire(t, b, req("a", 0), override(10, 0))
 	w := acquireAsync(context.Background(), b, req("w", 0), override(50, 0))
-	waitFor(t, "waiter to queue", pending(b))
+	testutil.WaitFor(t, "waiter to queue", pending(b))
 	// While it waits, the budget shrinks under its reservation.
 	if _, err := b.SetBudget(40); err != nil {
 		t.Fatal(err)
@@ -192,7 +194,7 @@ func TestWouldAdmit(t *testing.T) {
 		t.Fatalf("would queue, so would admit: %+v", d)
 	}
 	w := acquireAsync(context.Background(), b, req("w", 0), override(10, 10), bulkhead.WithQueueTimeout(0))
-	waitFor(t, "waiter to queue", pending(b))
+	testutil.WaitFor(t, "waiter to queue", pending(b))
 	if d, _ := b.WouldAdmit(req("a", 0), override(10, 10)); d.Admit || d.Reason != bulkhead.QueueLimit {
 		t.Fatalf("queue full: %+v", d)
 	}

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmbulkhead/bulkhead/internal/testutil"
+
 	"github.com/llmbulkhead/bulkhead"
 	"github.com/llmbulkhead/bulkhead/clock"
 )
@@ -117,7 +119,7 @@ func TestAbandonBorrowedConcurrency(t *testing.T) {
 	fg := mustAcquire(t, b, req("a", 0), override(10, 10))
 	bg := mustAcquire(t, b, req("a", 0), override(10, 10), bulkhead.WithClass("bg"))
 	w := acquireAsync(context.Background(), b, req("w", 0), override(1, 1), bulkhead.WithClass("bg"))
-	waitFor(t, "waiter to queue", pending(b))
+	testutil.WaitFor(t, "waiter to queue", pending(b))
 	if !bg.AbandonBorrowedConcurrency() {
 		t.Fatal("first abandon of a borrowed slot failed")
 	}
@@ -193,7 +195,7 @@ func TestBorrowedDeadline(t *testing.T) {
 	if !errors.Is(fnCause, bulkhead.ErrBorrowedDeadline) {
 		t.Fatalf("fn's context cause = %v", fnCause)
 	}
-	waitFor(t, "the late fn to settle", func() bool { return b.Stats().Calls.Released == 1 })
+	testutil.WaitFor(t, "the late fn to settle", func() bool { return b.Stats().Calls.Released == 1 })
 	if st := b.Stats(); st.TokenBudget.InFlightTokens != 0 || st.TokenBudget.TotalConsumed != 10 {
 		t.Fatalf("the late fn's settlement: %+v", st.TokenBudget)
 	}

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmbulkhead/bulkhead/internal/testutil"
+
 	"github.com/llmbulkhead/bulkhead"
 	"github.com/llmbulkhead/bulkhead/clock"
 )
@@ -41,7 +43,7 @@ func TestEventsInCausalOrder(t *testing.T) {
 	r := req("a", 0)
 	tok := mustAcquire(t, b, r, override(10, 90))
 	w := acquireAsync(context.Background(), b, req("w", 0), override(1, 1))
-	waitFor(t, "waiter to queue", pending(b))
+	testutil.WaitFor(t, "waiter to queue", pending(b))
 	if _, err := b.ApplyLimits(bulkhead.Limits{Revision: 1, MaxConcurrent: 1, MaxQueue: 0, TokenBudget: &bulkhead.BudgetLimits{Budget: 1000}}); err != nil {
 		t.Fatal(err)
 	}
@@ -183,10 +185,20 @@ func TestDecisionTiming(t *testing.T) {
 	})
 	tok := mustAcquire(t, b, req("a", 0))
 	w := acquireAsync(context.Background(), b, req("w", 0))
-	waitFor(t, "waiter to queue", pending(b))
+	testutil.WaitFor(t, "waiter to queue", pending(b))
 	clk.Add(3 * time.Second)
 	_ = tok.Release(nil)
 	second := (<-w).tok
+	// A waiter that times out after 2 s in the queue.
+	to := acquireAsync(context.Background(), b, req("t", 0), bulkhead.WithQueueTimeout(2*time.Second))
+	testutil.WaitFor(t, "the second waiter to queue", pending(b))
+	clk.Add(2 * time.Second)
+	wantReason(t, (<-to).err, bulkhead.Timeout)
+	// A call rejected before it waits: its context is already done.
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := b.Acquire(done, req("x", 0))
+	wantReason(t, err, bulkhead.Aborted)
 	_ = second.Release(nil)
 	closeAndDrain(t, b)
 	if len(admits) != 2 || admits[0].QueueWait != 0 || admits[1].QueueWait != 3*time.Second {
@@ -195,7 +207,15 @@ func TestDecisionTiming(t *testing.T) {
 	if admits[0].DecisionDuration < 0 || admits[1].DecisionDuration < 0 {
 		t.Fatalf("negative decision durations: %+v", admits)
 	}
-	_ = rejects
+	if len(rejects) != 2 {
+		t.Fatalf("reject events = %+v", rejects)
+	}
+	if r := rejects[0]; r.Reason != bulkhead.Timeout || r.QueueWait != 2*time.Second || r.DecisionDuration < 0 {
+		t.Fatalf("timeout reject timing = %+v", r.Timing)
+	}
+	if r := rejects[1]; r.Reason != bulkhead.Aborted || r.QueueWait != 0 || r.DecisionDuration < 0 {
+		t.Fatalf("aborted reject timing = %+v", r.Timing)
+	}
 }
 
 func TestRejectedErrorShape(t *testing.T) {

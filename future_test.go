@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/llmbulkhead/bulkhead/internal/testutil"
+
 	"github.com/llmbulkhead/bulkhead"
 )
 
@@ -23,7 +25,7 @@ func TestAcquireAsync(t *testing.T) {
 
 	// A queued call's future completes when a slot frees.
 	queued := b.AcquireAsync(context.Background(), req("w", 0))
-	waitFor(t, "the async call to queue", pending(b))
+	testutil.WaitFor(t, "the async call to queue", pending(b))
 	select {
 	case <-queued.Done():
 		t.Fatal("queued future done before a slot freed")
@@ -39,7 +41,7 @@ func TestAcquireAsync(t *testing.T) {
 	// Cancelling the context withdraws a queued call.
 	ctx, cancel := context.WithCancel(context.Background())
 	withdrawn := b.AcquireAsync(ctx, req("x", 0))
-	waitFor(t, "the async call to queue", pending(b))
+	testutil.WaitFor(t, "the async call to queue", pending(b))
 	cancel()
 	if _, err := withdrawn.Result(); !errors.Is(err, bulkhead.ErrAborted) || !errors.Is(err, context.Canceled) {
 		t.Fatalf("withdrawn = %v", err)

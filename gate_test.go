@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmbulkhead/bulkhead/internal/testutil"
+
 	"github.com/llmbulkhead/bulkhead"
 	"github.com/llmbulkhead/bulkhead/clock"
 )
@@ -89,7 +91,7 @@ func TestQueueFIFOAndLimits(t *testing.T) {
 	var waiters []<-chan result
 	for i := range 3 {
 		waiters = append(waiters, acquireAsync(context.Background(), b, req("w", 0)))
-		waitFor(t, "waiter to queue", func() bool { return b.Stats().Gate.Pending == i+1 })
+		testutil.WaitFor(t, "waiter to queue", func() bool { return b.Stats().Gate.Pending == i+1 })
 	}
 	_, err := b.Acquire(context.Background(), req("x", 0))
 	wantReason(t, err, bulkhead.QueueLimit)
@@ -134,7 +136,7 @@ func TestQueueTimeout(t *testing.T) {
 	defer unsub()
 
 	w := acquireAsync(context.Background(), b, req("w", 0))
-	waitFor(t, "waiter to queue", pending(b))
+	testutil.WaitFor(t, "waiter to queue", pending(b))
 	clk.Add(999 * time.Millisecond)
 	select {
 	case r := <-w:
@@ -147,7 +149,7 @@ func TestQueueTimeout(t *testing.T) {
 
 	// A per-call timeout overrides the configured one.
 	w = acquireAsync(context.Background(), b, req("w", 0), bulkhead.WithQueueTimeout(10*time.Millisecond))
-	waitFor(t, "waiter to queue", pending(b))
+	testutil.WaitFor(t, "waiter to queue", pending(b))
 	clk.Add(10 * time.Millisecond)
 	wantReason(t, (<-w).err, bulkhead.Timeout)
 
@@ -173,7 +175,7 @@ func TestCancelWhileQueued(t *testing.T) {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	cause := errors.New("caller went away")
 	w := acquireAsync(ctx, b, req("w", 0))
-	waitFor(t, "waiter to queue", pending(b))
+	testutil.WaitFor(t, "waiter to queue", pending(b))
 	cancel(cause)
 	r := <-w
 	wantReason(t, r.err, bulkhead.Aborted)
@@ -230,7 +232,7 @@ func TestKillSwitchAndFailClosedStart(t *testing.T) {
 		t.Fatalf("revision = %d", tok.LimitRevision())
 	}
 	w := acquireAsync(context.Background(), b, req("w", 0))
-	waitFor(t, "waiter to queue", pending(b))
+	testutil.WaitFor(t, "waiter to queue", pending(b))
 	if _, err := b.ApplyLimits(bulkhead.Limits{Revision: 9, MaxConcurrent: 0, MaxQueue: 5}); err != nil {
 		t.Fatal(err)
 	}
@@ -268,7 +270,7 @@ func TestShrinkByAttrition(t *testing.T) {
 		t.Fatalf("a shrink revoked slots: %+v", st.Gate)
 	}
 	w := acquireAsync(context.Background(), b, req("w", 0))
-	waitFor(t, "waiter to queue", pending(b))
+	testutil.WaitFor(t, "waiter to queue", pending(b))
 	for _, tok := range toks[:2] {
 		_ = tok.Release(nil)
 	}
@@ -316,7 +318,7 @@ func TestCloseAndDrain(t *testing.T) {
 	}
 	tok := mustAcquire(t, b, req("a", 0))
 	w := acquireAsync(context.Background(), b, req("w", 0))
-	waitFor(t, "waiter to queue", pending(b))
+	testutil.WaitFor(t, "waiter to queue", pending(b))
 
 	// A drain that times out reports what is outstanding and cancels nothing.
 	ctx, cancel := context.WithCancel(context.Background())

@@ -3,7 +3,6 @@ package bulkhead_test
 import (
 	"context"
 	"errors"
-	"runtime"
 	"testing"
 	"time"
 
@@ -32,19 +31,6 @@ func newBulkhead(t *testing.T, cfg bulkhead.Config) *bulkhead.Bulkhead {
 // req is a request with one user message of text and the given max tokens.
 func req(text string, maxTokens int64) *bulkhead.Request {
 	return &bulkhead.Request{Messages: []bulkhead.Message{{Role: "user", Content: text}}, MaxTokens: maxTokens}
-}
-
-// waitFor polls cond until it holds, yielding the processor between polls.
-// It fails the test after a generous bound; it never sleeps.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		runtime.Gosched()
-	}
 }
 
 // acquireAsync starts an Acquire on its own goroutine.

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmbulkhead/bulkhead/internal/testutil"
+
 	"github.com/llmbulkhead/bulkhead"
 )
 
@@ -58,7 +60,7 @@ func TestDrainSeesIdlenessReachedThroughApplyLimits(t *testing.T) {
 	b := newBulkhead(t, cfg)
 	held := mustAcquire(t, b, req("a", 0), override(1, 1))
 	w := acquireAsync(context.Background(), b, req("w", 0), override(10, 10))
-	waitFor(t, "waiter to queue", pending(b))
+	testutil.WaitFor(t, "waiter to queue", pending(b))
 	// Kill switch, then release: the waiter stays queued.
 	if _, err := b.ApplyLimits(bulkhead.Limits{Revision: 1, MaxConcurrent: 0, MaxQueue: 1, TokenBudget: &bulkhead.BudgetLimits{Budget: 1000}}); err != nil {
 		t.Fatal(err)

@@ -3,10 +3,11 @@ package simprovider_test
 import (
 	"context"
 	"errors"
-	"runtime"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/llmbulkhead/bulkhead/internal/testutil"
 
 	"go.uber.org/goleak"
 
@@ -34,19 +35,6 @@ func newProvider(t *testing.T, cfg simprovider.Config) *simprovider.Provider {
 		t.Fatalf("New: %v", err)
 	}
 	return p
-}
-
-// waitFor polls cond, yielding the processor between polls; it never
-// sleeps.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		runtime.Gosched()
-	}
 }
 
 type result struct {
@@ -87,7 +75,7 @@ func TestConcurrencyLimit(t *testing.T) {
 
 	a := completeAsync(context.Background(), p, req)
 	b := completeAsync(context.Background(), p, req)
-	waitFor(t, "two requests in flight", func() bool { return p.Stats().InFlight == 2 })
+	testutil.WaitFor(t, "two requests in flight", func() bool { return p.Stats().InFlight == 2 })
 
 	_, err := p.Complete(context.Background(), req)
 	rl := wantRateLimit(t, err, simprovider.ConcurrencyLimit)
@@ -111,7 +99,7 @@ func TestConcurrencyLimit(t *testing.T) {
 
 	// The slots are back.
 	c := completeAsync(context.Background(), p, req)
-	waitFor(t, "a request in flight", func() bool { return p.Stats().InFlight == 1 })
+	testutil.WaitFor(t, "a request in flight", func() bool { return p.Stats().InFlight == 1 })
 	clk.Add(time.Second)
 	if r := <-c; r.err != nil {
 		t.Fatalf("Complete after the slots freed: %v", r.err)
@@ -180,9 +168,9 @@ func TestRateLimitAnswerTakesARoundTrip(t *testing.T) {
 	p := newProvider(t, cfg)
 	req := simprovider.Request{ID: 1, InputTokens: 10, MaxTokens: 10}
 	held := completeAsync(context.Background(), p, req)
-	waitFor(t, "a request in flight", func() bool { return p.Stats().InFlight == 1 })
+	testutil.WaitFor(t, "a request in flight", func() bool { return p.Stats().InFlight == 1 })
 	rejected := completeAsync(context.Background(), p, req)
-	waitFor(t, "the 429", func() bool { return p.Stats().RateLimited == 1 })
+	testutil.WaitFor(t, "the 429", func() bool { return p.Stats().RateLimited == 1 })
 	select {
 	case r := <-rejected:
 		t.Fatalf("429 answered before its round trip: %v", r.err)
@@ -204,9 +192,9 @@ func TestSlowdownNearSaturation(t *testing.T) {
 	p := newProvider(t, cfg)
 	req := simprovider.Request{ID: 1, InputTokens: 10, MaxTokens: 100, OutputTokens: 10}
 	a := completeAsync(context.Background(), p, req)
-	waitFor(t, "a request in flight", func() bool { return p.Stats().InFlight == 1 })
+	testutil.WaitFor(t, "a request in flight", func() bool { return p.Stats().InFlight == 1 })
 	b := completeAsync(context.Background(), p, req)
-	waitFor(t, "two requests in flight", func() bool { return p.Stats().InFlight == 2 })
+	testutil.WaitFor(t, "two requests in flight", func() bool { return p.Stats().InFlight == 2 })
 	clk.Add(time.Second)
 	ra, rb := <-a, <-b
 	if ra.err != nil || rb.err != nil {
@@ -229,7 +217,7 @@ func TestCancelReleasesTheSlotButNotTheTokens(t *testing.T) {
 	p := newProvider(t, cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	ch := completeAsync(ctx, p, simprovider.Request{ID: 1, InputTokens: 100, MaxTokens: 100})
-	waitFor(t, "a request in flight", func() bool { return p.Stats().InFlight == 1 })
+	testutil.WaitFor(t, "a request in flight", func() bool { return p.Stats().InFlight == 1 })
 	cancel()
 	if r := <-ch; !errors.Is(r.err, context.Canceled) {
 		t.Fatalf("error = %v, want context.Canceled", r.err)
@@ -262,7 +250,7 @@ func TestStream(t *testing.T) {
 		})
 		done <- result{resp, err}
 	}()
-	waitFor(t, "the stream in flight", func() bool { return p.Stats().InFlight == 1 })
+	testutil.WaitFor(t, "the stream in flight", func() bool { return p.Stats().InFlight == 1 })
 	clk.Add(time.Second)
 	r := <-done
 	if r.err != nil {
@@ -296,7 +284,7 @@ func TestStreamEmitError(t *testing.T) {
 			func(simprovider.Chunk) error { return boom })
 		done <- err
 	}()
-	waitFor(t, "the stream in flight", func() bool { return p.Stats().InFlight == 1 })
+	testutil.WaitFor(t, "the stream in flight", func() bool { return p.Stats().InFlight == 1 })
 	clk.Add(time.Second)
 	if err := <-done; !errors.Is(err, boom) {
 		t.Fatalf("error = %v, want the emit error", err)
@@ -316,7 +304,7 @@ func run(t *testing.T, cfg simprovider.Config, reqs []simprovider.Request) []sim
 	out := make([]simprovider.Response, len(reqs))
 	for i, req := range reqs {
 		ch := completeAsync(context.Background(), p, req)
-		waitFor(t, "a request in flight", func() bool { return p.Stats().InFlight == 1 })
+		testutil.WaitFor(t, "a request in flight", func() bool { return p.Stats().InFlight == 1 })
 		clk.Add(time.Hour)
 		r := <-ch
 		if r.err != nil {
