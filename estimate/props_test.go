@@ -1,7 +1,9 @@
 package estimate_test
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"math"
 	"testing"
 
@@ -229,6 +231,37 @@ func TestPropUTF16Len(t *testing.T) {
 		s := anyText().Draw(t, "s")
 		if got, want := estimate.UTF16Len(s), utf16Oracle(s); got != want {
 			t.Fatalf("UTF16Len(%q) = %d, want %d", s, got, want)
+		}
+	})
+}
+
+// TestPropDefaultEstimatorIsModelAware: a bulkhead whose token budget names
+// no estimator reserves what NewModelAware with the same model and output
+// cap estimates, on any request, errors included.
+func TestPropDefaultEstimatorIsModelAware(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		model := rapid.SampledFrom([]string{"gpt-4o", "claude-sonnet-4-5", "GPT-4.1-mini", "mystery", "gemini-2.5-pro"}).Draw(t, "model")
+		outputCap := rapid.SampledFrom([]int64{0, 1, 300, math.MaxInt64}).Draw(t, "outputCap")
+		b, err := bulkhead.New(bulkhead.Config{Model: model, MaxConcurrent: 1,
+			TokenBudget: &bulkhead.TokenBudget{Budget: math.MaxInt64, OutputCap: outputCap}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.Shutdown(context.Background())
+		ma, err := estimate.NewModelAware(estimate.ModelAwareOptions{DefaultModel: model, OutputCap: outputCap})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range 5 {
+			req := anyRequest().Draw(t, fmt.Sprint("req", i))
+			got, gotErr := b.Estimate(req)
+			want, wantErr := ma.Estimate(req)
+			if (gotErr == nil) != (wantErr == nil) || (gotErr != nil && gotErr.Error() != wantErr.Error()) {
+				t.Fatalf("errors differ: default %v, model-aware %v", gotErr, wantErr)
+			}
+			if gotErr == nil && *got != want {
+				t.Fatalf("default %+v, model-aware %+v", *got, want)
+			}
 		}
 	})
 }
