@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
+	"time"
 
 	"github.com/llmbulkhead/bulkhead"
 )
@@ -18,10 +20,7 @@ func ExampleRun() {
 	if err != nil {
 		panic(err)
 	}
-	defer func() {
-		b.Close()
-		_, _ = b.Drain(context.Background())
-	}()
+	defer b.Shutdown(context.Background())
 
 	request := &bulkhead.Request{
 		Messages:  []bulkhead.Message{{Role: "user", Content: "Say hello."}},
@@ -50,21 +49,18 @@ func ExampleBulkhead_Acquire() {
 	if err != nil {
 		panic(err)
 	}
-	defer func() {
-		b.Close()
-		_, _ = b.Drain(context.Background())
-	}()
+	defer b.Shutdown(context.Background())
 
 	request := &bulkhead.Request{
 		System:    "You are terse.",
 		Messages:  []bulkhead.Message{{Role: "user", Content: "Summarise the plot of Hamlet."}},
 		MaxTokens: 500,
 	}
-	tok, err := b.Acquire(context.Background(), request)
+	permit, err := b.Acquire(context.Background(), request)
 	if err != nil {
 		panic(err)
 	}
-	fmt.Println("reserved:", tok.Reservation().Reserved)
+	fmt.Println("reserved:", permit.Reservation().Reserved)
 
 	// The only slot is taken: a second call is shed at once.
 	_, err = b.Acquire(context.Background(), request)
@@ -74,7 +70,7 @@ func ExampleBulkhead_Acquire() {
 	}
 
 	// Release with the provider's usage: the unused reservation is refunded.
-	_ = tok.Release(&bulkhead.Usage{Input: 12, Output: 180})
+	_ = permit.Release(&bulkhead.Usage{Input: 12, Output: 180})
 	fmt.Println("refunded:", b.Stats().TokenBudget.TotalRefunded)
 	// Output:
 	// reserved: 512
@@ -89,10 +85,7 @@ func ExampleBulkhead_WouldAdmit() {
 	if err != nil {
 		panic(err)
 	}
-	defer func() {
-		b.Close()
-		_, _ = b.Drain(context.Background())
-	}()
+	defer b.Shutdown(context.Background())
 
 	big := &bulkhead.Request{Messages: []bulkhead.Message{{Content: "..."}}, MaxTokens: 899}
 	d, _ := b.WouldAdmit(big, bulkhead.WithDetail())
@@ -112,10 +105,7 @@ func ExampleBulkhead_ApplyLimits() {
 	if err != nil {
 		panic(err)
 	}
-	defer func() {
-		b.Close()
-		_, _ = b.Drain(context.Background())
-	}()
+	defer b.Shutdown(context.Background())
 
 	res, err := b.ApplyLimits(bulkhead.Limits{Revision: 42, MaxConcurrent: 16, MaxQueue: 32})
 	fmt.Println(res.Applied, res.Current.MaxConcurrent, err)
@@ -138,15 +128,130 @@ func ExampleBulkhead_Subscribe() {
 			fmt.Println("release")
 		},
 	})
-	tok, _ := b.Acquire(context.Background(), &bulkhead.Request{})
+	permit, _ := b.Acquire(context.Background(), &bulkhead.Request{})
 	_, _ = b.Acquire(context.Background(), &bulkhead.Request{})
-	_ = tok.Release(nil)
+	_ = permit.Release(nil)
 
-	// Close and Drain deliver every pending event and end the goroutines.
-	b.Close()
-	_, _ = b.Drain(context.Background())
+	// Shutdown delivers every pending event and ends the goroutines.
+	_, _ = b.Shutdown(context.Background())
 	// Output:
 	// admit, revision 0
 	// reject: concurrency_limit
 	// release
+}
+
+func ExampleNew() {
+	b, err := bulkhead.New(bulkhead.Config{
+		Model:         "gpt-4o",
+		MaxConcurrent: 16,
+		MaxQueue:      64,
+		QueueTimeout:  2 * time.Second,
+		TokenBudget:   &bulkhead.TokenBudget{Budget: 400_000, HighPriorityReserve: 50_000},
+	})
+	if err != nil {
+		panic(err)
+	}
+	defer b.Shutdown(context.Background())
+	fmt.Println(b.Limits().MaxConcurrent, b.Limits().TokenBudget.Budget)
+
+	_, err = bulkhead.New(bulkhead.Config{MaxConcurrent: -1})
+	fmt.Println(err)
+	// Output:
+	// 16 400000
+	// bulkhead: invalid Config.MaxConcurrent: must be >= 0, got -1
+}
+
+func ExampleBulkhead_Estimate() {
+	cfg := bulkhead.Interactive("gpt-4o", 4)
+	cfg.TokenBudget = &bulkhead.TokenBudget{Budget: 10_000}
+	b, _ := bulkhead.New(cfg)
+	defer b.Shutdown(context.Background())
+
+	request := &bulkhead.Request{Messages: []bulkhead.Message{{Role: "user", Content: strings.Repeat("a", 37)}}, MaxTokens: 100}
+	r, _ := b.Estimate(request)
+	fmt.Printf("%+v\n", *r)
+
+	// The estimate round-trips as a per-call override.
+	permit, _ := b.Acquire(context.Background(), request, bulkhead.WithReservation(*r))
+	fmt.Println(permit.Reservation().Reserved)
+	_ = permit.Release(nil)
+	// Output:
+	// {Input:10 MaxOutput:100 Reserved:110}
+	// 110
+}
+
+func ExampleBulkhead_SetBudget() {
+	cfg := bulkhead.Interactive("gpt-4o", 4)
+	cfg.TokenBudget = &bulkhead.TokenBudget{Budget: 10_000}
+	b, _ := bulkhead.New(cfg)
+	defer b.Shutdown(context.Background())
+
+	res, _ := b.SetBudget(0) // a kill switch for token-bearing calls
+	fmt.Println(res.Applied, res.Current.Revision, res.Current.TokenBudget.Budget)
+	_, err := b.Acquire(context.Background(), &bulkhead.Request{MaxTokens: 10})
+	fmt.Println(err)
+	// Output:
+	// true 1 0
+	// bulkhead: rejected: budget_limit: 10 tokens requested, 0 of 0 available (never fits)
+}
+
+func ExampleBulkhead_Shutdown() {
+	b, _ := bulkhead.New(bulkhead.Interactive("gpt-4o", 4))
+	permit, _ := b.Acquire(context.Background(), &bulkhead.Request{})
+	go func() { _ = permit.Release(nil) }() // work in flight finishes
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	res, err := b.Shutdown(ctx)
+	fmt.Println(res.Drained, err)
+	_, err = b.Acquire(context.Background(), &bulkhead.Request{})
+	fmt.Println(errors.Is(err, bulkhead.ErrShutdown))
+	// Output:
+	// true <nil>
+	// true
+}
+
+func ExamplePermit_ReportUsage() {
+	cfg := bulkhead.Interactive("gpt-4o", 4)
+	cfg.TokenBudget = &bulkhead.TokenBudget{Budget: 10_000}
+	b, _ := bulkhead.New(cfg)
+	defer b.Shutdown(context.Background())
+
+	permit, _ := b.Acquire(context.Background(), &bulkhead.Request{MaxTokens: 1000},
+		bulkhead.WithReservation(bulkhead.Reservation{Input: 200, MaxOutput: 1000}))
+	// A stream reports as it goes; a progressive hold keeps only what the
+	// stream may still produce.
+	rep, _ := permit.ReportUsage(bulkhead.Usage{Input: 200, Output: 300}, &bulkhead.Progressive{RemainingOutput: 700})
+	fmt.Println(rep.Sequence, rep.Held, b.Stats().TokenBudget.InFlightTokens)
+	_ = permit.Release(&bulkhead.Usage{Input: 200, Output: 420})
+	fmt.Println(b.Stats().TokenBudget.TotalConsumed)
+	// Output:
+	// 1 700 700
+	// 620
+}
+
+func ExampleWithTag() {
+	b, _ := bulkhead.New(bulkhead.Interactive("gpt-4o", 0)) // closed to new calls
+	defer b.Shutdown(context.Background())
+
+	_, err := b.Acquire(context.Background(), &bulkhead.Request{}, bulkhead.WithTag("req-42"))
+	fmt.Println(err)
+	// Output:
+	// bulkhead: rejected: concurrency_limit: MaxConcurrent is 0: closed to new calls (tag "req-42")
+}
+
+func ExampleRejectedError_NeverFits() {
+	cfg := bulkhead.Interactive("gpt-4o", 4)
+	cfg.TokenBudget = &bulkhead.TokenBudget{Budget: 1000}
+	b, _ := bulkhead.New(cfg)
+	defer b.Shutdown(context.Background())
+
+	huge := &bulkhead.Request{MaxTokens: 5000}
+	_, err := b.Acquire(context.Background(), huge)
+	var rej *bulkhead.RejectedError
+	if errors.As(err, &rej) && rej.NeverFits() {
+		fmt.Println("413: too large for this budget") // not worth retrying
+	}
+	// Output:
+	// 413: too large for this budget
 }
