@@ -49,8 +49,8 @@ func (r *Request) Validate() error {
 }
 
 // TextLength returns the number of characters of all the text in r, in
-// UTF-16 code units (as JavaScript's String.length counts them, so a
-// character above U+FFFF counts 2): System, the Text of the "text" blocks
+// UTF-16 code units (a character
+// above U+FFFF counts 2): System, the Text of the "text" blocks
 // of SystemBlocks, and of every message its Content and the Text of its
 // "text" blocks. Opaque blocks count nothing here. A nil request has
 // length 0. TextLength does not allocate.

@@ -69,7 +69,7 @@ type Correction struct {
 
 // Adaptive is a [ModelAware] estimator that learns, per model, how far its
 // input estimates are from the input tokens providers report, and corrects
-// them (SPEC F9).
+// them.
 //
 // For each model (lower-cased) it keeps an exponentially weighted moving
 // average of actual/estimated input over the observations fed to

@@ -1,6 +1,6 @@
 // Package estimate turns an LLM request into a token reservation: how many
 // input tokens the call will likely consume plus the most output it may
-// produce (SPEC F8, F9, F10).
+// produce.
 //
 // Three estimators are provided:
 //
@@ -13,14 +13,14 @@
 //   - [Adaptive]: a ModelAware estimator that learns a per-model correction
 //     of the input estimate from the usage providers actually report.
 //
-// Characters are counted in UTF-16 code units, like JavaScript's
-// String.length, so the ratios give the same token counts as the reference
-// library on any text (see [UTF16Len] and [TextLength]).
+// Characters are counted in UTF-16 code units (see [UTF16Len] and
+// bulkhead.Request.TextLength), the unit the built-in ratios are measured
+// in.
 //
-// [Reserve] is the one function the admission path calls: it validates the
-// request, applies a per-call reservation override or runs the estimator
-// once, and validates the result, so a bad request, override or estimate is
-// an error (matching [bulkhead.ErrInvalid]) and never an bulkhead.
+// Every estimator here implements bulkhead.Estimator: set one as
+// bulkhead.TokenBudget.Estimator. The bulkhead validates what an estimator
+// returns, so a bad request or estimate is an error (matching
+// bulkhead.ErrInvalid) and never an admission.
 //
 // Estimators built here are safe for concurrent use and do not allocate on
 // the common path.

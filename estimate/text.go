@@ -6,8 +6,8 @@ import "github.com/llmbulkhead/bulkhead/internal/tokens"
 // the empty one included, is opaque.
 const blockTypeText = "text"
 
-// UTF16Len returns the length of s in UTF-16 code units, which is what
-// JavaScript's String.length reports for the same text: a code point below
+// UTF16Len returns the length of s in UTF-16 code units, the unit
+// tokenizer ratios are measured in: a code point below
 // U+10000 counts 1, one at or above it (most emoji, rare CJK ideographs)
 // counts 2, and a byte that is not part of a valid UTF-8 sequence counts 1.
 // So UTF16Len(s) equals len(utf16.Encode([]rune(s))), without allocating.

@@ -7,15 +7,13 @@ import (
 )
 
 // Composite combines several pacers on one store, for example a
-// requests-per-minute and a tokens-per-minute limit of the same API (SPEC
-// P5). A call is decided by every member at the same instant and in one
+// requests-per-minute and a tokens-per-minute limit of the same API. A call is decided by every member at the same instant and in one
 // atomic step: its delay is the largest of the members' delays, and the
 // outcome names the member that set it.
 //
 // The call is recorded in every member or in none. RateLimit therefore
 // records nothing anywhere when any member says "wait" (no member spends
-// quota on a call that another member rejects, which the upstream library
-// did), and Pace records nothing anywhere when any member's delay is longer
+// quota on a call that another member rejects), and Pace records nothing anywhere when any member's delay is longer
 // than that member may wait. On the Redis store the atomic step is one script
 // over all members' keys, which share a cluster slot through the call key's
 // hash tag.
@@ -70,7 +68,7 @@ type CompositeOutcome struct {
 	Members []Outcome
 }
 
-// Reason explains the outcome as the upstream library's PacerComposite did:
+// Reason explains the outcome in words:
 // "no pacers" for a composite without members, "no delay" when no member
 // must wait, and otherwise "pacer <name>" and the member's reason on a second
 // line.

@@ -82,7 +82,7 @@ func drainTime(burst, qps, factor float64) int64 {
 	return int64(d)
 }
 
-// step is the pacing algorithm (SPEC P1), a pure function shared by both
+// step is the pacing algorithm, a pure function shared by both
 // backends: the in-process store runs it under a mutex, and the Redis script
 // (script.lua) is a line-by-line transcription of it. Keep the two in step;
 // the property test in equiv_test.go checks that they agree.

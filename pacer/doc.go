@@ -1,10 +1,8 @@
 // Package pacer paces calls to a target rate and limits their rate, with a
 // burst allowance, in one process or across many through Redis.
 //
-// It is a Go rebuild of the distributed-pacer library (SPEC section P): the
-// same algorithm, the same upstream test vectors, and the same results on
-// both of its stores, with the upstream bugs fixed (see "Differences from
-// upstream" below).
+// Both stores run the same integer step function and give identical results
+// on the same calls.
 //
 // # Modes
 //
@@ -97,30 +95,19 @@
 // reject with RedisOptions.FailureDelay as retry-after (and Pace fail); the
 // outcome's Fallback then carries the error, for logs and metrics.
 //
-// # Differences from upstream
+// # Guarantees
 //
-// The upstream library is distributed-pacer (TypeScript, ioredis). This
-// package keeps its algorithm, defaults, reason strings and vectors, and
-// differs on purpose where upstream was wrong or fragile:
-//
-//   - Input is validated; upstream's qps 0 wrote a key that failed every
-//     later call and never expired.
-//   - A delay below half a millisecond is no delay and is always recorded;
-//     upstream admitted such a rate-limited call without recording it.
-//   - State is integer microseconds, not float seconds stored with 14
-//     digits.
+//   - Input is validated before anything is written: a bad rate, burst,
+//     weight or key is an error and never leaves state behind.
+//   - A delay below half a millisecond is no delay and is always recorded.
+//   - State is integer microseconds.
 //   - Redis TIME by default, not the client's clock; and time never runs
 //     backwards for a key (a client or server clock that steps back neither
 //     refills the bucket nor moves the queue).
-//   - A rejected RateLimit writes nothing at all (upstream refreshed the
-//     key's TTL).
-//   - A Composite records all or nothing, atomically; upstream recorded the
-//     call in the members that admitted it even when another rejected it.
+//   - A rejected RateLimit writes nothing at all.
+//   - A Composite records all or nothing, atomically.
 //   - Pace books at most Options.MaxDelay (three years by default) ahead,
 //     and PaceWait books nothing it cannot wait for before its deadline.
-//   - Options are fixed when a Pacer is made (upstream re-read them on every
-//     call); make a new Pacer with the same name to change them, and the
-//     state carries over.
-//   - A call key is per call (Pace(ctx, key, weight)), and the Redis key has
-//     a new layout, so Go and Node pacers do not share state.
+//   - Options are fixed when a Pacer is made; make a new Pacer with the
+//     same name to change them, and the state carries over.
 package pacer

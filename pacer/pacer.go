@@ -70,7 +70,7 @@ type Options struct {
 	MaxDelay time.Duration
 }
 
-// Pacer paces calls or limits their rate (SPEC P1-P4): per call key, at most
+// Pacer paces calls or limits their rate: per call key, at most
 // QPS weight units per second on average, with MaxBurst of burst allowance.
 //
 // A Pacer is immutable and safe for concurrent use; it holds no state of its
@@ -155,7 +155,7 @@ type Outcome struct {
 	// first.
 	Delay time.Duration
 
-	// Level is the bucket level (upstream's watermark) that the call found,
+	// Level is the bucket level (the watermark) that the call found,
 	// after draining and before adding its weight.
 	Level float64
 
@@ -170,13 +170,12 @@ type Outcome struct {
 	Fallback error
 }
 
-// DelayMs returns Delay in whole milliseconds, rounded half up, as the
-// upstream library's delayMs.
+// DelayMs returns Delay in whole milliseconds, rounded half up.
 func (o Outcome) DelayMs() int64 {
 	return int64((o.Delay + time.Millisecond/2) / time.Millisecond)
 }
 
-// Reason explains the outcome in the upstream library's words, for example
+// Reason explains the outcome in words, for example
 // "watermark=1.00/2 + weight=1, delayMs=0".
 func (o Outcome) Reason() string {
 	if o.Fallback != nil {

@@ -95,7 +95,7 @@ type RedisOptions struct {
 	Prefix string
 
 	// Clock, when set, is the source of decision time: each call sends the
-	// clock's time to the script, as the upstream library did. Leave it nil
+	// clock's time to the script. Leave it nil
 	// in production: the script then reads Redis TIME, so clients whose
 	// clocks disagree still agree on every decision. Tests set it to a mock
 	// clock to replay exact timings; PaceWait also waits on this clock (on
