@@ -77,15 +77,6 @@ func (p *Permit) Resources() Resources {
 	return Resources(p.l.Resources)
 }
 
-// admission returns the identity the permit's events carry.
-func (p *Permit) admission() Admission {
-	req, _ := p.l.Request.(*Request)
-	return Admission{
-		ID: p.ID(), Request: req, Tag: p.l.Tag, Priority: p.Priority(), Class: p.l.Class,
-		LimitRevision: p.l.Revision, Reserved: p.l.Reservation.Reserved, Resources: p.Resources(),
-	}
-}
-
 // AbandonBorrowedConcurrency gives back early the slot this admission
 // borrowed from the classes' shared pool, so a waiter can have it while this
 // call finishes work that no longer needs the provider. The token hold
