@@ -166,7 +166,7 @@ func (b *Bulkhead) WouldAdmit(req *Request, opts ...Option) (Decision, error) {
 		return Decision{}, err
 	}
 	d := b.eng.WouldAdmit(class, admission.Priority(o.priority), admission.Reservation(res), o.detail)
-	return Decision{Admit: d.Admit, Reason: Reason(d.Reason), Detail: rejectDetail(d.Detail)}, nil
+	return Decision{Admit: d.Admit, Reason: Reason(d.Reason), Detail: rejectDetailFor(d.Detail, Reason(d.Reason))}, nil
 }
 
 // Estimate returns the reservation the bulkhead would take for req, through

@@ -189,6 +189,9 @@ func TestWouldAdmit(t *testing.T) {
 	if d, _ := b.WouldAdmit(req("a", 0), override(100, 1)); d.Admit || d.Reason != bulkhead.BudgetLimit {
 		t.Fatalf("over budget: %+v", d)
 	}
+	if d, _ := b.WouldAdmit(req("a", 0), override(100, 1), bulkhead.WithDetail()); d.Detail == nil || !d.Detail.NeverFits {
+		t.Fatalf("a reservation above the whole budget never fits: %+v", d.Detail)
+	}
 	tok := mustAcquire(t, b, req("a", 0), override(10, 10))
 	if d, _ := b.WouldAdmit(req("a", 0), override(10, 10)); !d.Admit {
 		t.Fatalf("would queue, so would admit: %+v", d)

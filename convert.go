@@ -84,9 +84,6 @@ func usageReport(r admission.UsageReport) UsageReport {
 	}
 }
 
-// rejectDetail converts an advisory or rejection detail; nil stays nil.
-func rejectDetail(d *admission.RejectDetail) *RejectDetail { return rejectDetailFor(d, 0) }
-
 // rejectDetailFor converts the detail of a rejection for why, telling a
 // call that can never fit from one that does not fit now.
 func rejectDetailFor(d *admission.RejectDetail, why Reason) *RejectDetail {
