@@ -168,13 +168,14 @@ func (e *Engine) PutRequest(r *AcquireRequest) {
 // when the admission won the race, the admission itself. So a request
 // always ends with exactly one outcome, and nothing is leaked.
 func (e *Engine) Acquire(r *AcquireRequest) error {
+	ctxDone := watch(r)
 	e.send(r)
 	// When another caller is running the mailbox, the answer usually comes
 	// within a few hundred nanoseconds: look for it briefly before paying
 	// for a park and a wake-up. Uncontended, the answer is already there.
 	for i := 0; i < answerSpins && len(r.done) == 0; i++ {
 	}
-	if ctxDone := r.Ctx.Done(); ctxDone != nil {
+	if ctxDone != nil {
 		select {
 		case <-r.done:
 			return r.Err
@@ -185,11 +186,70 @@ func (e *Engine) Acquire(r *AcquireRequest) error {
 			default:
 			}
 			r.cancelSent = true
+			r.cancel.cause = contextCause(r.Ctx)
 			e.send(&r.cancel)
 		}
 	}
 	<-r.done
 	return r.Err
+}
+
+// watch reads r.Ctx's Done channel and, if it has ended, why, on the
+// caller's goroutine before r is sent: so the engine decides on what they
+// said and never calls a method of the caller's context itself. It returns
+// the Done channel.
+func watch(r *AcquireRequest) <-chan struct{} {
+	done := r.Ctx.Done()
+	r.ctxDone = done
+	if done != nil {
+		select {
+		case <-done:
+			r.ended = contextCause(r.Ctx)
+		default:
+		}
+	}
+	return done
+}
+
+// contextCause returns why ctx ended: context.Cause, or context.Canceled
+// from a context that gives none. When ctx's methods panic, it returns an
+// error describing the panic instead: a broken context counts as ended, and
+// its panic reaches nobody.
+func contextCause(ctx context.Context) (cause error) {
+	defer func() {
+		if p := recover(); p != nil {
+			cause = fmt.Errorf("bulkhead: the caller's context panicked: %v", p)
+		}
+	}()
+	if cause = context.Cause(ctx); cause == nil {
+		cause = context.Canceled
+	}
+	return cause
+}
+
+// guardedContext passes a caller's context to context.AfterFunc with its
+// Err and Value guarded: for a context type of its own, AfterFunc calls
+// them on a goroutine of its own when the context ends, where a panic
+// would end the process. A panicking Err reads as context.Canceled, a
+// panicking Value as nil.
+type guardedContext struct{ context.Context }
+
+func (g guardedContext) Err() (err error) {
+	defer func() {
+		if recover() != nil {
+			err = context.Canceled
+		}
+	}()
+	return g.Context.Err()
+}
+
+func (g guardedContext) Value(key any) (v any) {
+	defer func() {
+		if recover() != nil {
+			v = nil
+		}
+	}()
+	return g.Context.Value(key)
 }
 
 // NewAsyncRequest returns a request for AcquireAsync. It is not pooled.
@@ -211,7 +271,11 @@ func newAcquireRequest(done chan struct{}, async bool) *AcquireRequest {
 // withdrawn (rejected Aborted); stop, called once the answer is in, drops
 // that watch.
 func (e *Engine) AcquireAsync(r *AcquireRequest) (done <-chan struct{}, stop func() bool) {
-	stop = context.AfterFunc(r.Ctx, func() { e.send(&r.cancel) })
+	watch(r)
+	stop = context.AfterFunc(guardedContext{r.Ctx}, func() {
+		r.cancel.cause = contextCause(r.Ctx)
+		e.send(&r.cancel)
+	})
 	e.send(r)
 	return r.done, stop
 }
@@ -392,7 +456,7 @@ func (a *admissionActor) Receive(ctx actor.Context) {
 	case *actor.Started:
 		a.spawnChildren(ctx)
 	case *cancelMsg:
-		s.cancel(m.r)
+		s.cancel(m)
 	case *timeoutMsg:
 		s.timeout(m)
 	case *wouldAdmitRequest:

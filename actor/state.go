@@ -1,7 +1,6 @@
 package actor
 
 import (
-	"context"
 	"crypto/rand"
 	"log/slog"
 	"math"
@@ -178,8 +177,8 @@ func (s *state) acquire(r *AcquireRequest) {
 	case s.closed:
 		s.reject(r, admission.Shutdown, true, nil, "")
 		return
-	case r.Ctx.Err() != nil:
-		s.reject(r, admission.Aborted, true, context.Cause(r.Ctx), "")
+	case r.ended != nil:
+		s.reject(r, admission.Aborted, true, r.ended, "")
 		return
 	}
 	if why, cons := s.checkCapacity(r.Priority, r.Reservation.Reserved, r.Class, false); why != admission.NoReason {
@@ -357,35 +356,38 @@ func (s *state) dequeue(r *AcquireRequest) {
 }
 
 // pump admits waiters, in arrival order, while slots are free, then answers
-// waiting Drains if the engine is idle.
+// waiting Drains if the engine is idle. A waiter whose context has ended is
+// passed over: its cancel message, with the context's cause, is on its way.
 func (s *state) pump() {
-	for s.qhead != nil && s.inFlight < s.limits.MaxConcurrent {
-		w := s.qhead
-		s.dequeue(w)
-		if w.Ctx.Err() != nil {
-			s.reject(w, admission.Aborted, true, context.Cause(w.Ctx), "")
+	for w := s.qhead; w != nil && s.inFlight < s.limits.MaxConcurrent; {
+		next := w.next
+		if w.ctxEnded() {
+			w = next
 			continue
 		}
+		s.dequeue(w)
 		s.grantSlot()
 		// Postcheck: capacity may have changed while w waited.
 		if why, cons := s.checkCapacity(w.Priority, w.Reservation.Reserved, w.Class, true); why != admission.NoReason {
 			s.returnSlot()
 			s.reject(w, why, false, nil, cons)
-			continue
+		} else {
+			s.admit(w)
 		}
-		s.admit(w)
+		w = next
 	}
 	s.checkDrains()
 }
 
 // cancel withdraws a waiter whose context ended. A request that was already
 // answered is left alone: its answer stands.
-func (s *state) cancel(r *AcquireRequest) {
+func (s *state) cancel(m *cancelMsg) {
+	r := m.r
 	if !r.queued {
 		return
 	}
 	s.dequeue(r)
-	s.reject(r, admission.Aborted, true, context.Cause(r.Ctx), "")
+	s.reject(r, admission.Aborted, true, m.cause, "")
 	s.checkDrains()
 }
 

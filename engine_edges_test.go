@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"math"
+	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/llmbulkhead/bulkhead"
 )
@@ -185,5 +188,100 @@ func TestOverReservationWithoutBudget(t *testing.T) {
 	closeAndDrain(t, b)
 	if len(events) != 1 || events[0].OverReservation != 0 {
 		t.Fatalf("usage events = %+v", events)
+	}
+}
+
+// hostileCtx is a context whose Err, and so context.Cause, panics once
+// armed. Its Done is a plain channel, closed by end.
+type hostileCtx struct {
+	done  chan struct{}
+	armed atomic.Bool
+}
+
+func newHostileCtx() *hostileCtx { return &hostileCtx{done: make(chan struct{})} }
+
+func (c *hostileCtx) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (c *hostileCtx) Done() <-chan struct{}       { return c.done }
+func (c *hostileCtx) Value(any) any               { return nil }
+func (c *hostileCtx) end()                        { close(c.done) }
+
+func (c *hostileCtx) Err() error {
+	if c.armed.Load() {
+		panic("a hostile context")
+	}
+	select {
+	case <-c.done:
+		return context.Canceled
+	default:
+		return nil
+	}
+}
+
+// wantPanicCause checks that err is an Aborted rejection whose cause
+// describes the context's panic.
+func wantPanicCause(t *testing.T, err error) {
+	t.Helper()
+	rej := wantReason(t, err, bulkhead.Aborted)
+	if rej.Cause == nil || !strings.Contains(rej.Cause.Error(), "a hostile context") {
+		t.Fatalf("cause = %v, want one describing the panic", rej.Cause)
+	}
+}
+
+// TestHostileContext: the engine never calls a waiter's context while it
+// decides, so a context whose Err panics once its call is queued cannot
+// leave a waiter unanswered or a slot idle beside the queue. Such a
+// context that ends is rejected Aborted with a cause describing the panic,
+// and the queue keeps moving.
+func TestHostileContext(t *testing.T) {
+	for _, async := range []bool{false, true} {
+		t.Run(map[bool]string{false: "Acquire", true: "AcquireAsync"}[async], func(t *testing.T) {
+			cfg := bulkhead.Batch("gpt-4o", 1)
+			cfg.MaxQueue = 2
+			b := newBulkhead(t, cfg)
+			held := mustAcquire(t, b, req("held", 0))
+			start := func(ctx context.Context) <-chan result {
+				if !async {
+					return acquireAsync(ctx, b, req("w", 0))
+				}
+				ch := make(chan result, 1)
+				f := b.AcquireAsync(ctx, req("w", 0))
+				go func() {
+					tok, err := f.Result()
+					ch <- result{tok, err}
+				}()
+				return ch
+			}
+			c1, c2 := newHostileCtx(), newHostileCtx()
+			w1 := start(c1)
+			waitFor(t, "the first waiter to queue", func() bool { return b.Stats().Gate.Pending == 1 })
+			w2 := start(c2)
+			waitFor(t, "the second waiter to queue", func() bool { return b.Stats().Gate.Pending == 2 })
+			c1.armed.Store(true)
+			c2.armed.Store(true)
+
+			c1.end()
+			wantPanicCause(t, (<-w1).err)
+			_ = held.Release(nil)
+			r2 := <-w2 // admitted: nobody called its Err
+			if r2.err != nil {
+				t.Fatalf("second waiter: %v", r2.err)
+			}
+			if st := b.Stats(); st.Gate.InFlight != 1 || st.Gate.Pending != 0 {
+				t.Fatalf("with the second waiter admitted: %+v", st.Gate)
+			}
+			_ = r2.tok.Release(nil)
+
+			// Ended before the call: rejected before anything is taken.
+			_, err := b.Acquire(c1, req("late", 0))
+			wantPanicCause(t, err)
+			if async {
+				_, err = b.AcquireAsync(c1, req("late", 0)).Result()
+				wantPanicCause(t, err)
+			}
+			st := b.Stats()
+			if st.Gate.InFlight != 0 || st.Gate.Pending != 0 || st.Calls.InFlight != 0 || st.Gate.Aborted != map[bool]int64{false: 2, true: 3}[async] {
+				t.Fatalf("after cleanup: %+v %+v", st.Gate, st.Calls)
+			}
+		})
 	}
 }
