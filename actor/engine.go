@@ -62,9 +62,10 @@ type Engine struct {
 	events *actor.PID
 	clk    clock.Clock
 
-	// stopMu guards the shutdown of event delivery: flushed is closed once
-	// every event emitted before emission stopped has been delivered;
-	// stopped is set once the events actor and the actor system are down.
+	// stopMu guards the shutdown of event delivery, and is never held
+	// while waiting for it: flushed is closed once every event emitted
+	// before emission stopped has been delivered; stopped is set once the
+	// events actor and the actor system are down.
 	stopMu  sync.Mutex
 	flushed chan struct{}
 	stopped bool
@@ -350,6 +351,13 @@ func (e *Engine) Close() {
 // Drain waits until nothing is in flight or queued and every admission has
 // been released, or until ctx ends. When the engine is closed and drained
 // it also stops event delivery, so no goroutine of the engine remains.
+//
+// Drain returns when ctx ends, whatever the listeners do: a Drain that
+// gives up while a listener still holds an event leaves the rest of the
+// shutdown to a later Drain. A listener that calls Drain waits for itself
+// (the events behind the one it is handling cannot be delivered until it
+// returns), so its Drain ends only with its ctx; other Drains are not held
+// up by it and keep their own deadlines.
 func (e *Engine) Drain(ctx context.Context) admission.DrainResult {
 	d := &drainRequest{done: make(chan struct{}, 1)}
 	e.send(d)
@@ -371,28 +379,38 @@ func (e *Engine) Drain(ctx context.Context) admission.DrainResult {
 // stops emitting (and its class actors stop), the events actor delivers
 // what it holds, then it stops and the actor system shuts down. When ctx
 // ends before the last event is delivered, stop returns false and a later
-// call picks up where it left off. The admission actor, which owns no
-// goroutine, keeps answering.
+// call picks up where it left off. Concurrent calls wait together, each
+// until its own ctx ends; no lock is held while they wait. The admission
+// actor, which owns no goroutine, keeps answering.
 func (e *Engine) stop(ctx context.Context) bool {
+	select {
+	case <-e.stopEvents():
+	case <-ctx.Done():
+		return false
+	}
 	e.stopMu.Lock()
 	defer e.stopMu.Unlock()
-	if e.stopped {
-		return true
+	if !e.stopped {
+		e.root.Stop(e.events)
+		e.sys.Shutdown()
+		e.stopped = true
 	}
+	return true
+}
+
+// stopEvents stops the emission of events, the first time it is called,
+// and returns the channel closed once every event emitted before that has
+// been delivered.
+func (e *Engine) stopEvents() <-chan struct{} {
+	e.stopMu.Lock()
+	defer e.stopMu.Unlock()
 	if e.flushed == nil {
+		// The admission actor answers at once: it runs no user code.
 		q := &eventsOffRequest{done: make(chan struct{}, 1)}
 		e.call(q, q.done)
 		e.flushed = q.flushed
 	}
-	select {
-	case <-e.flushed:
-	case <-ctx.Done():
-		return false
-	}
-	e.root.Stop(e.events)
-	e.sys.Shutdown()
-	e.stopped = true
-	return true
+	return e.flushed
 }
 
 // admissionActor is the protoactor actor around the state machine.
