@@ -162,7 +162,7 @@ func causeCounts(m map[admission.AbandonCause]int64) map[AbandonCause]int64 {
 }
 
 func stats(s admission.Stats) Stats {
-	out := Stats{Limits: publicLimits(s.Limits), Events: EventStats{ListenerPanics: s.ListenerPanics}}
+	out := Stats{Limits: publicLimits(s.Limits), Events: EventStats{ListenerPanics: s.ListenerPanics}, LedgerDrift: s.LedgerDrift}
 	g := s.Gate
 	out.Gate = GateStats{
 		InFlight: g.InFlight, Pending: g.Pending, MaxConcurrent: g.MaxConcurrent, MaxQueue: g.MaxQueue, Closed: g.Closed,

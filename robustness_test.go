@@ -2,7 +2,6 @@ package bulkhead_test
 
 import (
 	"context"
-	"errors"
 	"testing"
 	"time"
 
@@ -10,46 +9,6 @@ import (
 
 	"github.com/llmbulkhead/bulkhead"
 )
-
-// panickyCtx is a context whose Err panics once armed: user code the engine
-// calls while it decides.
-type panickyCtx struct {
-	context.Context
-	armed bool
-}
-
-func (c *panickyCtx) Err() error {
-	if c.armed {
-		panic("a broken context")
-	}
-	return c.Context.Err()
-}
-
-// TestPanicInEngineAnswersAndGoesOn: a panic while the engine decides (here
-// from a context's Err) answers the caller with ErrInternal, for the
-// blocking and the asynchronous acquire alike, and the engine keeps going.
-func TestPanicInEngineAnswersAndGoesOn(t *testing.T) {
-	b := newBulkhead(t, bulkhead.Interactive("gpt-4o", 2))
-	held := mustAcquire(t, b, req("a", 0))
-	ctx := &panickyCtx{Context: context.Background(), armed: true}
-	if _, err := b.Acquire(ctx, req("a", 0)); !errors.Is(err, bulkhead.ErrInternal) {
-		t.Fatalf("Acquire with a panicking context = %v", err)
-	}
-	f := b.AcquireAsync(ctx, req("a", 0))
-	select {
-	case <-f.Done():
-	case <-time.After(5 * time.Second):
-		t.Fatal("the async acquire was never answered: the engine is wedged")
-	}
-	if _, err := f.Result(); !errors.Is(err, bulkhead.ErrInternal) {
-		t.Fatalf("AcquireAsync with a panicking context = %v", err)
-	}
-	if st := b.Stats(); st.Gate.InFlight != 1 || st.Calls.Admitted != 1 {
-		t.Fatalf("state after the panics: %+v", st)
-	}
-	_ = held.Release(nil)
-	mustAcquire(t, b, req("a", 0)).Release(nil)
-}
 
 // TestDrainSeesIdlenessReachedThroughApplyLimits: when applying limits
 // rejects the last waiter (its postcheck fails), a waiting Drain returns.

@@ -15,6 +15,12 @@ type Stats struct {
 	Classes *ClassesStats
 	// Events is the delivery of events to listeners.
 	Events EventStats
+	// LedgerDrift counts the times the bulkhead found its books out of
+	// balance: a release, abandonment or usage report that would have taken
+	// an in-flight count (slots or tokens, global or of a class) below
+	// zero. Each is logged (Config.Logger) and the count is set to zero. It
+	// is 0 unless the bulkhead has a bug.
+	LedgerDrift int64
 }
 
 // String formats the statistics with their pointers followed.
@@ -75,7 +81,8 @@ type BudgetStats struct {
 	// Available is Budget - InFlightTokens, 0 when in-flight tokens exceed
 	// the budget; not priority-adjusted.
 	Available int64
-	// TotalReserved sums every admission's reservation.
+	// TotalReserved sums every admission's reservation. This total and the
+	// three after it saturate at math.MaxInt64 rather than wrap around.
 	TotalReserved int64
 	// TotalConsumed sums the usage reported at release.
 	TotalConsumed int64
@@ -113,7 +120,8 @@ type ClassStats struct {
 	Rejected         int64
 	RejectedByReason map[Reason]int64
 
-	// TotalReserved sums the class's reservations.
+	// TotalReserved sums the class's reservations. This total and the five
+	// after it saturate at math.MaxInt64 rather than wrap around.
 	TotalReserved int64
 	// TotalConsumed sums the usage its releases reported.
 	TotalConsumed int64

@@ -62,9 +62,10 @@ type Engine struct {
 	events *actor.PID
 	clk    clock.Clock
 
-	// stopMu guards the shutdown of event delivery: flushed is closed once
-	// every event emitted before emission stopped has been delivered;
-	// stopped is set once the events actor and the actor system are down.
+	// stopMu guards the shutdown of event delivery, and is never held
+	// while waiting for it: flushed is closed once every event emitted
+	// before emission stopped has been delivered; stopped is set once the
+	// events actor and the actor system are down.
 	stopMu  sync.Mutex
 	flushed chan struct{}
 	stopped bool
@@ -168,13 +169,14 @@ func (e *Engine) PutRequest(r *AcquireRequest) {
 // when the admission won the race, the admission itself. So a request
 // always ends with exactly one outcome, and nothing is leaked.
 func (e *Engine) Acquire(r *AcquireRequest) error {
+	ctxDone := watch(r)
 	e.send(r)
 	// When another caller is running the mailbox, the answer usually comes
 	// within a few hundred nanoseconds: look for it briefly before paying
 	// for a park and a wake-up. Uncontended, the answer is already there.
 	for i := 0; i < answerSpins && len(r.done) == 0; i++ {
 	}
-	if ctxDone := r.Ctx.Done(); ctxDone != nil {
+	if ctxDone != nil {
 		select {
 		case <-r.done:
 			return r.Err
@@ -185,11 +187,70 @@ func (e *Engine) Acquire(r *AcquireRequest) error {
 			default:
 			}
 			r.cancelSent = true
+			r.cancel.cause = contextCause(r.Ctx)
 			e.send(&r.cancel)
 		}
 	}
 	<-r.done
 	return r.Err
+}
+
+// watch reads r.Ctx's Done channel and, if it has ended, why, on the
+// caller's goroutine before r is sent: so the engine decides on what they
+// said and never calls a method of the caller's context itself. It returns
+// the Done channel.
+func watch(r *AcquireRequest) <-chan struct{} {
+	done := r.Ctx.Done()
+	r.ctxDone = done
+	if done != nil {
+		select {
+		case <-done:
+			r.ended = contextCause(r.Ctx)
+		default:
+		}
+	}
+	return done
+}
+
+// contextCause returns why ctx ended: context.Cause, or context.Canceled
+// from a context that gives none. When ctx's methods panic, it returns an
+// error describing the panic instead: a broken context counts as ended, and
+// its panic reaches nobody.
+func contextCause(ctx context.Context) (cause error) {
+	defer func() {
+		if p := recover(); p != nil {
+			cause = fmt.Errorf("bulkhead: the caller's context panicked: %v", p)
+		}
+	}()
+	if cause = context.Cause(ctx); cause == nil {
+		cause = context.Canceled
+	}
+	return cause
+}
+
+// guardedContext passes a caller's context to context.AfterFunc with its
+// Err and Value guarded: for a context type of its own, AfterFunc calls
+// them on a goroutine of its own when the context ends, where a panic
+// would end the process. A panicking Err reads as context.Canceled, a
+// panicking Value as nil.
+type guardedContext struct{ context.Context }
+
+func (g guardedContext) Err() (err error) {
+	defer func() {
+		if recover() != nil {
+			err = context.Canceled
+		}
+	}()
+	return g.Context.Err()
+}
+
+func (g guardedContext) Value(key any) (v any) {
+	defer func() {
+		if recover() != nil {
+			v = nil
+		}
+	}()
+	return g.Context.Value(key)
 }
 
 // NewAsyncRequest returns a request for AcquireAsync. It is not pooled.
@@ -211,7 +272,11 @@ func newAcquireRequest(done chan struct{}, async bool) *AcquireRequest {
 // withdrawn (rejected Aborted); stop, called once the answer is in, drops
 // that watch.
 func (e *Engine) AcquireAsync(r *AcquireRequest) (done <-chan struct{}, stop func() bool) {
-	stop = context.AfterFunc(r.Ctx, func() { e.send(&r.cancel) })
+	watch(r)
+	stop = context.AfterFunc(guardedContext{r.Ctx}, func() {
+		r.cancel.cause = contextCause(r.Ctx)
+		e.send(&r.cancel)
+	})
 	e.send(r)
 	return r.done, stop
 }
@@ -286,6 +351,13 @@ func (e *Engine) Close() {
 // Drain waits until nothing is in flight or queued and every admission has
 // been released, or until ctx ends. When the engine is closed and drained
 // it also stops event delivery, so no goroutine of the engine remains.
+//
+// Drain returns when ctx ends, whatever the listeners do: a Drain that
+// gives up while a listener still holds an event leaves the rest of the
+// shutdown to a later Drain. A listener that calls Drain waits for itself
+// (the events behind the one it is handling cannot be delivered until it
+// returns), so its Drain ends only with its ctx; other Drains are not held
+// up by it and keep their own deadlines.
 func (e *Engine) Drain(ctx context.Context) admission.DrainResult {
 	d := &drainRequest{done: make(chan struct{}, 1)}
 	e.send(d)
@@ -307,28 +379,38 @@ func (e *Engine) Drain(ctx context.Context) admission.DrainResult {
 // stops emitting (and its class actors stop), the events actor delivers
 // what it holds, then it stops and the actor system shuts down. When ctx
 // ends before the last event is delivered, stop returns false and a later
-// call picks up where it left off. The admission actor, which owns no
-// goroutine, keeps answering.
+// call picks up where it left off. Concurrent calls wait together, each
+// until its own ctx ends; no lock is held while they wait. The admission
+// actor, which owns no goroutine, keeps answering.
 func (e *Engine) stop(ctx context.Context) bool {
+	select {
+	case <-e.stopEvents():
+	case <-ctx.Done():
+		return false
+	}
 	e.stopMu.Lock()
 	defer e.stopMu.Unlock()
-	if e.stopped {
-		return true
+	if !e.stopped {
+		e.root.Stop(e.events)
+		e.sys.Shutdown()
+		e.stopped = true
 	}
+	return true
+}
+
+// stopEvents stops the emission of events, the first time it is called,
+// and returns the channel closed once every event emitted before that has
+// been delivered.
+func (e *Engine) stopEvents() <-chan struct{} {
+	e.stopMu.Lock()
+	defer e.stopMu.Unlock()
 	if e.flushed == nil {
+		// The admission actor answers at once: it runs no user code.
 		q := &eventsOffRequest{done: make(chan struct{}, 1)}
 		e.call(q, q.done)
 		e.flushed = q.flushed
 	}
-	select {
-	case <-e.flushed:
-	case <-ctx.Done():
-		return false
-	}
-	e.root.Stop(e.events)
-	e.sys.Shutdown()
-	e.stopped = true
-	return true
+	return e.flushed
 }
 
 // admissionActor is the protoactor actor around the state machine.
@@ -392,7 +474,7 @@ func (a *admissionActor) Receive(ctx actor.Context) {
 	case *actor.Started:
 		a.spawnChildren(ctx)
 	case *cancelMsg:
-		s.cancel(m.r)
+		s.cancel(m)
 	case *timeoutMsg:
 		s.timeout(m)
 	case *wouldAdmitRequest:

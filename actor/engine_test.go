@@ -3,6 +3,8 @@ package actor
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"runtime"
 	"testing"
 
 	"github.com/llmbulkhead/bulkhead/internal/admission"
@@ -62,5 +64,69 @@ func TestPanicInHandlerKeepsState(t *testing.T) {
 	second.Release(nil)
 	if st := e.Stats(); st.Gate.InFlight != 0 || st.Calls.Released != 2 {
 		t.Fatalf("final stats: %+v", st)
+	}
+}
+
+// TestPumpPassesOverEndedWaiters: a waiter whose context has ended is not
+// admitted by a release while its cancel message is still on the way; the
+// next waiter gets the slot, and the cancel then rejects it with the cause
+// its sender read.
+func TestPumpPassesOverEndedWaiters(t *testing.T) {
+	e := startEngine(t, admission.Limits{MaxConcurrent: 1, MaxQueue: 2})
+	held := acquire(t, e)
+	ended := make(chan struct{})
+	dead := newAcquireRequest(make(chan struct{}, 1), false)
+	dead.Ctx, dead.Lease, dead.ctxDone = context.Background(), &Lease{}, ended
+	e.send(dead) // as Acquire would, without its watch on the context
+	live := e.NewRequest()
+	live.Ctx, live.Lease = context.Background(), &Lease{}
+	got := make(chan error, 1)
+	go func() { got <- e.Acquire(live) }()
+	for e.Stats().Gate.Pending != 2 {
+		runtime.Gosched()
+	}
+	close(ended)
+	held.Release(nil)
+	if err := <-got; err != nil {
+		t.Fatalf("the live waiter: %v", err)
+	}
+	if st := e.Stats(); st.Gate.Pending != 1 || st.Gate.InFlight != 1 || len(dead.done) != 0 {
+		t.Fatalf("the ended waiter was answered or dropped: %+v", st.Gate)
+	}
+	cause := errors.New("the caller gave up")
+	dead.cancel.cause = cause
+	e.send(&dead.cancel)
+	<-dead.done
+	var rej *admission.RejectedError
+	if !errors.As(dead.Err, &rej) || rej.Reason != admission.Aborted || !errors.Is(dead.Err, cause) {
+		t.Fatalf("the ended waiter: %v", dead.Err)
+	}
+	live.Lease.Release(nil)
+	e.PutRequest(live)
+	if st := e.Stats(); st.Gate.Pending != 0 || st.Gate.InFlight != 0 || st.Gate.Aborted != 1 {
+		t.Fatalf("final: %+v", st.Gate)
+	}
+}
+
+// TestRecoveredAnswersAcquires: when deciding a request panics, the
+// request is answered with ErrInternal unless it was answered or queued
+// already, blocking and asynchronous alike (an async future is done).
+func TestRecoveredAnswersAcquires(t *testing.T) {
+	a := &admissionActor{engine: &Engine{logger: slog.New(slog.DiscardHandler)}, state: &state{}}
+	for _, r := range []*AcquireRequest{
+		newAcquireRequest(make(chan struct{}, 1), false),
+		newAcquireRequest(make(chan struct{}), true),
+	} {
+		a.recovered(r, "boom")
+		<-r.done
+		if !errors.Is(r.Err, ErrInternal) || !r.answered {
+			t.Fatalf("async %v: Err = %v", r.async, r.Err)
+		}
+	}
+	queued := newAcquireRequest(make(chan struct{}, 1), false)
+	queued.queued = true
+	a.recovered(queued, "boom")
+	if len(queued.done) != 0 || queued.Err != nil {
+		t.Fatal("a queued request was answered: the queue still holds it")
 	}
 }

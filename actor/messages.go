@@ -15,7 +15,10 @@ import (
 // gives it back with Engine.PutRequest. The engine replies to it exactly
 // once.
 type AcquireRequest struct {
-	// Ctx is the caller's context: it cancels waiting only.
+	// Ctx is the caller's context: it cancels waiting only. The engine
+	// calls its methods on the caller's goroutine only, never while it
+	// decides: Done when the request is sent, and Err and Cause (guarded
+	// against panics) once it has ended.
 	Ctx context.Context
 	// Request is the caller's request, opaque to the engine: it is only
 	// carried on events.
@@ -59,6 +62,13 @@ type AcquireRequest struct {
 	// be reused.
 	cancelSent bool
 
+	// ctxDone is Ctx.Done() and ended why Ctx had ended (nil if it had
+	// not), both read on the caller's goroutine before the request is sent:
+	// the engine never calls Ctx's methods, which are user code, and only
+	// looks at this channel.
+	ctxDone <-chan struct{}
+	ended   error
+
 	done   chan struct{}
 	cancel cancelMsg
 	node   mpscNode
@@ -77,6 +87,7 @@ type AcquireRequest struct {
 // may still read them, and only the engine's goroutine writes them.
 func (r *AcquireRequest) reset() {
 	r.Ctx, r.Request, r.Lease, r.Err, r.Tag = nil, nil, nil, nil, ""
+	r.ctxDone, r.ended = nil, nil
 	r.Priority, r.Reservation, r.QueueTimeout = 0, admission.Reservation{}, 0
 	r.Start, r.answered = time.Time{}, false
 	r.Class, r.BorrowedDeadline = classes.None, 0
@@ -84,10 +95,23 @@ func (r *AcquireRequest) reset() {
 
 func (r *AcquireRequest) mailboxNode() *mpscNode { return &r.node }
 
-// cancelMsg asks the engine to withdraw a queued request.
+// ctxEnded reports whether the request's context has ended, from its Done
+// channel alone.
+func (r *AcquireRequest) ctxEnded() bool {
+	select {
+	case <-r.ctxDone:
+		return true
+	default:
+		return false // open, or nil: a context that never ends
+	}
+}
+
+// cancelMsg asks the engine to withdraw a queued request whose context
+// ended; cause is why, read by the sender.
 type cancelMsg struct {
-	r    *AcquireRequest
-	node mpscNode
+	r     *AcquireRequest
+	cause error
+	node  mpscNode
 }
 
 func (c *cancelMsg) mailboxNode() *mpscNode { return &c.node }

@@ -1,8 +1,8 @@
 package actor
 
 import (
-	"context"
 	"crypto/rand"
+	"log/slog"
 	"math"
 	mrand "math/rand/v2"
 	"time"
@@ -44,6 +44,10 @@ type state struct {
 	listeners [NumKinds]int
 	drains    []*drainRequest
 
+	// drift counts the global gauges found out of balance; the class
+	// table counts its own.
+	drift int64
+
 	// tab is the admission class table, nil without classes. tell sends a
 	// message to a class's child actor.
 	tab  *classes.Table
@@ -69,6 +73,9 @@ func newState(e *Engine, limits admission.Limits, clk clock.Clock, emit func(any
 			return nil, err
 		}
 		s.tab = tab
+		tab.OnDrift(func(class, quantity string, got int64) {
+			s.logDrift(quantity, got, "class", class)
+		})
 		c := tab.Classes()
 		s.limits.Classes = &c
 	}
@@ -107,7 +114,7 @@ func (s *state) capacity(p admission.Priority, slotHeld bool) classes.Capacity {
 // SPEC F17's order (global budget, then the class checks), and returns the
 // reason and constraint of the first that fails, or NoReason.
 func (s *state) checkCapacity(p admission.Priority, reserved int64, c classes.Class, slotHeld bool) (admission.Reason, admission.Constraint) {
-	if s.hasBudget && s.tokens+reserved > s.effectiveBudget(p) {
+	if s.hasBudget && admission.Exceeds(s.tokens, reserved, s.effectiveBudget(p)) {
 		return admission.BudgetLimit, s.globalConstraint()
 	}
 	if s.tab == nil {
@@ -170,8 +177,8 @@ func (s *state) acquire(r *AcquireRequest) {
 	case s.closed:
 		s.reject(r, admission.Shutdown, true, nil, "")
 		return
-	case r.Ctx.Err() != nil:
-		s.reject(r, admission.Aborted, true, context.Cause(r.Ctx), "")
+	case r.ended != nil:
+		s.reject(r, admission.Aborted, true, r.ended, "")
 		return
 	}
 	if why, cons := s.checkCapacity(r.Priority, r.Reservation.Reserved, r.Class, false); why != admission.NoReason {
@@ -206,8 +213,8 @@ func (s *state) admit(r *AcquireRequest) {
 	s.calls++
 	s.callStats.Admitted++
 	if s.hasBudget {
-		s.tokens += reserved
-		s.budget.TotalReserved += reserved
+		s.tokens += reserved // fits: the budget check passed
+		s.budget.TotalReserved = admission.AddSat(s.budget.TotalReserved, reserved)
 	}
 	l := r.Lease
 	l.engine = s.engine
@@ -349,35 +356,38 @@ func (s *state) dequeue(r *AcquireRequest) {
 }
 
 // pump admits waiters, in arrival order, while slots are free, then answers
-// waiting Drains if the engine is idle.
+// waiting Drains if the engine is idle. A waiter whose context has ended is
+// passed over: its cancel message, with the context's cause, is on its way.
 func (s *state) pump() {
-	for s.qhead != nil && s.inFlight < s.limits.MaxConcurrent {
-		w := s.qhead
-		s.dequeue(w)
-		if w.Ctx.Err() != nil {
-			s.reject(w, admission.Aborted, true, context.Cause(w.Ctx), "")
+	for w := s.qhead; w != nil && s.inFlight < s.limits.MaxConcurrent; {
+		next := w.next
+		if w.ctxEnded() {
+			w = next
 			continue
 		}
+		s.dequeue(w)
 		s.grantSlot()
 		// Postcheck: capacity may have changed while w waited.
 		if why, cons := s.checkCapacity(w.Priority, w.Reservation.Reserved, w.Class, true); why != admission.NoReason {
 			s.returnSlot()
 			s.reject(w, why, false, nil, cons)
-			continue
+		} else {
+			s.admit(w)
 		}
-		s.admit(w)
+		w = next
 	}
 	s.checkDrains()
 }
 
 // cancel withdraws a waiter whose context ended. A request that was already
 // answered is left alone: its answer stands.
-func (s *state) cancel(r *AcquireRequest) {
+func (s *state) cancel(m *cancelMsg) {
+	r := m.r
 	if !r.queued {
 		return
 	}
 	s.dequeue(r)
-	s.reject(r, admission.Aborted, true, context.Cause(r.Ctx), "")
+	s.reject(r, admission.Aborted, true, m.cause, "")
 	s.checkDrains()
 }
 
@@ -406,23 +416,30 @@ func (s *state) release(m *releaseMsg) {
 	s.calls--
 	s.callStats.Released++
 	held, refunded := l.held, int64(0)
+	if m.hasUsage && !m.usage.Valid() {
+		m.hasUsage = false // the facade validates; never count a bad sum
+	}
 	if !m.hasUsage && l.reported {
 		m.usage, m.hasUsage = l.last, true
 	}
+	settled := classes.Settlement{Held: held, SlotAbandoned: l.abandoned}
 	if s.hasBudget {
 		if m.hasUsage {
 			actual := m.usage.Total()
-			s.budget.TotalConsumed += actual
+			s.budget.TotalConsumed = admission.AddSat(s.budget.TotalConsumed, actual)
 			if actual < held {
 				refunded = held - actual
-				s.budget.TotalRefunded += refunded
+				s.budget.TotalRefunded = admission.AddSat(s.budget.TotalRefunded, refunded)
 			}
+			settled.Consumed, settled.Refunded = actual, refunded
 		}
-		s.tokens = max(0, s.tokens-held)
-	}
-	settled := classes.Settlement{Held: held, Refunded: refunded, SlotAbandoned: l.abandoned}
-	if s.hasBudget && m.hasUsage {
-		settled.Consumed = m.usage.Total()
+		if held > s.tokens {
+			s.drift++
+			s.logDrift("in-flight tokens", s.tokens-held)
+			s.tokens = 0
+		} else {
+			s.tokens -= held
+		}
 	}
 	s.tab.Release(l.classID, settled)
 	l.held = 0
@@ -464,16 +481,20 @@ func (s *state) applyUsage(l *Lease, u admission.Usage, p *admission.Progressive
 	// Usage is cumulative: neither field ever goes down.
 	u.Input = max(u.Input, l.last.Input)
 	u.Output = max(u.Output, l.last.Output)
+	if !u.Valid() {
+		return admission.UsageReport{}, admission.Invalidf("Usage",
+			"cumulative Input + Output overflows int64 (%d + %d, each the larger of this report and the ones before)", u.Input, u.Output)
+	}
 	rep := admission.UsageReport{
-		AdmissionID:     l.ID,
-		LimitRevision:   l.Revision,
-		Class:           l.Class,
-		Sequence:        l.sequence,
-		Reserved:        res.Reserved,
-		Consumed:        u.Total(),
-		OverReservation: max(0, u.Total()-res.Reserved),
+		AdmissionID:   l.ID,
+		LimitRevision: l.Revision,
+		Class:         l.Class,
+		Sequence:      l.sequence,
+		Reserved:      res.Reserved,
+		Consumed:      u.Total(),
 	}
 	if s.hasBudget {
+		rep.OverReservation = max(0, u.Total()-res.Reserved)
 		outputCap, remaining := res.MaxOutput, max(0, res.MaxOutput-u.Output)
 		rep.OutputCap, rep.OutputRemaining = &outputCap, &remaining
 	}
@@ -482,10 +503,14 @@ func (s *state) applyUsage(l *Lease, u admission.Usage, p *admission.Progressive
 	}
 	hold := l.held
 	if s.hasBudget {
-		if p != nil {
-			hold = p.RemainingOutput + p.SafetyMargin + max(0, u.Output-res.MaxOutput)
-		} else {
-			hold = u.Input + max(res.MaxOutput, u.Output)
+		var err error
+		if hold, err = newHold(res, u, p); err != nil {
+			return admission.UsageReport{}, err
+		}
+		// The other admissions' holds plus this one must fit too.
+		if admission.Exceeds(s.tokens-l.held, hold, math.MaxInt64) {
+			return admission.UsageReport{}, admission.Invalidf(usageField(p),
+				"the new hold %d would take the in-flight tokens past int64 (%d held by other admissions)", hold, s.tokens-l.held)
 		}
 	}
 	if u == l.last && l.reported && hold == l.held {
@@ -495,9 +520,9 @@ func (s *state) applyUsage(l *Lease, u admission.Usage, p *admission.Progressive
 	prev := l.held
 	delta := hold - prev
 	if delta > 0 {
-		s.budget.TotalOverrun += delta
+		s.budget.TotalOverrun = admission.AddSat(s.budget.TotalOverrun, delta)
 	} else {
-		s.budget.TotalRefunded -= delta
+		s.budget.TotalRefunded = admission.AddSat(s.budget.TotalRefunded, -delta)
 	}
 	s.tokens += delta
 	s.tab.AdjustHold(l.classID, delta)
@@ -530,6 +555,45 @@ func (s *state) applyUsage(l *Lease, u admission.Usage, p *admission.Progressive
 		s.emit(ev)
 	}
 	return rep, nil
+}
+
+// newHold is the hold a usage report asks for with a budget: input +
+// max(reserved max output, output), or with p, remaining + margin + the
+// output beyond the reserved max output. A hold past int64 is an error.
+func newHold(res admission.Reservation, u admission.Usage, p *admission.Progressive) (int64, error) {
+	if p == nil {
+		h, ok := admission.Add(u.Input, max(res.MaxOutput, u.Output))
+		if !ok {
+			return 0, admission.Invalidf("Usage.Input",
+				"%d + the output held (%d) overflows int64", u.Input, max(res.MaxOutput, u.Output))
+		}
+		return h, nil
+	}
+	excess := max(0, u.Output-res.MaxOutput)
+	h, ok := admission.Add(p.RemainingOutput, p.SafetyMargin)
+	if ok {
+		h, ok = admission.Add(h, excess)
+	}
+	if !ok {
+		return 0, admission.Invalidf("Progressive.SafetyMargin",
+			"RemainingOutput %d + SafetyMargin %d + output beyond the reservation %d overflows int64", p.RemainingOutput, p.SafetyMargin, excess)
+	}
+	return h, nil
+}
+
+// usageField names the input of a report whose hold does not fit.
+func usageField(p *admission.Progressive) string {
+	if p != nil {
+		return "Progressive"
+	}
+	return "Usage"
+}
+
+// logDrift logs that a gauge was found out of balance: got is the value it
+// would have taken. The caller counts it.
+func (s *state) logDrift(quantity string, got int64, args ...any) {
+	s.engine.log(slog.LevelError, "bulkhead: ledger drift: an in-flight count went out of range and was clamped",
+		append([]any{"quantity", quantity, "value", got}, args...)...)
 }
 
 // wouldAdmit answers an advisory question without changing anything.
@@ -771,6 +835,7 @@ func (s *state) stats() admission.Stats {
 		st.TokenBudget = &b
 	}
 	st.ListenerPanics = s.engine.listenerPanics.Load()
+	st.LedgerDrift = s.drift + s.tab.Drift()
 	return st
 }
 

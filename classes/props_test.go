@@ -486,6 +486,9 @@ func (m *model) check(t *rapid.T) {
 		protInUse += cs.ProtectedConcurrentInUse
 		protTokInUse += cs.ProtectedTokensInUse
 	}
+	if d := m.tab.Drift(); d != 0 {
+		t.Fatalf("the table drifted %d times", d)
+	}
 	if m.tab.protectedInUse != protInUse || m.tab.protectedTokensInUse != protTokInUse {
 		t.Fatalf("incremental protected sums %d/%d, recomputed %d/%d",
 			m.tab.protectedInUse, m.tab.protectedTokensInUse, protInUse, protTokInUse)

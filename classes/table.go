@@ -1,6 +1,8 @@
 package classes
 
 import (
+	"math"
+
 	"github.com/llmbulkhead/bulkhead/internal/admission"
 )
 
@@ -81,6 +83,11 @@ type Table struct {
 
 	protectedInUse       int   // sum over classes of min(inFlight, floor)
 	protectedTokensInUse int64 // sum over classes of min(tokens, tokFloor)
+
+	// drift counts the gauges found out of range (see Drift); onDrift, when
+	// set, is told of each.
+	drift   int64
+	onDrift func(class, quantity string, got int64)
 }
 
 // New validates c against the global limits g (see Validate; errors name
@@ -182,12 +189,6 @@ func (t *Table) get(c Class) *state {
 	return &t.classes[c-1]
 }
 
-// exceeds reports whether used + add > limit, for non-negative add, without
-// overflowing.
-func exceeds(used, add, limit int64) bool {
-	return used > limit || add > limit-used
-}
-
 // sharedInUse is max(0, in flight - sum over classes of min(class in
 // flight, class floor)), leaving the deciding call's held slot out. Here,
 // and in all that follows, a floor is a floor in effect.
@@ -247,7 +248,7 @@ func (t *Table) Check(c Class, g Capacity, reserved int64) (admission.Reason, ad
 		return admission.NoReason, ""
 	}
 	l := &k.limits
-	if t.hasBudget && l.hasMaxTok && exceeds(k.tokens, reserved, l.maxTok) {
+	if t.hasBudget && l.hasMaxTok && admission.Exceeds(k.tokens, reserved, l.maxTok) {
 		return admission.BudgetLimit, admission.ConstraintClass
 	}
 	if l.hasMax && k.inFlight >= l.max {
@@ -257,7 +258,7 @@ func (t *Table) Check(c Class, g Capacity, reserved int64) (admission.Reason, ad
 		return admission.ConcurrencyLimit, admission.ConstraintClassProtection
 	}
 	if t.hasBudget && t.sumTokFloor > 0 {
-		if b := k.borrowedTokens(reserved); b > 0 && exceeds(t.sharedTokensInUse(&g), b, t.sharedTokenCapacity(&g)) {
+		if b := k.borrowedTokens(reserved); b > 0 && admission.Exceeds(t.sharedTokensInUse(&g), b, t.sharedTokenCapacity(&g)) {
 			return admission.BudgetLimit, admission.ConstraintClassProtection
 		}
 	}
@@ -277,22 +278,68 @@ func (t *Table) Resources(c Class, reserved int64) admission.Resources {
 	return admission.Resources{BorrowedConcurrency: k.borrowsSlot(), BorrowedTokens: k.borrowedTokens(reserved)}
 }
 
-// setInFlight moves k's slot count to n, keeping the protected sum.
+// setInFlight moves k's slot count to n, keeping the protected sum. A
+// negative n is drift: counted, reported and taken as 0.
 func (t *Table) setInFlight(k *state, n int) {
-	n = max(0, n)
+	if n < 0 {
+		t.drifted(k, "in-flight slots", int64(n))
+		n = 0
+	}
 	p := min(n, k.floor)
 	t.protectedInUse += p - k.protectedInUse
 	k.protectedInUse = p
 	k.inFlight = n
 }
 
-// setTokens moves k's token count to n, keeping the protected sum.
-func (t *Table) setTokens(k *state, n int64) {
-	n = max(0, n)
+// addTokens moves k's token count by delta, keeping the protected sum. A
+// count that would fall below 0, or pass math.MaxInt64 (the caller checks
+// the global hold first, and a class never holds more than the whole), is
+// drift: counted, reported and taken as the bound it crossed.
+func (t *Table) addTokens(k *state, delta int64) {
+	n := k.tokens + delta
+	switch {
+	case delta > 0 && n < k.tokens:
+		t.drifted(k, "in-flight tokens overflow", delta)
+		n = math.MaxInt64
+	case n < 0:
+		t.drifted(k, "in-flight tokens", n)
+		n = 0
+	}
 	p := min(n, k.tokFloor)
 	t.protectedTokensInUse += p - k.protectedTokensInUse
 	k.protectedTokensInUse = p
 	k.tokens = n
+}
+
+// drifted records that a gauge of k went out of range.
+func (t *Table) drifted(k *state, quantity string, got int64) {
+	t.drift++
+	if t.onDrift != nil {
+		t.onDrift(k.name, quantity, got)
+	}
+}
+
+// Drift returns how many times a class's gauge (its in-flight slots or
+// tokens) was found out of range: a release, abandonment or hold change
+// that would have taken it below zero (or a hold past math.MaxInt64). The
+// gauge is then set to the bound it crossed, so admission goes on, but the
+// books no longer balance: it is 0 unless the caller's accounting is
+// broken. 0 on a nil Table.
+func (t *Table) Drift() int64 {
+	if t == nil {
+		return 0
+	}
+	return t.drift
+}
+
+// OnDrift sets the function told of each drift (see Drift) as it is found,
+// with the class, the quantity and the out-of-range value; for logging. It
+// is called on the caller's goroutine, inside the Table method that found
+// it.
+func (t *Table) OnDrift(f func(class, quantity string, got int64)) {
+	if t != nil {
+		t.onDrift = f
+	}
 }
 
 // recount recomputes the protected sums after the floors changed.
@@ -319,13 +366,13 @@ func (t *Table) Admit(c Class, reserved int64) admission.Resources {
 	}
 	r := admission.Resources{BorrowedConcurrency: k.borrowsSlot(), BorrowedTokens: k.borrowedTokens(reserved)}
 	t.setInFlight(k, k.inFlight+1)
-	t.setTokens(k, k.tokens+reserved)
+	t.addTokens(k, reserved)
 	k.admitted++
-	k.reserved += reserved
+	k.reserved = admission.AddSat(k.reserved, reserved)
 	if r.BorrowedConcurrency {
 		k.borrowedAdmissions++
 	}
-	k.borrowedTokensReserved += r.BorrowedTokens
+	k.borrowedTokensReserved = admission.AddSat(k.borrowedTokensReserved, r.BorrowedTokens)
 	return r
 }
 
@@ -352,11 +399,11 @@ func (t *Table) AdjustHold(c Class, delta int64) {
 	if k == nil || delta == 0 {
 		return
 	}
-	t.setTokens(k, k.tokens+delta)
+	t.addTokens(k, delta)
 	if delta > 0 {
-		k.overrun += delta
+		k.overrun = admission.AddSat(k.overrun, delta)
 	} else {
-		k.refunded -= delta
+		k.refunded = admission.AddSat(k.refunded, -delta)
 	}
 }
 
@@ -402,8 +449,8 @@ func (t *Table) Release(c Class, s Settlement) {
 	if !s.SlotAbandoned {
 		t.setInFlight(k, k.inFlight-1)
 	}
-	t.setTokens(k, k.tokens-s.Held)
+	t.addTokens(k, -s.Held)
 	k.released++
-	k.consumed += s.Consumed
-	k.refunded += s.Refunded
+	k.consumed = admission.AddSat(k.consumed, s.Consumed)
+	k.refunded = admission.AddSat(k.refunded, s.Refunded)
 }

@@ -2,6 +2,7 @@ package classes
 
 import (
 	"errors"
+	"math"
 	"reflect"
 	"testing"
 
@@ -649,4 +650,60 @@ func TestLookupConcurrentWithActor(t *testing.T) {
 		tab.Release(b, Settlement{Held: 1})
 	}
 	<-done
+}
+
+// TestDrift: a settlement that would take a class's gauges below zero is
+// counted and reported, and the gauge stops at zero; nothing is hidden.
+func TestDrift(t *testing.T) {
+	g := limitsOf(10, 10_000, 0)
+	tab := mustNew(t, admission.Classes{Default: "a", Limits: map[string]L{"a": {ProtectedConcurrent: 1, ProtectedInFlightTokens: 100}}}, g)
+	a := mustLookup(t, tab, "a")
+	type drift struct {
+		class, quantity string
+		got             int64
+	}
+	var seen []drift
+	tab.OnDrift(func(class, quantity string, got int64) { seen = append(seen, drift{class, quantity, got}) })
+
+	tab.Admit(a, 30)
+	tab.Release(a, Settlement{Held: 30})
+	if tab.Drift() != 0 || len(seen) != 0 {
+		t.Fatalf("a balanced settlement drifted: %d %+v", tab.Drift(), seen)
+	}
+	tab.Admit(a, 30)
+	tab.Release(a, Settlement{Held: 50})    // 20 tokens more than held
+	tab.Release(a, Settlement{Held: 0})     // a slot never taken
+	tab.Abandon(a, admission.AbandonManual) // and another
+	tab.AdjustHold(a, -5)                   // a refund of nothing
+	want := []drift{{"a", "in-flight tokens", -20}, {"a", "in-flight slots", -1}, {"a", "in-flight slots", -1}, {"a", "in-flight tokens", -5}}
+	if tab.Drift() != 4 || !reflect.DeepEqual(seen, want) {
+		t.Fatalf("drift %d, reported %+v; want 4, %+v", tab.Drift(), seen, want)
+	}
+	st := tab.Stats(Capacity{MaxConcurrent: 10, Budget: 10_000}).Classes["a"]
+	if st.InFlight != 0 || st.InFlightTokens != 0 || st.ProtectedConcurrentInUse != 0 || st.ProtectedTokensInUse != 0 {
+		t.Fatalf("gauges after drift: %+v", st)
+	}
+	if (*Table)(nil).Drift() != 0 {
+		t.Fatal("a nil table drifted")
+	}
+}
+
+// TestTotalsSaturate: the cumulative totals stop at math.MaxInt64 instead
+// of wrapping; the gauges stay exact.
+func TestTotalsSaturate(t *testing.T) {
+	const top = math.MaxInt64
+	g := limitsOf(10, top, 0)
+	tab := mustNew(t, admission.Classes{Default: "a", Limits: map[string]L{"a": {}}}, g)
+	a := mustLookup(t, tab, "a")
+	for range 2 {
+		tab.Admit(a, top)
+		tab.AdjustHold(a, -top)
+		tab.AdjustHold(a, top)
+		tab.Release(a, Settlement{Held: top, Consumed: top, Refunded: top})
+	}
+	st := tab.Stats(Capacity{MaxConcurrent: 10, Budget: top}).Classes["a"]
+	if st.TotalReserved != top || st.TotalConsumed != top || st.TotalRefunded != top || st.TotalOverrun != top ||
+		st.TotalBorrowedTokensReserved != top || st.InFlightTokens != 0 || st.Admitted != 2 || tab.Drift() != 0 {
+		t.Fatalf("saturated totals: %+v, drift %d", st, tab.Drift())
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"testing"
 )
 
@@ -86,5 +87,43 @@ func TestConfigError(t *testing.T) {
 	bde := &BorrowedDeadlineError{Class: "bg"}
 	if !errors.Is(fmt.Errorf("wrapped: %w", bde), ErrBorrowedDeadline) {
 		t.Fatal("BorrowedDeadlineError does not match its sentinel")
+	}
+}
+
+func TestArithmetic(t *testing.T) {
+	const top = math.MaxInt64
+	tests := []struct {
+		a, b, sum int64
+		ok        bool
+	}{
+		{0, 0, 0, true},
+		{1, 2, 3, true},
+		{top, 0, top, true},
+		{top - 1, 1, top, true},
+		{top, 1, top, false},
+		{top, top, top, false},
+		{1, top, top, false},
+	}
+	for _, tt := range tests {
+		if s, ok := Add(tt.a, tt.b); s != tt.sum || ok != tt.ok {
+			t.Errorf("Add(%d, %d) = %d, %v; want %d, %v", tt.a, tt.b, s, ok, tt.sum, tt.ok)
+		}
+		if s := AddSat(tt.a, tt.b); s != tt.sum {
+			t.Errorf("AddSat(%d, %d) = %d, want %d", tt.a, tt.b, s, tt.sum)
+		}
+		if got, want := Exceeds(tt.a, tt.b, top), !tt.ok; got != want {
+			t.Errorf("Exceeds(%d, %d, max) = %v, want %v", tt.a, tt.b, got, want)
+		}
+	}
+	for _, tt := range []struct {
+		used, add, limit int64
+		want             bool
+	}{
+		{0, 0, 0, false}, {0, 1, 0, true}, {5, 5, 10, false}, {5, 6, 10, true},
+		{11, 0, 10, true}, {10, top, top, true}, {0, top, top, false}, {top, 0, 10, true},
+	} {
+		if got := Exceeds(tt.used, tt.add, tt.limit); got != tt.want {
+			t.Errorf("Exceeds(%d, %d, %d) = %v, want %v", tt.used, tt.add, tt.limit, got, tt.want)
+		}
 	}
 }

@@ -161,7 +161,8 @@ type ClassStats struct {
 	Rejected         int64
 	RejectedByReason map[Reason]int64
 
-	// TotalReserved sums the class's reservations.
+	// TotalReserved sums the class's reservations. This total and the
+	// five after it saturate at math.MaxInt64 rather than wrap.
 	TotalReserved int64
 	// TotalConsumed sums the usage its releases reported.
 	TotalConsumed int64

@@ -1,5 +1,7 @@
 package admission
 
+import "math"
+
 // Usage is the number of tokens a call consumed, as the provider reports it.
 // Both fields are non-negative.
 type Usage struct {
@@ -9,6 +11,12 @@ type Usage struct {
 
 // Total returns Input + Output.
 func (u Usage) Total() int64 { return u.Input + u.Output }
+
+// Valid reports whether both fields are non-negative and their sum fits an
+// int64.
+func (u Usage) Valid() bool {
+	return u.Input >= 0 && u.Output >= 0 && u.Input <= math.MaxInt64-u.Output
+}
 
 // Reservation is how many tokens an admission holds against the token
 // budget: the input estimate plus the most output the call may produce.

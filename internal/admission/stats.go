@@ -15,6 +15,12 @@ type Stats struct {
 	Classes *ClassesStats
 	// ListenerPanics counts event listeners that panicked.
 	ListenerPanics int64
+	// LedgerDrift counts the times the engine found its books out of
+	// balance: a release, abandonment or hold change that would have taken
+	// an in-flight count (slots or tokens, global or of a class) below zero.
+	// Each is logged and the count stops at zero. It is 0 unless the engine
+	// has a bug.
+	LedgerDrift int64
 }
 
 // GateStats counts what happened at the concurrency gate.
@@ -71,7 +77,9 @@ type BudgetStats struct {
 	InFlightTokens int64
 	// Available is max(0, Budget - InFlightTokens), not priority-adjusted.
 	Available int64
-	// TotalReserved sums every admission's reservation.
+	// TotalReserved sums every admission's reservation. This total and the
+	// three after it saturate at math.MaxInt64 rather than wrap: the ledger
+	// identities over them hold while none has saturated.
 	TotalReserved int64
 	// TotalConsumed sums the usage reported at release.
 	TotalConsumed int64

@@ -29,7 +29,8 @@ type UsageReport struct {
 	OutputCap *int64
 	// OutputRemaining is max(0, OutputCap - output); nil without a budget.
 	OutputRemaining *int64
-	// OverReservation is max(0, Consumed - Reserved).
+	// OverReservation is max(0, Consumed - Reserved) with a budget, 0
+	// without one (nothing is reserved).
 	OverReservation int64
 }
 
