@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmbulkhead/bulkhead/internal/testutil"
+
 	"github.com/llmbulkhead/bulkhead"
 )
 
@@ -253,9 +255,9 @@ func TestHostileContext(t *testing.T) {
 			}
 			c1, c2 := newHostileCtx(), newHostileCtx()
 			w1 := start(c1)
-			waitFor(t, "the first waiter to queue", func() bool { return b.Stats().Gate.Pending == 1 })
+			testutil.WaitFor(t, "the first waiter to queue", func() bool { return b.Stats().Gate.Pending == 1 })
 			w2 := start(c2)
-			waitFor(t, "the second waiter to queue", func() bool { return b.Stats().Gate.Pending == 2 })
+			testutil.WaitFor(t, "the second waiter to queue", func() bool { return b.Stats().Gate.Pending == 2 })
 			c1.armed.Store(true)
 			c2.armed.Store(true)
 
