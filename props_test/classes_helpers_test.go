@@ -30,7 +30,7 @@ type cmClock struct {
 	registered atomic.Int64
 }
 
-func (c *cmClock) AfterFunc(d time.Duration, f func()) *clock.Timer {
+func (c *cmClock) AfterFunc(d time.Duration, f func()) clock.Timer {
 	t := c.Mock.AfterFunc(d, f)
 	c.registered.Add(1)
 	return t
