@@ -14,7 +14,7 @@ import (
 	"github.com/llmbulkhead/bulkhead"
 )
 
-// TestClassesSoak races what the state machine (TestClassesModel) only
+// TestClassesSoak races what the state machine (TestModel/classes) only
 // sequences: on the real clock, workers Acquire and Run in random classes,
 // abandon borrowed slots from one goroutine while another releases the same
 // token, let short borrowed-slot deadlines race the callbacks' return and
@@ -141,7 +141,7 @@ func TestClassesSoak(t *testing.T) {
 						}},
 					}
 					if _, err := b.ApplyLimits(next); err != nil {
-						fail("ApplyLimits(%s): %v", cmFmtLimits(next), err)
+						fail("ApplyLimits(%s): %v", fmtLimits(next), err)
 						return
 					}
 				case 1, 2, 3, 4: // Acquire; abandon races release
@@ -221,12 +221,12 @@ func TestClassesSoak(t *testing.T) {
 	g, c, tb := st.Gate, st.Calls, st.TokenBudget
 	if g.InFlight != 0 || g.Pending != 0 || c.InFlight != 0 || tb.InFlightTokens != 0 || c.Admitted != c.Released || g.Admitted != g.Released ||
 		st.Classes.Shared.InFlight != 0 || st.Classes.Shared.TokenBudget.InFlightTokens != 0 {
-		t.Fatalf("I3: leak after drain: %s", cmFmtStats(st))
+		t.Fatalf("I3: leak after drain: %s", fmtStats(st))
 	}
 	var sumAdm, sumRel, sumAband, sumRej int64
 	for name, cs := range st.Classes.Classes {
 		if cs.InFlight != 0 || cs.InFlightTokens != 0 || cs.Admitted != cs.Released {
-			t.Fatalf("I3: class %s not idle: %s", name, cmFmtStats(st))
+			t.Fatalf("I3: class %s not idle: %s", name, fmtStats(st))
 		}
 		sumAdm += cs.Admitted
 		sumRel += cs.Released
