@@ -1,14 +1,17 @@
 package props_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"maps"
+	"math/rand/v2"
 	"runtime"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"testing"
 	"time"
 
 	"github.com/llmbulkhead/bulkhead"
@@ -90,6 +93,17 @@ func spinUntil(what string, done func() (bool, error)) error {
 			return nil
 		case time.Now().After(deadline):
 			return fmt.Errorf("%s: not within %v", what, settle)
+		}
+		runtime.Gosched()
+	}
+}
+
+// spin yields n times, or until ctx ends: work of some length, without
+// sleeping.
+func spin(ctx context.Context, n int) {
+	for range n {
+		if ctx.Err() != nil {
+			return
 		}
 		runtime.Gosched()
 	}
@@ -372,6 +386,51 @@ func reasonName(r bulkhead.Reason) string {
 		return "admission"
 	}
 	return r.String()
+}
+
+// ---- Soaks ----
+
+// soak runs workers goroutines on the real clock, each calling the step
+// that newWorker gives it until duration has passed or the step fails, then
+// closes b and drains it. A failing step fails t; a hang is fatal.
+func soak(t *testing.T, b *bulkhead.Bulkhead, workers int, duration time.Duration, newWorker func(w int, rng *rand.Rand) func() error) {
+	t.Helper()
+	failures := make(chan string, workers)
+	var wg sync.WaitGroup
+	stop := time.Now().Add(duration)
+	for w := range workers {
+		wg.Go(func() {
+			step := newWorker(w, rand.New(rand.NewPCG(uint64(w), 42)))
+			for time.Now().Before(stop) {
+				if err := step(); err != nil {
+					failures <- fmt.Sprintf("worker %d: %v", w, err)
+					return
+				}
+			}
+		})
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(duration + 30*time.Second):
+		buf := make([]byte, 1<<20)
+		t.Fatalf("the workers did not finish: the bulkhead hangs\n%s", buf[:runtime.Stack(buf, true)])
+	}
+	close(failures)
+	for f := range failures {
+		t.Error(f)
+	}
+	// Every worker released what it took, so it drains.
+	b.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), settle)
+	defer cancel()
+	if res, err := b.Drain(ctx); err != nil || !res.Drained {
+		t.Fatalf("Drain = %+v, %v", res, err)
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
 }
 
 // ---- Formatting ----
