@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,7 +13,7 @@ import (
 	"github.com/llmbulkhead/bulkhead"
 )
 
-// TestClassesSoak races what the state machine (TestClassesModel) only
+// TestClassesSoak races what the state machine (TestModel/classes) only
 // sequences: on the real clock, workers Acquire and Run in random classes,
 // abandon borrowed slots from one goroutine while another releases the same
 // token, let short borrowed-slot deadlines race the callbacks' return and
@@ -41,200 +40,101 @@ func TestClassesSoak(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	type seq struct {
-		admit, abandon, release int // positions in the event stream, 1-based
-		cause                   bulkhead.AbandonCause
-		resources               bulkhead.Resources
-		dupes                   int
-	}
-	var (
-		evMu   sync.Mutex
-		evPos  int
-		events = map[bulkhead.ID]*seq{}
-	)
-	at := func(id bulkhead.ID) *seq {
-		s := events[id]
-		if s == nil {
-			s = &seq{}
-			events[id] = s
-		}
-		evPos++
-		return s
-	}
-	b.Subscribe(bulkhead.Hooks{
-		Admit: func(e bulkhead.AdmitEvent) {
-			evMu.Lock()
-			defer evMu.Unlock()
-			s := at(e.AdmissionID)
-			if s.admit != 0 {
-				s.dupes++
-			}
-			s.admit, s.resources = evPos, e.Resources
-		},
-		Abandon: func(e bulkhead.AbandonEvent) {
-			evMu.Lock()
-			defer evMu.Unlock()
-			s := at(e.AdmissionID)
-			if s.abandon != 0 {
-				s.dupes++
-			}
-			s.abandon, s.cause = evPos, e.Cause
-		},
-		Release: func(e bulkhead.ReleaseEvent) {
-			evMu.Lock()
-			defer evMu.Unlock()
-			s := at(e.AdmissionID)
-			if s.release != 0 {
-				s.dupes++
-			}
-			s.release = evPos
-		},
-	})
+	ev := &eventLog{}
+	b.Subscribe(ev.hooks())
 
 	var (
 		manualTrue   atomic.Int64 // effective manual abandons the callers saw
 		deadlineErrs sync.Map     // admission ID -> true, for Runs that returned the deadline error
 		revision     atomic.Int64
-		failures     = make(chan string, workers)
-		wg           sync.WaitGroup
 	)
-	fail := func(format string, args ...any) {
-		select {
-		case failures <- fmt.Sprintf(format, args...):
-		default:
-		}
-	}
-	// spin yields n times, or until ctx ends: work of some length, without
-	// sleeping.
-	spin := func(ctx context.Context, n int) {
-		for range n {
-			if ctx.Err() != nil {
-				return
+	soak(t, b, workers, duration, func(w int, rng *rand.Rand) func() error {
+		return func() error {
+			class := names[rng.IntN(len(names))]
+			opts := []bulkhead.Option{
+				bulkhead.WithClass(class),
+				bulkhead.WithReservation(bulkhead.Reservation{Input: rng.Int64N(40), MaxOutput: rng.Int64N(40)}),
 			}
-			runtime.Gosched()
-		}
-	}
-	stop := time.Now().Add(duration)
-	for w := range workers {
-		wg.Go(func() {
-			rng := rand.New(rand.NewPCG(uint64(w), 7))
-			for time.Now().Before(stop) {
-				class := names[rng.IntN(len(names))]
-				opts := []bulkhead.Option{
-					bulkhead.WithClass(class),
-					bulkhead.WithReservation(bulkhead.Reservation{Input: rng.Int64N(40), MaxOutput: rng.Int64N(40)}),
+			if rng.IntN(3) == 0 {
+				opts = append(opts, bulkhead.WithPriority(bulkhead.High))
+			}
+			req := &bulkhead.Request{Messages: []bulkhead.Message{{Role: "user", Content: "hi"}}}
+			switch rng.IntN(10) {
+			case 0: // new class table
+				floor := rng.IntN(3)
+				next := bulkhead.Limits{
+					Revision: revision.Add(1), MaxConcurrent: 3 + rng.IntN(5), MaxQueue: rng.IntN(5),
+					TokenBudget: &bulkhead.BudgetLimits{Budget: 200 + rng.Int64N(300), HighPriorityReserve: rng.Int64N(80)},
+					Classes: &bulkhead.Classes{Limits: map[string]bulkhead.ClassLimits{
+						"fg":    {ProtectedConcurrent: floor, ProtectedInFlightTokens: rng.Int64N(100)},
+						"bg":    {MaxConcurrent: bulkhead.Ceiling(rng.IntN(5)), MaxInFlightTokens: bulkhead.Ceiling(100 + rng.Int64N(200))},
+						"batch": {ProtectedConcurrent: rng.IntN(2)},
+					}},
 				}
-				if rng.IntN(3) == 0 {
-					opts = append(opts, bulkhead.WithPriority(bulkhead.High))
+				if _, err := b.ApplyLimits(next); err != nil {
+					return fmt.Errorf("ApplyLimits(%s): %v", fmtLimits(next), err)
 				}
-				req := &bulkhead.Request{Messages: []bulkhead.Message{{Role: "user", Content: "hi"}}}
-				switch rng.IntN(10) {
-				case 0: // new class table
-					floor := rng.IntN(3)
-					next := bulkhead.Limits{
-						Revision: revision.Add(1), MaxConcurrent: 3 + rng.IntN(5), MaxQueue: rng.IntN(5),
-						TokenBudget: &bulkhead.BudgetLimits{Budget: 200 + rng.Int64N(300), HighPriorityReserve: rng.Int64N(80)},
-						Classes: &bulkhead.Classes{Limits: map[string]bulkhead.ClassLimits{
-							"fg":    {ProtectedConcurrent: floor, ProtectedInFlightTokens: rng.Int64N(100)},
-							"bg":    {MaxConcurrent: bulkhead.Ceiling(rng.IntN(5)), MaxInFlightTokens: bulkhead.Ceiling(100 + rng.Int64N(200))},
-							"batch": {ProtectedConcurrent: rng.IntN(2)},
-						}},
+			case 1, 2, 3, 4: // Acquire; abandon races release
+				tok, err := b.Acquire(context.Background(), req, opts...)
+				if err != nil {
+					if !errors.Is(err, bulkhead.ErrRejected) {
+						return fmt.Errorf("Acquire: %v", err)
 					}
-					if _, err := b.ApplyLimits(next); err != nil {
-						fail("ApplyLimits(%s): %v", cmFmtLimits(next), err)
-						return
-					}
-				case 1, 2, 3, 4: // Acquire; abandon races release
-					tok, err := b.Acquire(context.Background(), req, opts...)
-					if err != nil {
-						if !errors.Is(err, bulkhead.ErrRejected) {
-							fail("Acquire: %v", err)
-							return
-						}
-						continue
-					}
-					var inner sync.WaitGroup
-					for range 1 + rng.IntN(2) {
-						inner.Go(func() {
-							if tok.AbandonBorrowedConcurrency() {
-								manualTrue.Add(1)
-							}
-						})
-					}
-					spin(context.Background(), rng.IntN(300))
-					if err := tok.Release(&bulkhead.Usage{Input: 1, Output: 1}); err != nil {
-						fail("Release: %v", err)
-					}
-					inner.Wait()
-					if tok.AbandonBorrowedConcurrency() {
-						fail("abandon after release was effective")
-					}
-				default: // Run with a short deadline; the callback may abandon too
-					deadline := time.Duration(1+rng.IntN(3)) * time.Millisecond
-					abandon := rng.IntN(3) == 0
-					work := rng.IntN(300) // drawn here: the callback may outlive Run
-					_, err := bulkhead.Run(context.Background(), b, req, func(ctx context.Context, rc *bulkhead.RunContext) (int, error) {
-						if abandon && rc.AbandonBorrowedConcurrency() {
+					return nil
+				}
+				var inner sync.WaitGroup
+				for range 1 + rng.IntN(2) {
+					inner.Add(1)
+					go func() {
+						defer inner.Done()
+						if tok.AbandonBorrowedConcurrency() {
 							manualTrue.Add(1)
 						}
-						spin(ctx, work)
-						return 1, rc.SetUsage(bulkhead.Usage{Input: 1})
-					}, append(opts, bulkhead.WithBorrowedDeadline(deadline))...)
-					var de *bulkhead.BorrowedDeadlineError
-					switch {
-					case errors.As(err, &de):
-						if _, dup := deadlineErrs.LoadOrStore(de.AdmissionID, true); dup || !de.Resources.BorrowedConcurrency {
-							fail("deadline error %v: duplicate or not borrowed", de)
-							return
-						}
-					case err != nil && !errors.Is(err, bulkhead.ErrRejected):
-						fail("Run: %v", err)
-						return
+					}()
+				}
+				spin(context.Background(), rng.IntN(300))
+				err = tok.Release(&bulkhead.Usage{Input: 1, Output: 1})
+				inner.Wait()
+				if err != nil {
+					return fmt.Errorf("Release: %v", err)
+				}
+				if tok.AbandonBorrowedConcurrency() {
+					return errors.New("abandon after release was effective")
+				}
+			default: // Run with a short deadline; the callback may abandon too
+				deadline := time.Duration(1+rng.IntN(3)) * time.Millisecond
+				abandon := rng.IntN(3) == 0
+				work := rng.IntN(300) // drawn here: the callback may outlive Run
+				_, err := bulkhead.Run(context.Background(), b, req, func(ctx context.Context, rc *bulkhead.RunContext) (int, error) {
+					if abandon && rc.AbandonBorrowedConcurrency() {
+						manualTrue.Add(1)
 					}
+					spin(ctx, work)
+					return 1, rc.SetUsage(bulkhead.Usage{Input: 1})
+				}, append(opts, bulkhead.WithBorrowedDeadline(deadline))...)
+				var de *bulkhead.BorrowedDeadlineError
+				switch {
+				case errors.As(err, &de):
+					if _, dup := deadlineErrs.LoadOrStore(de.AdmissionID, true); dup || !de.Resources.BorrowedConcurrency {
+						return fmt.Errorf("deadline error %v: duplicate or not borrowed", de)
+					}
+				case err != nil && !errors.Is(err, bulkhead.ErrRejected):
+					return fmt.Errorf("Run: %v", err)
 				}
 			}
-		})
-	}
-	done := make(chan struct{})
-	go func() { wg.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(duration + 30*time.Second):
-		buf := make([]byte, 1<<20)
-		t.Fatalf("the workers did not finish\n%s", buf[:runtime.Stack(buf, true)])
-	}
-	close(failures)
-	for f := range failures {
-		t.Error(f)
-	}
-	b.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if res, err := b.Drain(ctx); err != nil || !res.Drained {
-		t.Fatalf("Drain = %+v, %v", res, err)
-	}
-	if t.Failed() {
-		t.FailNow()
-	}
+			return nil
+		}
+	})
 
 	st := b.Stats()
-	g, c, tb := st.Gate, st.Calls, st.TokenBudget
-	if g.InFlight != 0 || g.Pending != 0 || c.InFlight != 0 || tb.InFlightTokens != 0 || c.Admitted != c.Released || g.Admitted != g.Released ||
-		st.Classes.Shared.InFlight != 0 || st.Classes.Shared.TokenBudget.InFlightTokens != 0 {
-		t.Fatalf("I3: leak after drain: %s", cmFmtStats(st))
+	c := st.Calls
+	// I3: nothing held anywhere, per class too; I5: the classes add up to
+	// the global counts.
+	if err := checkIdle(st); err != nil {
+		t.Fatal(err)
 	}
-	var sumAdm, sumRel, sumAband, sumRej int64
-	for name, cs := range st.Classes.Classes {
-		if cs.InFlight != 0 || cs.InFlightTokens != 0 || cs.Admitted != cs.Released {
-			t.Fatalf("I3: class %s not idle: %s", name, cmFmtStats(st))
-		}
-		sumAdm += cs.Admitted
-		sumRel += cs.Released
-		sumAband += cs.Abandoned
-		sumRej += cs.Rejected
-	}
-	if sumAdm != c.Admitted || sumRel != c.Released || sumAband != c.Abandoned || sumRej != c.Rejected {
-		t.Fatalf("I5: the classes sum to %d/%d/%d/%d, globally %d/%d/%d/%d", sumAdm, sumRel, sumAband, sumRej, c.Admitted, c.Released, c.Abandoned, c.Rejected)
+	if err := checkCounters(st, nil); err != nil {
+		t.Fatal(err)
 	}
 	var deadlineCount int64
 	deadlineErrs.Range(func(any, any) bool { deadlineCount++; return true })
@@ -246,30 +146,34 @@ func TestClassesSoak(t *testing.T) {
 		t.Fatalf("abandons: stats %v (total %d); callers saw %d manual, %d deadline errors", c.AbandonedByCause, c.Abandoned, manualTrue.Load(), deadlineCount)
 	}
 
-	evMu.Lock()
-	defer evMu.Unlock()
-	var admits, releases, abandons int64
+	// Every admission has one admit, at most one abandon and one release
+	// event, in that order (I2, F30).
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	per, err := ev.perAdmission()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var abandons int64
 	causes := map[bulkhead.AbandonCause]int64{}
-	for id, s := range events {
-		if s.dupes != 0 || s.admit == 0 || s.release <= s.admit || (s.abandon != 0 && (s.abandon < s.admit || s.abandon > s.release)) {
-			t.Fatalf("I2/F30: events of %s: %+v", id, *s)
+	for id, e := range per {
+		if e.admit == nil {
+			t.Fatalf("I2: %s has no admit event", id)
 		}
-		admits++
-		releases++
-		if s.abandon != 0 {
+		if a := e.abandon; a != nil {
 			abandons++
-			causes[s.cause]++
-			if !s.resources.BorrowedConcurrency {
-				t.Fatalf("F19: %s abandoned a slot it did not borrow: %+v", id, *s)
+			causes[a.Cause]++
+			if !e.admit.Resources.BorrowedConcurrency {
+				t.Fatalf("F19: %s abandoned a slot it did not borrow: %+v", id, *a)
 			}
 		}
-		if _, ok := deadlineErrs.Load(id); ok && (s.abandon == 0 || s.cause != bulkhead.AbandonDeadline) {
-			t.Fatalf("F20: Run of %s returned the deadline error, events %+v", id, *s)
+		if _, ok := deadlineErrs.Load(id); ok && (e.abandon == nil || e.abandon.Cause != bulkhead.AbandonDeadline) {
+			t.Fatalf("F20: Run of %s returned the deadline error, abandon event %+v", id, e.abandon)
 		}
 	}
-	if admits != c.Admitted || releases != c.Released || abandons != c.Abandoned || causes[bulkhead.AbandonManual] != manual ||
-		causes[bulkhead.AbandonDeadline] != byDeadline {
-		t.Fatalf("I2: %d admit, %d release, %d abandon events %v; stats %+v", admits, releases, abandons, causes, c)
+	if int64(len(per)) != c.Admitted || int64(len(ev.releases)) != c.Released || abandons != c.Abandoned ||
+		causes[bulkhead.AbandonManual] != manual || causes[bulkhead.AbandonDeadline] != byDeadline {
+		t.Fatalf("I2: %d admitted, %d release, %d abandon events %v; stats %+v", len(per), len(ev.releases), abandons, causes, c)
 	}
 	t.Logf("%d admitted, %d rejected %v; abandoned %v (%d deadline errors)", c.Admitted, c.Rejected, c.RejectedByReason, c.AbandonedByCause, deadlineCount)
 }

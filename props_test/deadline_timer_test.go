@@ -22,7 +22,7 @@ type gatedClock struct {
 	proceed chan struct{}
 }
 
-func (c *gatedClock) AfterFunc(d time.Duration, f func()) *clock.Timer {
+func (c *gatedClock) AfterFunc(d time.Duration, f func()) clock.Timer {
 	c.once.Do(func() {
 		close(c.entered)
 		<-c.proceed

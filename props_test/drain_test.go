@@ -25,7 +25,7 @@ func TestDrainDoneCtxOnClosedIdleKeepsEvents(t *testing.T) {
 	b.Subscribe(bulkhead.Hooks{
 		// A slow listener: it holds the events goroutine until unblocked.
 		Admit:   func(bulkhead.AdmitEvent) { <-unblock },
-		Release: func(e bulkhead.ReleaseEvent) { released <- e.AdmissionID },
+		Release: func(e bulkhead.ReleaseEvent) { released <- e.ID },
 	})
 	tok, err := b.Acquire(context.Background(), &bulkhead.Request{Messages: []bulkhead.Message{{Content: "x"}}})
 	if err != nil {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -53,18 +52,6 @@ func (t *tally) add(o *tally) {
 	t.doubleRel += o.doubleRel
 }
 
-// soakEvents is what the listeners saw.
-type soakEvents struct {
-	mu        sync.Mutex
-	admits    map[bulkhead.ID]bulkhead.AdmitEvent
-	dupAdmits int
-	releases  map[bulkhead.ID]bulkhead.ReleaseEvent
-	dupRels   int
-	rejects   map[bulkhead.Reason]int64
-	reconfigs int
-	stale     string // a Stats snapshot behind the events, if any
-}
-
 // TestSoak runs many goroutines against one bulkhead on the real clock for
 // a bounded time, with a random mix of Acquire, Run, Release (with usage,
 // without, invalid, twice), cancelled and expiring contexts, queue timeouts,
@@ -83,134 +70,68 @@ func TestSoak(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ev := &soakEvents{
-		admits:   map[bulkhead.ID]bulkhead.AdmitEvent{},
-		releases: map[bulkhead.ID]bulkhead.ReleaseEvent{},
-		rejects:  map[bulkhead.Reason]int64{},
-	}
-	// F30: Stats already reflect a change when its event is seen; the
+	ev := &eventLog{}
+	b.Subscribe(ev.hooks())
+	// F30: Stats already reflect a change when its event is seen; a
 	// listener checks it now and then (Stats is a round trip).
-	stale := func() string {
-		st := b.Stats()
-		if n := int64(len(ev.admits)); st.Calls.Admitted < n {
-			return fmt.Sprintf("F30: %d admit events seen, Stats says %d admitted", n, st.Calls.Admitted)
+	var (
+		staleMu          sync.Mutex
+		admits, releases int64
+		stale            string
+	)
+	seen := func(n *int64) {
+		staleMu.Lock()
+		defer staleMu.Unlock()
+		if *n++; *n%64 != 0 || stale != "" {
+			return
 		}
-		if n := int64(len(ev.releases)); st.Calls.Released < n {
-			return fmt.Sprintf("F30: %d release events seen, Stats says %d released", n, st.Calls.Released)
+		switch st := b.Stats(); {
+		case st.Calls.Admitted < admits:
+			stale = fmt.Sprintf("F30: %d admit events seen, Stats says %d admitted", admits, st.Calls.Admitted)
+		case st.Calls.Released < releases:
+			stale = fmt.Sprintf("F30: %d release events seen, Stats says %d released", releases, st.Calls.Released)
 		}
-		return ""
 	}
 	b.Subscribe(bulkhead.Hooks{
-		Admit: func(e bulkhead.AdmitEvent) {
-			ev.mu.Lock()
-			defer ev.mu.Unlock()
-			if _, dup := ev.admits[e.AdmissionID]; dup {
-				ev.dupAdmits++
-			}
-			ev.admits[e.AdmissionID] = e
-			if len(ev.admits)%64 == 0 && ev.stale == "" {
-				ev.stale = stale()
-			}
-		},
-		Release: func(e bulkhead.ReleaseEvent) {
-			ev.mu.Lock()
-			defer ev.mu.Unlock()
-			if _, dup := ev.releases[e.AdmissionID]; dup {
-				ev.dupRels++
-			}
-			ev.releases[e.AdmissionID] = e
-			if len(ev.releases)%64 == 0 && ev.stale == "" {
-				ev.stale = stale()
-			}
-		},
-		Reject: func(e bulkhead.RejectEvent) {
-			ev.mu.Lock()
-			ev.rejects[e.Reason]++
-			ev.mu.Unlock()
-		},
-		Reconfigure: func(bulkhead.ReconfigureEvent) {
-			ev.mu.Lock()
-			ev.reconfigs++
-			ev.mu.Unlock()
-		},
+		Admit:   func(bulkhead.AdmitEvent) { seen(&admits) },
+		Release: func(bulkhead.ReleaseEvent) { seen(&releases) },
 	})
 	// A listener that always panics: recovered and counted, and admission
 	// goes on (F30).
 	b.Subscribe(bulkhead.Hooks{Reconfigure: func(bulkhead.ReconfigureEvent) { panic("listener panic") }})
 
-	var (
-		revision atomic.Int64 // the revisions ApplyLimits tries
-		failures = make(chan string, soakWorkers)
-		wg       sync.WaitGroup
-		tallies  = make([]*tally, soakWorkers)
-	)
-	stop := time.Now().Add(soakDuration)
-	for w := range soakWorkers {
+	var revision atomic.Int64 // the revisions ApplyLimits tries
+	tallies := make([]*tally, soakWorkers)
+	soak(t, b, soakWorkers, soakDuration, func(w int, rng *rand.Rand) func() error {
 		tallies[w] = &tally{rejected: map[bulkhead.Reason]int64{}}
-		wg.Go(func() {
-			s := &soaker{b: b, rng: rand.New(rand.NewPCG(uint64(w), 42)), t: tallies[w], revision: &revision}
-			for time.Now().Before(stop) {
-				if err := s.step(); err != nil {
-					failures <- fmt.Sprintf("worker %d: %v", w, err)
-					return
-				}
-			}
-		})
-	}
-	done := make(chan struct{})
-	go func() { wg.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(soakDuration + 30*time.Second):
-		buf := make([]byte, 1<<20)
-		buf = buf[:runtime.Stack(buf, true)]
-		t.Fatalf("the workers did not finish: the bulkhead hangs\n%s", buf)
-	}
-	close(failures)
-	for f := range failures {
-		t.Error(f)
-	}
-	if t.Failed() {
-		b.Close()
-		_, _ = b.Drain(context.Background())
-		t.FailNow()
-	}
-
+		s := &soaker{b: b, rng: rng, t: tallies[w], revision: &revision}
+		return s.step
+	})
 	total := &tally{rejected: map[bulkhead.Reason]int64{}}
 	for _, x := range tallies {
 		total.add(x)
 	}
 
-	// Close and drain: everything was released by its worker, so it drains.
-	b.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if res, err := b.Drain(ctx); err != nil || !res.Drained {
-		t.Fatalf("Drain = %+v, %v", res, err)
-	}
-
 	st := b.Stats()
-	g, c, tb := st.Gate, st.Calls, st.TokenBudget
+	c, tb := st.Calls, st.TokenBudget
 	t.Logf("%d calls: %d admitted, rejected %v; %d double releases; %d limits applied",
 		total.calls, total.admitted, total.rejected, total.doubleRel, len(total.applied))
 
-	// No slot or token leaks (I3).
-	if g.InFlight != 0 || g.Pending != 0 || c.InFlight != 0 || tb.InFlightTokens != 0 ||
-		c.Admitted != c.Released || g.Admitted != g.Released {
-		t.Fatalf("leak after drain: gate %+v calls %+v budget %+v", g, c, *tb)
+	// No slot or token leaks (I3); the counters add up (I5).
+	if err := checkIdle(st); err != nil {
+		t.Fatal(err)
 	}
-	// One outcome per call, as counted by the bulkhead (I5).
+	if err := checkCounters(st, nil); err != nil {
+		t.Fatal(err)
+	}
+	// One outcome per call, as counted by the bulkhead.
 	if c.Admitted != total.admitted || c.Rejected != total.calls-total.admitted ||
 		!maps.Equal(normalize(st).Calls.RejectedByReason, total.rejected) {
 		t.Fatalf("calls counted %d admitted, %d rejected %v; callers saw %d calls, %d admitted, rejected %v",
 			c.Admitted, c.Rejected, c.RejectedByReason, total.calls, total.admitted, total.rejected)
 	}
-	if c.Rejected != sum(c.RejectedByReason) || g.Rejected != sum(g.RejectedByReason) ||
-		g.Aborted != g.RejectedByReason[bulkhead.Aborted] || g.TimedOut != g.RejectedByReason[bulkhead.Timeout] {
-		t.Fatalf("I5: rejection sums: gate %+v calls %+v", g, c)
-	}
-	if g.DoubleReleases != total.doubleRel {
-		t.Fatalf("double releases %d, callers made %d", g.DoubleReleases, total.doubleRel)
+	if st.Gate.DoubleReleases != total.doubleRel {
+		t.Fatalf("double releases %d, callers made %d", st.Gate.DoubleReleases, total.doubleRel)
 	}
 	// The F11 ledger: no ReportUsage, so no overrun and no early refund.
 	if tb.TotalReserved != total.reserved || tb.TotalConsumed != total.consumed ||
@@ -221,16 +142,19 @@ func TestSoak(t *testing.T) {
 
 	// Events: one admit and one release per admission (I2), for exactly
 	// the admissions the callers got; the release carries the hold.
+	staleMu.Lock()
+	defer staleMu.Unlock()
+	if stale != "" {
+		t.Fatal(stale)
+	}
 	ev.mu.Lock()
 	defer ev.mu.Unlock()
-	if ev.stale != "" {
-		t.Fatal(ev.stale)
+	per, err := ev.perAdmission()
+	if err != nil {
+		t.Fatal(err)
 	}
-	if ev.dupAdmits != 0 || ev.dupRels != 0 {
-		t.Fatalf("%d duplicate admit and %d duplicate release events", ev.dupAdmits, ev.dupRels)
-	}
-	if int64(len(ev.admits)) != total.admitted || int64(len(ev.releases)) != total.admitted || len(total.ids) != int(total.admitted) {
-		t.Fatalf("%d admit events, %d release events, %d admissions", len(ev.admits), len(ev.releases), total.admitted)
+	if int64(len(per)) != total.admitted || int64(len(ev.releases)) != total.admitted || len(total.ids) != int(total.admitted) {
+		t.Fatalf("%d admissions with events, %d release events, %d admissions", len(per), len(ev.releases), total.admitted)
 	}
 	applied := map[int64]bool{0: true}
 	for _, r := range total.applied {
@@ -238,13 +162,13 @@ func TestSoak(t *testing.T) {
 	}
 	var held, refunded int64
 	for _, id := range total.ids {
-		a, okA := ev.admits[id]
-		r, okR := ev.releases[id]
-		if !okA || !okR {
-			t.Fatalf("admission %s: admit event %v, release event %v", id, okA, okR)
+		e := per[id]
+		if e == nil || e.admit == nil {
+			t.Fatalf("admission %s: no admit event", id)
 		}
+		a, r := e.admit, e.release
 		if r.LimitRevision != a.LimitRevision || r.Reserved != a.Reserved || r.Held != a.Reserved || !applied[a.LimitRevision] {
-			t.Fatalf("admission %s: admit %+v, release %+v (applied revisions %v)", id, a, r, applied)
+			t.Fatalf("admission %s: admit %+v, release %+v (applied revisions %v)", id, *a, *r, applied)
 		}
 		held += r.Held
 		refunded += r.Refunded
@@ -252,11 +176,15 @@ func TestSoak(t *testing.T) {
 	if held != tb.TotalReserved || refunded != tb.TotalRefunded {
 		t.Fatalf("release events hold %d and refund %d; ledger %+v", held, refunded, *tb)
 	}
-	if !maps.Equal(ev.rejects, normalize(st).Calls.RejectedByReason) {
-		t.Fatalf("reject events %v, stats %v", ev.rejects, c.RejectedByReason)
+	rejects := map[bulkhead.Reason]int64{}
+	for _, e := range ev.rejects {
+		rejects[e.Reason]++
 	}
-	if int64(ev.reconfigs) != int64(len(total.applied)) || st.Events.ListenerPanics != int64(len(total.applied)) {
-		t.Fatalf("%d reconfigure events, %d listener panics, %d applies", ev.reconfigs, st.Events.ListenerPanics, len(total.applied))
+	if !maps.Equal(rejects, normalize(st).Calls.RejectedByReason) {
+		t.Fatalf("reject events %v, stats %v", rejects, c.RejectedByReason)
+	}
+	if int64(len(ev.reconfigs)) != int64(len(total.applied)) || st.Events.ListenerPanics != int64(len(total.applied)) {
+		t.Fatalf("%d reconfigure events, %d listener panics, %d applies", len(ev.reconfigs), st.Events.ListenerPanics, len(total.applied))
 	}
 }
 
@@ -328,7 +256,7 @@ func (s *soaker) outcome(err error) error {
 		return nil
 	}
 	var rej *bulkhead.RejectedError
-	if !errors.As(err, &rej) || !errors.Is(err, bulkhead.ErrRejected) || !errors.Is(err, rej.Reason.Sentinel()) {
+	if !errors.As(err, &rej) || !errors.Is(err, bulkhead.ErrRejected) || !errors.Is(err, sentinel[rej.Reason]) {
 		return fmt.Errorf("call failed with %v, want a rejection", err)
 	}
 	if rej.Detail == nil {
@@ -380,9 +308,7 @@ func (s *soaker) acquire() error {
 	if err := s.admitted(tok, res); err != nil {
 		return err
 	}
-	for range s.rng.IntN(20) {
-		runtime.Gosched()
-	}
+	spin(context.Background(), s.rng.IntN(20))
 	u, valid := s.usage(res)
 	err = tok.Release(u)
 	if valid != (err == nil) {
@@ -406,7 +332,7 @@ func (s *soaker) run() error {
 	opts, res := s.options()
 	u, valid := s.usage(res)
 	mode := s.rng.IntN(4) // 0: fn fails, 1: fn panics, else it succeeds
-	spin := s.rng.IntN(20)
+	work := s.rng.IntN(20)
 	var (
 		id        bulkhead.ID
 		err       error
@@ -419,9 +345,7 @@ func (s *soaker) run() error {
 			if u != nil && (rc.SetUsage(*u) == nil) != valid {
 				return 0, fmt.Errorf("SetUsage(%+v) disagrees with validation", *u)
 			}
-			for range spin {
-				runtime.Gosched()
-			}
+			spin(context.Background(), work)
 			switch mode {
 			case 0:
 				return 0, errSoakFn
@@ -476,14 +400,13 @@ func (s *soaker) wouldAdmit() error {
 // stats checks what holds in any snapshot.
 func (s *soaker) stats() error {
 	st := s.b.Stats()
-	g, c, tb := st.Gate, st.Calls, st.TokenBudget
+	g, tb := st.Gate, st.TokenBudget
+	if err := checkCounters(st, nil); err != nil {
+		return err
+	}
 	switch {
 	case st.Limits.Revision < s.lastRev:
 		return fmt.Errorf("I8: revision fell from %d to %d", s.lastRev, st.Limits.Revision)
-	case c.Admitted-c.Released != c.InFlight || c.InFlight != int64(g.InFlight) || g.Admitted-g.Released != int64(g.InFlight):
-		return fmt.Errorf("I5: gate %+v calls %+v", g, c)
-	case c.Rejected != sum(c.RejectedByReason) || g.Rejected != sum(g.RejectedByReason):
-		return fmt.Errorf("I5: rejection sums: gate %+v calls %+v", g, c)
 	// The limits never rise above the starting ones, so neither may use.
 	case g.InFlight < 0 || g.InFlight > soakMaxConcurrent || g.Pending < 0 || g.Pending > soakMaxQueue:
 		return fmt.Errorf("I1: gate %+v", g)
