@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmbulkhead/bulkhead/internal/testutil"
+
 	"github.com/llmbulkhead/bulkhead"
 	"github.com/llmbulkhead/bulkhead/clock"
 )
@@ -31,7 +33,7 @@ const noReason bulkhead.Reason = 0
 
 // settle bounds every wait for an outcome a test expects. It is generous:
 // a correct engine answers in microseconds.
-const settle = 10 * time.Second
+const settle = testutil.Settle
 
 // admitted is what a token and a run context both tell of their admission.
 type admitted interface {
@@ -82,21 +84,7 @@ func (c *countingClock) AfterFunc(d time.Duration, f func()) clock.Timer {
 }
 
 // spinUntil yields until done reports true or an error, or settle passes.
-func spinUntil(what string, done func() (bool, error)) error {
-	deadline := time.Now().Add(settle)
-	for {
-		ok, err := done()
-		switch {
-		case err != nil:
-			return err
-		case ok:
-			return nil
-		case time.Now().After(deadline):
-			return fmt.Errorf("%s: not within %v", what, settle)
-		}
-		runtime.Gosched()
-	}
-}
+func spinUntil(what string, done func() (bool, error)) error { return testutil.Poll(what, done) }
 
 // spin yields n times, or until ctx ends: work of some length, without
 // sleeping.
