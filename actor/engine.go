@@ -42,10 +42,6 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// answerSpins is how many times Acquire looks for its answer before it
-// blocks (about 0.3 µs).
-const answerSpins = 200
-
 // ErrInternal wraps a panic recovered inside the admission actor.
 var ErrInternal = errors.New("bulkhead: internal error")
 
@@ -172,12 +168,11 @@ func (e *Engine) PutRequest(r *AcquireRequest) {
 // always ends with exactly one outcome, and nothing is leaked.
 func (e *Engine) Acquire(r *AcquireRequest) error {
 	ctxDone := e.prepare(r)
+	// Uncontended, the answer is already there when send returns: the
+	// mailbox ran on this goroutine. Spinning for it before blocking, when
+	// another goroutine runs the mailbox, measured slower (10% at 64
+	// goroutines on 2 cores; no gain with one goroutine or one core).
 	e.send(r)
-	// When another caller is running the mailbox, the answer usually comes
-	// within a few hundred nanoseconds: look for it briefly before paying
-	// for a park and a wake-up. Uncontended, the answer is already there.
-	for i := 0; i < answerSpins && len(r.done) == 0; i++ {
-	}
 	if ctxDone != nil {
 		select {
 		case <-r.done:
