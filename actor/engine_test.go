@@ -112,7 +112,8 @@ func TestPumpPassesOverEndedWaiters(t *testing.T) {
 // request is answered with ErrInternal unless it was answered or queued
 // already, blocking and asynchronous alike (an async future is done).
 func TestRecoveredAnswersAcquires(t *testing.T) {
-	a := &admissionActor{engine: &Engine{logger: slog.New(slog.DiscardHandler)}, state: &state{}}
+	a := &admissionActor{engine: &Engine{logger: slog.New(slog.DiscardHandler)}}
+	a.state = &state{fx: a}
 	for _, r := range []*AcquireRequest{
 		newAcquireRequest(make(chan struct{}, 1), false),
 		newAcquireRequest(make(chan struct{}), true),

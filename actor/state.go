@@ -1,25 +1,60 @@
 package actor
 
 import (
-	"crypto/rand"
-	"log/slog"
 	"math"
 	mrand "math/rand/v2"
 	"time"
 
 	"github.com/llmbulkhead/bulkhead/classes"
-	"github.com/llmbulkhead/bulkhead/clock"
 	"github.com/llmbulkhead/bulkhead/internal/admission"
 )
 
+// effects is everything the state machine asks of the world outside it:
+// the time, and the effects of its decisions. The admission actor
+// implements it; the state machine's tests record the calls instead.
+// None of the methods may call back into the state.
+type effects interface {
+	// now reads the clock.
+	now() time.Time
+	// emit hands an event to the listeners.
+	emit(ev any)
+	// tell sends msg to the child actor of class c.
+	tell(c classes.Class, msg any)
+	// armTimer starts r's queue timeout: once r.QueueTimeout has passed,
+	// a timeoutMsg for r's current generation comes back to the state.
+	armTimer(r *AcquireRequest)
+	// stopTimer stops r's queue timeout, if one runs.
+	stopTimer(r *AcquireRequest)
+	// answer hands r's answer (r.Err, and r.Lease when admitted) to its
+	// caller, who may reuse r at once.
+	answer(r *AcquireRequest)
+	// answerDrain hands d's result to its caller.
+	answerDrain(d *drainRequest)
+	// expire tells the holder of l that its borrowed-slot deadline expired
+	// and its slot was abandoned.
+	expire(l *Lease)
+	// drifted logs that an in-flight count was found out of balance: got
+	// is the value it would have taken; args name where (a class).
+	drifted(quantity string, got int64, args ...any)
+}
+
+// external is what the statistics need from outside the state machine:
+// counters that the engine and the class actors keep, passed in by the
+// actor when it asks for them.
+type external struct {
+	doubleReleases int64
+	listenerPanics int64
+	// deadlines is each class actor's deadline counts, by class handle - 1.
+	deadlines []admission.DeadlineStats
+}
+
 // state is the admission state machine. Only the admission actor touches
-// it, one message at a time; its methods never block and never call user
-// code. Events go out through emit, to the events actor.
+// it, one message at a time. It is pure: its methods never block, never
+// call user code, start no timer and read no clock or shared counter; time
+// and every effect of a decision go through fx.
 type state struct {
-	engine *Engine
-	clk    clock.Clock
-	emit   func(any)
-	ids    *mrand.ChaCha8
+	fx  effects
+	ids *mrand.ChaCha8
 
 	limits    admission.Limits
 	hasBudget bool
@@ -48,21 +83,16 @@ type state struct {
 	// table counts its own.
 	drift int64
 
-	// tab is the admission class table, nil without classes. tell sends a
-	// message to a class's child actor.
-	tab  *classes.Table
-	tell func(c classes.Class, msg any)
-	// telemetry is each class actor's deadline counts, by class handle - 1.
-	telemetry []*classes.Telemetry
+	// tab is the admission class table, nil without classes.
+	tab *classes.Table
 }
 
-func newState(e *Engine, limits admission.Limits, clk clock.Clock, emit func(any)) (*state, error) {
-	var seed [32]byte
-	_, _ = rand.Read(seed[:])
+// newState returns the state machine for limits (assumed valid but for
+// the class table, which it validates), with its effects going to fx and
+// admission IDs drawn from a generator seeded with seed.
+func newState(limits admission.Limits, fx effects, seed [32]byte) (*state, error) {
 	s := &state{
-		engine:    e,
-		clk:       clk,
-		emit:      emit,
+		fx:        fx,
 		ids:       mrand.NewChaCha8(seed),
 		limits:    limits.Clone(),
 		hasBudget: limits.TokenBudget != nil,
@@ -74,7 +104,7 @@ func newState(e *Engine, limits admission.Limits, clk clock.Clock, emit func(any
 		}
 		s.tab = tab
 		tab.OnDrift(func(class, quantity string, got int64) {
-			s.logDrift(quantity, got, "class", class)
+			fx.drifted(quantity, got, "class", class)
 		})
 		c := tab.Classes()
 		s.limits.Classes = &c
@@ -217,7 +247,6 @@ func (s *state) admit(r *AcquireRequest) {
 		s.budget.TotalReserved = admission.AddSat(s.budget.TotalReserved, reserved)
 	}
 	l := r.Lease
-	l.engine = s.engine
 	l.ID = s.newID()
 	l.Revision = s.limits.Revision
 	l.Priority = r.Priority
@@ -233,10 +262,10 @@ func (s *state) admit(r *AcquireRequest) {
 		// fires before the admission ends.
 		l.deadline = r.BorrowedDeadline
 		l.expired = make(chan struct{})
-		s.tell(r.Class, &classes.StartDeadline[*Lease]{Lease: l, At: s.clk.Now().Add(r.BorrowedDeadline)})
+		s.fx.tell(r.Class, &classes.StartDeadline[*Lease]{Lease: l, At: s.fx.now().Add(r.BorrowedDeadline)})
 	}
 	if s.listeners[KindAdmit] > 0 {
-		s.emit(&admission.AdmitEvent{
+		s.fx.emit(&admission.AdmitEvent{
 			Request:        r.Request,
 			Tag:            r.Tag,
 			AdmissionID:    l.ID,
@@ -270,7 +299,7 @@ func (s *state) reject(r *AcquireRequest, why admission.Reason, atGate bool, cau
 	s.tab.Reject(r.Class, why)
 	d := s.detail(r.Priority, r.Reservation.Reserved, r.Class, constraint)
 	if s.listeners[KindReject] > 0 {
-		s.emit(&admission.RejectEvent{
+		s.fx.emit(&admission.RejectEvent{
 			Request:       r.Request,
 			Tag:           r.Tag,
 			Reason:        why,
@@ -292,11 +321,7 @@ func (s *state) answer(r *AcquireRequest) {
 	r.gen++
 	r.enqueuedAt = time.Time{}
 	r.answered = true
-	if r.async {
-		close(r.done)
-		return
-	}
-	r.done <- struct{}{}
+	s.fx.answer(r)
 }
 
 // timing measures a decision that ends now. It reads the clock only when
@@ -305,7 +330,7 @@ func (s *state) timing(r *AcquireRequest) admission.Timing {
 	if r.Start.IsZero() {
 		return admission.Timing{}
 	}
-	now := s.clk.Now()
+	now := s.fx.now()
 	if r.enqueuedAt.IsZero() {
 		return admission.Timing{DecisionDuration: now.Sub(r.Start)}
 	}
@@ -326,12 +351,10 @@ func (s *state) enqueue(r *AcquireRequest) {
 	s.qtail = r
 	s.pending++
 	if !r.Start.IsZero() {
-		r.enqueuedAt = s.clk.Now()
+		r.enqueuedAt = s.fx.now()
 	}
 	if r.QueueTimeout > 0 {
-		msg := &timeoutMsg{r: r, gen: r.gen}
-		e := s.engine
-		r.timer = s.clk.AfterFunc(r.QueueTimeout, func() { e.send(msg) })
+		s.fx.armTimer(r)
 	}
 }
 
@@ -349,9 +372,8 @@ func (s *state) dequeue(r *AcquireRequest) {
 	}
 	r.prev, r.next, r.queued = nil, nil, false
 	s.pending--
-	if r.timer != nil {
-		r.timer.Stop()
-		r.timer = nil
+	if r.QueueTimeout > 0 {
+		s.fx.stopTimer(r)
 	}
 }
 
@@ -396,7 +418,6 @@ func (s *state) timeout(m *timeoutMsg) {
 	if !m.r.queued || m.r.gen != m.gen {
 		return // answered before the timer's message arrived
 	}
-	m.r.timer = nil
 	s.dequeue(m.r)
 	s.reject(m.r, admission.Timeout, true, nil, s.globalConstraint())
 	s.checkDrains()
@@ -435,7 +456,7 @@ func (s *state) release(m *releaseMsg) {
 		}
 		if held > s.tokens {
 			s.drift++
-			s.logDrift("in-flight tokens", s.tokens-held)
+			s.fx.drifted("in-flight tokens", s.tokens-held)
 			s.tokens = 0
 		} else {
 			s.tokens -= held
@@ -448,7 +469,7 @@ func (s *state) release(m *releaseMsg) {
 		if m.hasUsage {
 			usage = &admission.Usage{Input: m.usage.Input, Output: m.usage.Output}
 		}
-		s.emit(&admission.ReleaseEvent{
+		s.fx.emit(&admission.ReleaseEvent{
 			Request:        l.Request,
 			Tag:            l.Tag,
 			AdmissionID:    l.ID,
@@ -466,12 +487,8 @@ func (s *state) release(m *releaseMsg) {
 	s.pump() // and answers any Drain this release completed
 }
 
-// reportUsage applies a cumulative usage report to a lease (F12-F14).
-func (s *state) reportUsage(q *usageRequest) {
-	q.result, q.err = s.applyUsage(q.l, q.usage, q.progressive)
-	q.done <- struct{}{}
-}
-
+// applyUsage applies a cumulative usage report to a lease and returns the
+// report, or why the report is invalid (then nothing changed).
 func (s *state) applyUsage(l *Lease, u admission.Usage, p *admission.Progressive) (admission.UsageReport, error) {
 	res := l.Reservation
 	if p != nil && s.hasBudget && p.RemainingOutput > res.MaxOutput {
@@ -552,7 +569,7 @@ func (s *state) applyUsage(l *Lease, u admission.Usage, p *admission.Progressive
 			pc := *p
 			ev.Progressive = &pc
 		}
-		s.emit(ev)
+		s.fx.emit(ev)
 	}
 	return rep, nil
 }
@@ -589,32 +606,27 @@ func usageField(p *admission.Progressive) string {
 	return "Usage"
 }
 
-// logDrift logs that a gauge was found out of balance: got is the value it
-// would have taken. The caller counts it.
-func (s *state) logDrift(quantity string, got int64, args ...any) {
-	s.engine.log(slog.LevelError, "bulkhead: ledger drift: an in-flight count went out of range and was clamped",
-		append([]any{"quantity", quantity, "value", got}, args...)...)
-}
-
-// wouldAdmit answers an advisory question without changing anything.
-func (s *state) wouldAdmit(q *wouldAdmitRequest) {
+// wouldAdmit answers an advisory question without changing anything: the
+// decision for a call of class c and priority p reserving res, with the
+// detail when asked for.
+func (s *state) wouldAdmit(c classes.Class, p admission.Priority, res admission.Reservation, detail bool) admission.Decision {
 	why, cons := admission.NoReason, admission.Constraint("")
 	switch {
 	case s.closed:
 		why = admission.Shutdown
 	default:
-		why, cons = s.checkCapacity(q.priority, q.reservation.Reserved, q.class, false)
+		why, cons = s.checkCapacity(p, res.Reserved, c, false)
 		if why == admission.NoReason && s.inFlight >= s.limits.MaxConcurrent {
 			if why = s.gateReason(); why != admission.NoReason {
 				cons = s.globalConstraint()
 			}
 		}
 	}
-	q.result = admission.Decision{Admit: why == admission.NoReason, Reason: why}
-	if q.detail {
-		q.result.Detail = s.detail(q.priority, q.reservation.Reserved, q.class, cons)
+	d := admission.Decision{Admit: why == admission.NoReason, Reason: why}
+	if detail {
+		d.Detail = s.detail(p, res.Reserved, c, cons)
 	}
-	q.done <- struct{}{}
+	return d
 }
 
 // validateLimits checks a snapshot against the bulkhead's shape and
@@ -658,12 +670,7 @@ func (s *state) validateGlobal(next admission.Limits) error {
 	return nil
 }
 
-// apply installs a limits snapshot, or says why not.
-func (s *state) apply(q *applyRequest) {
-	q.result, q.err = s.applyLimits(q)
-	q.done <- struct{}{}
-}
-
+// applyLimits installs the limits snapshot q asks for, or says why not.
 func (s *state) applyLimits(q *applyRequest) (admission.ApplyResult, error) {
 	next := q.next
 	if q.setBudget {
@@ -695,7 +702,7 @@ func (s *state) applyLimits(q *applyRequest) (admission.ApplyResult, error) {
 		s.limits.Classes = &c
 	}
 	if s.listeners[KindReconfigure] > 0 {
-		s.emit(&admission.ReconfigureEvent{Previous: prev, Current: s.limits.Clone()})
+		s.fx.emit(&admission.ReconfigureEvent{Previous: prev, Current: s.limits.Clone()})
 	}
 	s.pump()
 	return admission.ApplyResult{Applied: true, Previous: prev, Current: s.limits.Clone()}, nil
@@ -715,12 +722,12 @@ func (s *state) abandon(l *Lease, cause admission.AbandonCause) bool {
 	s.abandoned[cause]++
 	s.callStats.Abandoned++
 	if cause == admission.AbandonDeadline {
-		close(l.expired)
+		s.fx.expire(l)
 	} else {
 		s.endDeadline(l)
 	}
 	if s.listeners[KindAbandon] > 0 {
-		s.emit(&admission.AbandonEvent{
+		s.fx.emit(&admission.AbandonEvent{
 			Request:       l.Request,
 			Tag:           l.Tag,
 			AdmissionID:   l.ID,
@@ -740,7 +747,7 @@ func (s *state) abandon(l *Lease, cause admission.AbandonCause) bool {
 // endDeadline stops l's borrowed-slot deadline, if it has one running.
 func (s *state) endDeadline(l *Lease) {
 	if l.deadline > 0 {
-		s.tell(l.classID, &classes.EndDeadline[*Lease]{Lease: l})
+		s.fx.tell(l.classID, &classes.EndDeadline[*Lease]{Lease: l})
 	}
 }
 
@@ -758,6 +765,21 @@ func (s *state) close() {
 	s.checkDrains()
 }
 
+// listen adds delta to the listener count of each kind in kinds, so that
+// events are built only for kinds someone listens for, and reports whether
+// anyone listens for admit or reject events (which carry decision timing).
+func (s *state) listen(kinds Kinds, delta int) (timing bool) {
+	for kind, set := range kinds {
+		if set {
+			s.listeners[kind] += delta
+		}
+	}
+	return s.listeners[KindAdmit]+s.listeners[KindReject] > 0
+}
+
+// silence stops the emission of events for good: event delivery is over.
+func (s *state) silence() { s.listeners = [NumKinds]int{} }
+
 func (s *state) idle() bool { return s.calls == 0 && s.pending == 0 }
 
 func (s *state) drainResult() admission.DrainResult {
@@ -767,7 +789,7 @@ func (s *state) drainResult() admission.DrainResult {
 // answerDrain replies to d with the current result.
 func (s *state) answerDrain(d *drainRequest) {
 	d.result, d.closed = s.drainResult(), s.closed
-	d.done <- struct{}{}
+	s.fx.answerDrain(d)
 }
 
 func (s *state) drain(d *drainRequest) {
@@ -798,15 +820,15 @@ func (s *state) checkDrains() {
 	s.drains = nil
 }
 
-// stats copies the counters.
-func (s *state) stats() admission.Stats {
+// stats copies the counters, with those kept outside the state from ext.
+func (s *state) stats(ext external) admission.Stats {
 	st := admission.Stats{Limits: s.limits.Clone(), Gate: s.gate, Calls: s.callStats}
 	st.Gate.InFlight = s.inFlight
 	st.Gate.Pending = s.pending
 	st.Gate.MaxConcurrent = s.limits.MaxConcurrent
 	st.Gate.MaxQueue = s.limits.MaxQueue
 	st.Gate.Closed = s.closed
-	st.Gate.DoubleReleases = s.engine.doubleReleases.Load()
+	st.Gate.DoubleReleases = ext.doubleReleases
 	st.Gate.RejectedByReason = byReason(&s.gateByWhy)
 	st.Calls.InFlight = s.calls
 	st.Calls.RejectedByReason = byReason(&s.callsByWhy)
@@ -819,10 +841,10 @@ func (s *state) stats() admission.Stats {
 	if s.tab != nil {
 		g := s.capacity(admission.High, false) // High: the whole budget
 		st.Classes = s.tab.Stats(g)
-		for i, tel := range s.telemetry {
+		for i, dl := range ext.deadlines {
 			name := s.tab.Name(classes.Class(i + 1))
 			cs := st.Classes.Classes[name]
-			cs.Deadlines = tel.Snapshot()
+			cs.Deadlines = dl
 			st.Classes.Classes[name] = cs
 		}
 	}
@@ -834,7 +856,7 @@ func (s *state) stats() admission.Stats {
 		b.Available = max(0, b.Budget-s.tokens)
 		st.TokenBudget = &b
 	}
-	st.ListenerPanics = s.engine.listenerPanics.Load()
+	st.ListenerPanics = ext.listenerPanics
 	st.LedgerDrift = s.drift + s.tab.Drift()
 	return st
 }
