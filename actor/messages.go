@@ -170,7 +170,7 @@ type Lease struct {
 // deadline applies (none was asked for, or the slot was not borrowed).
 func (l *Lease) Deadline() (time.Duration, <-chan struct{}) { return l.deadline, l.expired }
 
-// Abandon gives the admission's borrowed slot back early (SPEC F19). It
+// Abandon gives the admission's borrowed slot back early. It
 // returns true only on the first effective call, and only for a borrowed,
 // unreleased admission.
 func (l *Lease) Abandon() bool {

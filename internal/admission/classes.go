@@ -179,7 +179,7 @@ type ClassStats struct {
 	Deadlines DeadlineStats
 }
 
-// DeadlineStats counts a class's borrowed-slot deadlines (SPEC F20), as the
+// DeadlineStats counts a class's borrowed-slot deadlines, as the
 // class's child actor saw them.
 type DeadlineStats struct {
 	// Active is the deadlines running now.
