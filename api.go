@@ -248,7 +248,8 @@ func (b *Bulkhead) Close() { b.eng.Close() }
 // still outstanding, and ctx's error, as soon as ctx ends (a blocked
 // listener does not hold it). After Close and a Drain that drained, the
 // bulkhead's goroutines have ended; later calls are rejected Shutdown. An
-// event listener must not call Drain: it would wait for itself.
+// event listener should not call Drain or Shutdown: it would wait for its
+// own delivery until its ctx ends (other Drains are not held up by it).
 func (b *Bulkhead) Drain(ctx context.Context) (DrainResult, error) {
 	if ctx == nil {
 		return DrainResult{}, invalidf("ctx", "must not be nil")

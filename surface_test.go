@@ -383,3 +383,35 @@ func TestModelOnlyForTheDefaultEstimator(t *testing.T) {
 		t.Fatalf("unknown model estimate = %+v", got)
 	}
 }
+
+// TestReasonsAndSentinels: each reason has its own wire name and sentinel,
+// matched by its rejections and by no other reason's.
+func TestReasonsAndSentinels(t *testing.T) {
+	seen := map[string]bool{}
+	for why, s := range sentinel {
+		name := why.String()
+		if name == "" || seen[name] || !strings.HasSuffix(s.Error(), name) {
+			t.Fatalf("reason %d: name %q, sentinel %v", why, name, s)
+		}
+		seen[name] = true
+		err := fmt.Errorf("wrapped: %w", &bulkhead.RejectedError{Reason: why})
+		if !errors.Is(err, bulkhead.ErrRejected) || !errors.Is(err, s) {
+			t.Fatalf("%v does not match its sentinels", err)
+		}
+		for other, os := range sentinel {
+			if other != why && errors.Is(err, os) {
+				t.Fatalf("%v matches the sentinel of %v", err, other)
+			}
+		}
+		if b, _ := why.MarshalText(); string(b) != name {
+			t.Fatalf("MarshalText = %q", b)
+		}
+	}
+	if len(seen) != 6 || bulkhead.Reason(0).String() != "" || bulkhead.Reason(200).String() != "reason(200)" {
+		t.Fatalf("reason table: %v", seen)
+	}
+	bde := fmt.Errorf("wrapped: %w", &bulkhead.BorrowedDeadlineError{Class: "bg"})
+	if !errors.Is(bde, bulkhead.ErrBorrowedDeadline) || errors.Is(bde, bulkhead.ErrRejected) {
+		t.Fatal("BorrowedDeadlineError sentinels")
+	}
+}

@@ -56,7 +56,7 @@ func TestPanicInHandlerKeepsState(t *testing.T) {
 	second := acquire(t, e)
 	r := e.NewRequest()
 	r.Ctx, r.Request, r.Lease = context.Background(), "request", &Lease{}
-	if err := e.Acquire(r); !errors.Is(err, admission.ErrConcurrencyLimit) {
+	if err := e.Acquire(r); !isReason(err, admission.ConcurrencyLimit) {
 		t.Fatalf("third Acquire = %v", err)
 	}
 	e.PutRequest(r)
@@ -130,4 +130,10 @@ func TestRecoveredAnswersAcquires(t *testing.T) {
 	if len(queued.done) != 0 || queued.Err != nil {
 		t.Fatal("a queued request was answered: the queue still holds it")
 	}
+}
+
+// isReason reports whether err is an engine rejection for why.
+func isReason(err error, why admission.Reason) bool {
+	var rej *admission.RejectedError
+	return errors.As(err, &rej) && rej.Reason == why
 }

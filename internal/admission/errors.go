@@ -3,7 +3,6 @@ package admission
 import (
 	"errors"
 	"fmt"
-	"time"
 )
 
 // Reason says why a call was not admitted.
@@ -43,56 +42,8 @@ func (r Reason) String() string {
 	return fmt.Sprintf("reason(%d)", uint8(r))
 }
 
-// MarshalText encodes the reason as its wire name.
-func (r Reason) MarshalText() ([]byte, error) { return []byte(r.String()), nil }
-
-// Reasons lists every rejection reason, in their numeric order.
-func Reasons() []Reason {
-	out := make([]Reason, 0, NumReasons-1)
-	for r := Reason(1); r < numReasons; r++ {
-		out = append(out, r)
-	}
-	return out
-}
-
-// ErrRejected matches every rejection: errors.Is(err, ErrRejected) is true
-// for any *RejectedError.
-var ErrRejected = errors.New("bulkhead: rejected")
-
-// One sentinel per reason: errors.Is(err, ErrBudgetLimit) is true for a
-// rejection with reason BudgetLimit.
-var (
-	ErrConcurrencyLimit = errors.New("bulkhead: rejected: concurrency_limit")
-	ErrQueueLimit       = errors.New("bulkhead: rejected: queue_limit")
-	ErrTimeout          = errors.New("bulkhead: rejected: timeout")
-	ErrAborted          = errors.New("bulkhead: rejected: aborted")
-	ErrShutdown         = errors.New("bulkhead: rejected: shutdown")
-	ErrBudgetLimit      = errors.New("bulkhead: rejected: budget_limit")
-)
-
-var sentinels = [...]error{
-	ConcurrencyLimit: ErrConcurrencyLimit,
-	QueueLimit:       ErrQueueLimit,
-	Timeout:          ErrTimeout,
-	Aborted:          ErrAborted,
-	Shutdown:         ErrShutdown,
-	BudgetLimit:      ErrBudgetLimit,
-}
-
-// Sentinel returns the sentinel error of reason r, or nil for NoReason.
-func (r Reason) Sentinel() error {
-	if r == NoReason || int(r) >= len(sentinels) {
-		return nil
-	}
-	return sentinels[r]
-}
-
-// RejectedError is the error of a call the bulkhead did not admit.
-//
-// errors.Is(err, ErrRejected) matches every rejection, and the sentinel of
-// its reason (ErrQueueLimit, ErrBudgetLimit...) matches it too. For an
-// Aborted rejection, errors.Is also matches the context's error
-// (context.Canceled, context.DeadlineExceeded, or the cancel cause).
+// RejectedError carries a rejection from the engine to the facade, which
+// turns it into a *bulkhead.RejectedError.
 type RejectedError struct {
 	// Reason says why.
 	Reason Reason
@@ -116,11 +67,6 @@ func (e *RejectedError) Error() string {
 		msg += ": " + e.Cause.Error()
 	}
 	return msg
-}
-
-// Is reports whether target is ErrRejected or the sentinel of e's reason.
-func (e *RejectedError) Is(target error) bool {
-	return target == ErrRejected || (target != nil && target == e.Reason.Sentinel())
 }
 
 // Unwrap returns the cause of an Aborted rejection, or nil.
@@ -162,30 +108,3 @@ func CheckNonNegative(field string, v int64) error {
 	}
 	return nil
 }
-
-// ErrBorrowedDeadline matches every *BorrowedDeadlineError.
-var ErrBorrowedDeadline = errors.New("bulkhead: borrowed-slot deadline expired")
-
-// BorrowedDeadlineError is the error of a Run whose admission borrowed a
-// shared slot and held it past its borrowed-slot deadline. The slot has
-// been given back; the callback's context is cancelled with this error as
-// its cause, and the callback's later result is discarded (its tokens are
-// still settled when it returns).
-type BorrowedDeadlineError struct {
-	// Deadline is the deadline that expired.
-	Deadline time.Duration
-	// AdmissionID is the admission whose slot was abandoned.
-	AdmissionID ID
-	// Resources is what the admission borrowed.
-	Resources Resources
-	// Class is the admission's class.
-	Class string
-}
-
-// Error returns a one-line message.
-func (e *BorrowedDeadlineError) Error() string {
-	return fmt.Sprintf("bulkhead: borrowed-slot deadline %v expired (admission %s, class %q)", e.Deadline, e.AdmissionID, e.Class)
-}
-
-// Is reports whether target is ErrBorrowedDeadline.
-func (e *BorrowedDeadlineError) Is(target error) bool { return target == ErrBorrowedDeadline }

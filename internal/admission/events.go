@@ -1,6 +1,7 @@
 package admission
 
-// AdmitEvent is emitted when a call is admitted.
+// AdmitEvent is the engine's form of bulkhead.AdmitEvent; the facade
+// converts it, and the root type documents the fields.
 type AdmitEvent struct {
 	Request        any
 	Tag            string
@@ -13,7 +14,8 @@ type AdmitEvent struct {
 	Timing
 }
 
-// RejectEvent is emitted when a call is rejected on the admission path.
+// RejectEvent is the engine's form of bulkhead.RejectEvent; the facade
+// converts it, and the root type documents the fields.
 type RejectEvent struct {
 	Request       any
 	Tag           string
@@ -25,7 +27,8 @@ type RejectEvent struct {
 	Timing
 }
 
-// ReleaseEvent is emitted once per admission, when it is released.
+// ReleaseEvent is the engine's form of bulkhead.ReleaseEvent; the facade
+// converts it, and the root type documents the fields.
 type ReleaseEvent struct {
 	Request        any
 	Tag            string
@@ -35,19 +38,14 @@ type ReleaseEvent struct {
 	Class          string
 	ReservedTokens int64
 	Resources      Resources
-	// HeldTokens is what the admission held at release.
-	HeldTokens int64
-	// RefundedTokens is what the release gave back unused: HeldTokens less
-	// the reported usage, when usage was reported and is smaller.
+	HeldTokens     int64
 	RefundedTokens int64
-	// UsageSequence is the last usage sequence number of the admission.
-	UsageSequence int64
-	// Usage is the final usage, nil when none was reported.
-	Usage *Usage
+	UsageSequence  int64
+	Usage          *Usage
 }
 
-// AbandonEvent is emitted when an admission gives its borrowed slot back
-// early, by hand or because its borrowed-slot deadline expired.
+// AbandonEvent is the engine's form of bulkhead.AbandonEvent; the facade
+// converts it, and the root type documents the fields.
 type AbandonEvent struct {
 	Request       any
 	Tag           string
@@ -58,12 +56,11 @@ type AbandonEvent struct {
 	Resources     Resources
 	Reserved      int64
 	Cause         AbandonCause
-	// HeldTokens is what the admission still holds: abandoning keeps it
-	// until release.
-	HeldTokens int64
+	HeldTokens    int64
 }
 
-// ReconfigureEvent is emitted when a new limits snapshot is applied.
+// ReconfigureEvent is the engine's form of bulkhead.ReconfigureEvent; the facade
+// converts it, and the root type documents the fields.
 type ReconfigureEvent struct {
 	Previous Limits
 	Current  Limits

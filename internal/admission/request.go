@@ -2,8 +2,8 @@ package admission
 
 import "math"
 
-// Usage is the number of tokens a call consumed, as the provider reports it.
-// Both fields are non-negative.
+// Usage is the engine's form of bulkhead.Usage; the facade
+// converts it, and the root type documents the fields.
 type Usage struct {
 	Input  int64
 	Output int64
@@ -18,11 +18,8 @@ func (u Usage) Valid() bool {
 	return u.Input >= 0 && u.Output >= 0 && u.Input <= math.MaxInt64-u.Output
 }
 
-// Reservation is how many tokens an admission holds against the token
-// budget: the input estimate plus the most output the call may produce.
-//
-// Reserved is Input + MaxOutput. In a per-call reservation override it may
-// be left zero; when set it must equal Input + MaxOutput.
+// Reservation is the engine's form of bulkhead.Reservation; the facade
+// converts it, and the root type documents the fields.
 type Reservation struct {
 	Input     int64
 	MaxOutput int64

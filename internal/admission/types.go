@@ -54,37 +54,27 @@ func (id ID) String() string {
 // MarshalText encodes the ID as its UUID string.
 func (id ID) MarshalText() ([]byte, error) { return []byte(id.String()), nil }
 
-// Resources says which shared capacity an admission took on loan. Without
-// admission classes it is always the zero value.
+// Resources is the engine's form of bulkhead.Resources; the facade
+// converts it, and the root type documents the fields.
 type Resources struct {
-	// BorrowedConcurrency is true when the admission's slot came from the
-	// shared pool rather than its class's protected floor.
 	BorrowedConcurrency bool
-	// BorrowedTokens is how much of the reservation came from the shared
-	// token pool.
-	BorrowedTokens int64
+	BorrowedTokens      int64
 }
 
-// Decision is the answer of WouldAdmit.
+// Decision is the engine's form of bulkhead.Decision; the facade
+// converts it, and the root type documents the fields.
 type Decision struct {
-	// Admit is true when the call would be admitted now or would queue.
-	Admit bool
-	// Reason is why not, when Admit is false.
+	Admit  bool
 	Reason Reason
-	// Detail is the capacity snapshot, when asked for with WithDetail.
 	Detail *RejectDetail
 }
 
-// DrainResult is the outcome of Drain.
+// DrainResult is the engine's form of bulkhead.DrainResult; the facade
+// converts it, and the root type documents the fields.
 type DrainResult struct {
-	// Drained is true when nothing was in flight or queued and every
-	// admission had been released.
-	Drained bool
-	// InFlight is the number of admissions not yet released when Drain
-	// gave up.
+	Drained  bool
 	InFlight int
-	// Pending is the number of queued calls when Drain gave up.
-	Pending int
+	Pending  int
 }
 
 // AbandonCause says why a borrowed slot was given back early.
@@ -106,12 +96,9 @@ func (c AbandonCause) String() string {
 	return "manual"
 }
 
-// Timing is how long an admission decision took, from the clock.
+// Timing is the engine's form of bulkhead.Timing; the facade
+// converts it, and the root type documents the fields.
 type Timing struct {
-	// DecisionDuration is the bulkhead's own work on the call, excluding
-	// any time spent waiting in the queue.
 	DecisionDuration time.Duration
-	// QueueWait is the time spent waiting for a slot; zero for a call that
-	// never queued.
-	QueueWait time.Duration
+	QueueWait        time.Duration
 }
