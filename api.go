@@ -99,7 +99,7 @@ func (b *Bulkhead) acquire(ctx context.Context, req *Request, o *callOptions, me
 		// request for the next call, so rejections allocate no permit.
 		r.Spare = p
 		p = nil
-		err = publicError(err)
+		err = withTag(publicError(err), o.tag)
 	}
 	b.eng.PutRequest(r)
 	return p, err
@@ -125,8 +125,7 @@ func (b *Bulkhead) prepare(ctx context.Context, req *Request, o *callOptions, me
 		p = &Permit{b: b}
 	}
 	r.Ctx = ctx
-	r.Request = req
-	r.Tag = o.tag
+	r.Request = call(req, o.tag)
 	r.Priority = admission.Priority(o.priority)
 	r.Reservation = admission.Reservation(res)
 	r.QueueTimeout = b.timeout

@@ -16,7 +16,7 @@ import (
 func publicError(err error) error {
 	var rej *admission.RejectedError
 	if errors.As(err, &rej) {
-		return &RejectedError{Reason: Reason(rej.Reason), Detail: rejectDetailFor(rej.Detail, Reason(rej.Reason)), Tag: rej.Tag, Cause: rej.Cause}
+		return &RejectedError{Reason: Reason(rej.Reason), Detail: rejectDetailFor(rej.Detail, Reason(rej.Reason)), Cause: rej.Cause}
 	}
 	var ce *admission.ConfigError
 	if errors.As(err, &ce) {
@@ -207,9 +207,44 @@ func stats(s admission.Stats) Stats {
 	return out
 }
 
+// taggedCall is what the engine carries for a call with a tag; a call
+// without one carries its *Request alone, so tagging costs nothing when it
+// is not used.
+type taggedCall struct {
+	req *Request
+	tag string
+}
+
+// call returns what the engine carries for req and tag.
+func call(req *Request, tag string) any {
+	if tag == "" {
+		return req
+	}
+	return &taggedCall{req: req, tag: tag}
+}
+
+// callOf unpacks what call packed.
+func callOf(v any) (*Request, string) {
+	switch c := v.(type) {
+	case *Request:
+		return c, ""
+	case *taggedCall:
+		return c.req, c.tag
+	}
+	return nil, ""
+}
+
+// withTag sets the tag of a rejection.
+func withTag(err error, tag string) error {
+	if rej, ok := err.(*RejectedError); ok {
+		rej.Tag = tag
+	}
+	return err
+}
+
 // identity builds the Admission of an engine event.
-func identity(req any, tag string, id admission.ID, p admission.Priority, class string, rev, reserved int64, res admission.Resources) Admission {
-	r, _ := req.(*Request)
+func identity(c any, id admission.ID, p admission.Priority, class string, rev, reserved int64, res admission.Resources) Admission {
+	r, tag := callOf(c)
 	return Admission{ID: ID(id), Request: r, Tag: tag, Priority: Priority(p), Class: class, LimitRevision: rev, Reserved: reserved, Resources: Resources(res)}
 }
 
@@ -219,14 +254,14 @@ func deliver(h *Hooks, ev any) {
 	case *admission.AdmitEvent:
 		if h.Admit != nil {
 			h.Admit(AdmitEvent{
-				Admission: identity(e.Request, e.Tag, e.AdmissionID, e.Priority, e.Class, e.LimitRevision, e.ReservedTokens, e.Resources),
+				Admission: identity(e.Request, e.AdmissionID, e.Priority, e.Class, e.LimitRevision, e.ReservedTokens, e.Resources),
 				Timing:    Timing(e.Timing),
 			})
 		}
 	case *admission.RejectEvent:
 		if h.Reject != nil {
 			h.Reject(RejectEvent{
-				Admission: identity(e.Request, e.Tag, admission.ID{}, e.Priority, e.Class, e.LimitRevision, e.Detail.Reserved(), admission.Resources{}),
+				Admission: identity(e.Request, admission.ID{}, e.Priority, e.Class, e.LimitRevision, e.Detail.Reserved(), admission.Resources{}),
 				Reason:    Reason(e.Reason),
 				Detail:    rejectDetailFor(e.Detail, Reason(e.Reason)),
 				Timing:    Timing(e.Timing),
@@ -235,7 +270,7 @@ func deliver(h *Hooks, ev any) {
 	case *admission.ReleaseEvent:
 		if h.Release != nil {
 			h.Release(ReleaseEvent{
-				Admission:     identity(e.Request, e.Tag, e.AdmissionID, e.Priority, e.Class, e.LimitRevision, e.ReservedTokens, e.Resources),
+				Admission:     identity(e.Request, e.AdmissionID, e.Priority, e.Class, e.LimitRevision, e.ReservedTokens, e.Resources),
 				Held:          e.HeldTokens,
 				Refunded:      e.RefundedTokens,
 				UsageSequence: e.UsageSequence,
@@ -245,7 +280,7 @@ func deliver(h *Hooks, ev any) {
 	case *admission.UsageEvent:
 		if h.Usage != nil {
 			h.Usage(UsageEvent{
-				Admission:       identity(e.Request, e.Tag, e.AdmissionID, e.Priority, e.Class, e.LimitRevision, e.ReservedTokens, e.Resources),
+				Admission:       identity(e.Request, e.AdmissionID, e.Priority, e.Class, e.LimitRevision, e.ReservedTokens, e.Resources),
 				Sequence:        e.Sequence,
 				PreviousHeld:    e.PreviousHeld,
 				Held:            e.Held,
@@ -260,7 +295,7 @@ func deliver(h *Hooks, ev any) {
 	case *admission.AbandonEvent:
 		if h.Abandon != nil {
 			h.Abandon(AbandonEvent{
-				Admission: identity(e.Request, e.Tag, e.AdmissionID, e.Priority, e.Class, e.LimitRevision, e.Reserved, e.Resources),
+				Admission: identity(e.Request, e.AdmissionID, e.Priority, e.Class, e.LimitRevision, e.Reserved, e.Resources),
 				Cause:     AbandonCause(e.Cause),
 				Held:      e.HeldTokens,
 			})

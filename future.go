@@ -36,7 +36,8 @@ func (f *AcquireFuture) Result() (*Permit, error) {
 		}
 		f.stop()
 		if f.r.Err != nil {
-			f.err = publicError(f.r.Err)
+			_, tag := callOf(f.r.Request)
+			f.err = withTag(publicError(f.r.Err), tag)
 			return
 		}
 		f.res = f.p

@@ -56,7 +56,8 @@ func (p *Permit) Tag() string {
 	if p == nil {
 		return ""
 	}
-	return p.l.Tag
+	_, tag := callOf(p.l.Request)
+	return tag
 }
 
 // Reservation returns what the call reserved against the token budget, or

@@ -415,3 +415,14 @@ func TestReasonsAndSentinels(t *testing.T) {
 		t.Fatal("BorrowedDeadlineError sentinels")
 	}
 }
+
+// TestTagOnAsyncRejection: AcquireAsync's rejection carries the tag too.
+func TestTagOnAsyncRejection(t *testing.T) {
+	b := newBulkhead(t, bulkhead.Interactive("", 0))
+	f := b.AcquireAsync(context.Background(), req("a", 0), bulkhead.WithTag("async-1"))
+	<-f.Done()
+	_, err := f.Result()
+	if rej := wantReason(t, err, bulkhead.ConcurrencyLimit); rej.Tag != "async-1" {
+		t.Fatalf("tag = %q", rej.Tag)
+	}
+}

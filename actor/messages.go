@@ -23,9 +23,6 @@ type AcquireRequest struct {
 	// Request is the caller's request, opaque to the engine: it is only
 	// carried on events.
 	Request any
-	// Tag is the caller's tag for the call, carried on events and
-	// rejections.
-	Tag string
 	// Priority selects the effective token budget.
 	Priority admission.Priority
 	// Reservation is the call's reservation, computed once by the facade;
@@ -86,7 +83,7 @@ type AcquireRequest struct {
 // the engine, which settles them before it answers: a stale timer message
 // may still read them, and only the engine's goroutine writes them.
 func (r *AcquireRequest) reset() {
-	r.Ctx, r.Request, r.Lease, r.Err, r.Tag = nil, nil, nil, nil, ""
+	r.Ctx, r.Request, r.Lease, r.Err = nil, nil, nil, nil
 	r.ctxDone, r.ended = nil, nil
 	r.Priority, r.Reservation, r.QueueTimeout = 0, admission.Reservation{}, 0
 	r.Start, r.answered = time.Time{}, false
@@ -142,8 +139,6 @@ type Lease struct {
 	Resources admission.Resources
 	// Request is the admitted request, opaque to the engine.
 	Request any
-	// Tag is the caller's tag for the call.
-	Tag string
 
 	engine    *Engine
 	releasing atomic.Bool

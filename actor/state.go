@@ -252,7 +252,6 @@ func (s *state) admit(r *AcquireRequest) {
 	l.Priority = r.Priority
 	l.Reservation = r.Reservation
 	l.Request = r.Request
-	l.Tag = r.Tag
 	l.held = reserved
 	l.classID = r.Class
 	l.Class = s.tab.Name(r.Class)
@@ -267,7 +266,6 @@ func (s *state) admit(r *AcquireRequest) {
 	if s.listeners[KindAdmit] > 0 {
 		s.fx.emit(&admission.AdmitEvent{
 			Request:        r.Request,
-			Tag:            r.Tag,
 			AdmissionID:    l.ID,
 			LimitRevision:  l.Revision,
 			Priority:       l.Priority,
@@ -301,7 +299,6 @@ func (s *state) reject(r *AcquireRequest, why admission.Reason, atGate bool, cau
 	if s.listeners[KindReject] > 0 {
 		s.fx.emit(&admission.RejectEvent{
 			Request:       r.Request,
-			Tag:           r.Tag,
 			Reason:        why,
 			LimitRevision: d.LimitRevision,
 			Detail:        d,
@@ -310,7 +307,7 @@ func (s *state) reject(r *AcquireRequest, why admission.Reason, atGate bool, cau
 			Timing:        s.timing(r),
 		})
 	}
-	r.Err = &admission.RejectedError{Reason: why, Detail: d, Tag: r.Tag, Cause: cause}
+	r.Err = &admission.RejectedError{Reason: why, Detail: d, Cause: cause}
 	s.answer(r)
 }
 
@@ -471,7 +468,6 @@ func (s *state) release(m *releaseMsg) {
 		}
 		s.fx.emit(&admission.ReleaseEvent{
 			Request:        l.Request,
-			Tag:            l.Tag,
 			AdmissionID:    l.ID,
 			LimitRevision:  l.Revision,
 			Priority:       l.Priority,
@@ -549,7 +545,6 @@ func (s *state) applyUsage(l *Lease, u admission.Usage, p *admission.Progressive
 	if s.listeners[KindUsage] > 0 {
 		ev := &admission.UsageEvent{
 			Request:         l.Request,
-			Tag:             l.Tag,
 			AdmissionID:     l.ID,
 			LimitRevision:   l.Revision,
 			Priority:        l.Priority,
@@ -729,7 +724,6 @@ func (s *state) abandon(l *Lease, cause admission.AbandonCause) bool {
 	if s.listeners[KindAbandon] > 0 {
 		s.fx.emit(&admission.AbandonEvent{
 			Request:       l.Request,
-			Tag:           l.Tag,
 			AdmissionID:   l.ID,
 			LimitRevision: l.Revision,
 			Priority:      l.Priority,

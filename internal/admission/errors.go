@@ -53,9 +53,6 @@ type RejectedError struct {
 	// wait ending carries none.
 	Detail *RejectDetail
 
-	// Tag is the caller's tag for the call.
-	Tag string
-
 	// Cause is what ended an Aborted wait: the context's cause.
 	Cause error
 }

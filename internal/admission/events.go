@@ -4,7 +4,6 @@ package admission
 // converts it, and the root type documents the fields.
 type AdmitEvent struct {
 	Request        any
-	Tag            string
 	AdmissionID    ID
 	LimitRevision  int64
 	Priority       Priority
@@ -18,7 +17,6 @@ type AdmitEvent struct {
 // converts it, and the root type documents the fields.
 type RejectEvent struct {
 	Request       any
-	Tag           string
 	Reason        Reason
 	LimitRevision int64
 	Detail        *RejectDetail
@@ -31,7 +29,6 @@ type RejectEvent struct {
 // converts it, and the root type documents the fields.
 type ReleaseEvent struct {
 	Request        any
-	Tag            string
 	AdmissionID    ID
 	LimitRevision  int64
 	Priority       Priority
@@ -48,7 +45,6 @@ type ReleaseEvent struct {
 // converts it, and the root type documents the fields.
 type AbandonEvent struct {
 	Request       any
-	Tag           string
 	AdmissionID   ID
 	LimitRevision int64
 	Priority      Priority

@@ -26,7 +26,6 @@ type UsageReport struct {
 // converts it, and the root type documents the fields.
 type UsageEvent struct {
 	Request         any
-	Tag             string
 	AdmissionID     ID
 	LimitRevision   int64
 	Priority        Priority
