@@ -7,9 +7,9 @@ import (
 	"runtime/debug"
 	"time"
 
-	"github.com/llmbulkhead/bulkhead/actor"
-	"github.com/llmbulkhead/bulkhead/classes"
+	"github.com/llmbulkhead/bulkhead/internal/actor"
 	"github.com/llmbulkhead/bulkhead/internal/admission"
+	"github.com/llmbulkhead/bulkhead/internal/classes"
 )
 
 // Bulkhead is an admission controller for LLM calls. Its methods are safe

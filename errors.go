@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/llmbulkhead/bulkhead/actor"
+	"github.com/llmbulkhead/bulkhead/internal/actor"
 	"github.com/llmbulkhead/bulkhead/internal/admission"
 )
 

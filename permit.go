@@ -1,7 +1,7 @@
 package bulkhead
 
 import (
-	"github.com/llmbulkhead/bulkhead/actor"
+	"github.com/llmbulkhead/bulkhead/internal/actor"
 	"github.com/llmbulkhead/bulkhead/internal/admission"
 )
 

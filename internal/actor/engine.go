@@ -27,9 +27,9 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
-	"github.com/llmbulkhead/bulkhead/classes"
 	"github.com/llmbulkhead/bulkhead/clock"
 	"github.com/llmbulkhead/bulkhead/internal/admission"
+	"github.com/llmbulkhead/bulkhead/internal/classes"
 )
 
 // Config is what the engine needs to start.
