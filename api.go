@@ -157,7 +157,7 @@ func (b *Bulkhead) check(req *Request, o *callOptions, method string, queueing b
 // without reserving, counting or emitting anything. It is advisory: by the
 // time the caller acts, other calls may have changed the answer. Invalid
 // input is an error, even on a closed bulkhead. Options: WithPriority,
-// WithClass, WithReservation, WithTag, WithDetail.
+// WithClass, WithReservation, WithDetail.
 func (b *Bulkhead) WouldAdmit(req *Request, opts ...Option) (Decision, error) {
 	o := resolve(opts)
 	class, res, err := b.check(req, &o, "WouldAdmit", false)

@@ -80,8 +80,18 @@ func usageReport(r admission.UsageReport) UsageReport {
 	return UsageReport{
 		AdmissionID: ID(r.AdmissionID), LimitRevision: r.LimitRevision, Class: r.Class, Sequence: r.Sequence,
 		Reserved: r.Reserved, Held: r.Held, Consumed: r.Consumed,
-		OutputCap: r.OutputCap, OutputRemaining: r.OutputRemaining, OverReservation: r.OverReservation,
+		OutputCap: clonePtr(r.OutputCap), OutputRemaining: clonePtr(r.OutputRemaining), OverReservation: r.OverReservation,
 	}
+}
+
+// clonePtr returns a pointer to a copy of *p, nil for nil: every caller
+// and every listener gets memory of its own.
+func clonePtr[T any](p *T) *T {
+	if p == nil {
+		return nil
+	}
+	v := *p
+	return &v
 }
 
 // rejectDetailFor converts the detail of a rejection for why, telling a
@@ -134,11 +144,25 @@ func (d *RejectDetail) neverFits() bool {
 	if b := d.TokenBudget; b != nil && b.Reserved > b.EffectiveBudget {
 		return true
 	}
-	if c := d.Class; c != nil {
-		if m := c.Limits.MaxConcurrent; m != nil && *m == 0 {
+	c := d.Class
+	if c == nil {
+		return false
+	}
+	if m := c.Limits.MaxConcurrent; m != nil && *m == 0 {
+		return true
+	}
+	if m := c.Limits.MaxInFlightTokens; m != nil && d.reserved() > *m {
+		return true
+	}
+	if s := d.Shared; s != nil {
+		// A class without a floor borrows every slot: with no shared slot it
+		// never gets one (MaxConcurrent 0 is a kill switch, not this).
+		if d.MaxConcurrent > 0 && s.MaxConcurrent == 0 && c.Limits.ProtectedConcurrent == 0 {
 			return true
 		}
-		if m := c.Limits.MaxInFlightTokens; m != nil && d.reserved() > *m {
+		// Even with its class idle, the call would borrow more tokens than
+		// the shared pool holds.
+		if t := s.TokenBudget; t != nil && d.reserved()-c.Limits.ProtectedInFlightTokens > t.Budget {
 			return true
 		}
 	}
@@ -274,7 +298,7 @@ func deliver(h *Hooks, ev any) {
 				Held:          e.HeldTokens,
 				Refunded:      e.RefundedTokens,
 				UsageSequence: e.UsageSequence,
-				Usage:         (*Usage)(e.Usage),
+				Usage:         clonePtr((*Usage)(e.Usage)),
 			})
 		}
 	case *admission.UsageEvent:
@@ -286,10 +310,10 @@ func deliver(h *Hooks, ev any) {
 				Held:            e.Held,
 				Delta:           e.Delta,
 				Usage:           Usage(e.Usage),
-				OutputCap:       e.OutputCap,
-				OutputRemaining: e.OutputRemaining,
+				OutputCap:       clonePtr(e.OutputCap),
+				OutputRemaining: clonePtr(e.OutputRemaining),
 				OverReservation: e.OverReservation,
-				Progressive:     (*Progressive)(e.Progressive),
+				Progressive:     clonePtr((*Progressive)(e.Progressive)),
 			})
 		}
 	case *admission.AbandonEvent:

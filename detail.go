@@ -12,8 +12,10 @@ type RejectDetail struct {
 
 	// NeverFits is true when the call cannot be admitted under these limits
 	// however long it waits: its reservation exceeds the whole budget its
-	// priority may use or its class's token ceiling, or its class's
-	// concurrency ceiling is 0. Otherwise the call did not fit now.
+	// priority may use (a budget of 0 included), its class's token ceiling,
+	// or what the shared pool can lend it beyond its class's token floor;
+	// or its class's concurrency ceiling is 0, or it has no floor and the
+	// shared pool no slot. Otherwise the call did not fit now.
 	NeverFits bool
 
 	// InFlight is the number of slots in use.

@@ -107,6 +107,9 @@ type RejectedError struct {
 // Error returns a one-line message naming the reason and the numbers that
 // decided it.
 func (e *RejectedError) Error() string {
+	if e.Reason == 0 {
+		return "bulkhead: rejected"
+	}
 	msg := "bulkhead: rejected: " + e.Reason.String()
 	if why := explain(e.Reason, e.Detail); why != "" {
 		msg += ": " + why

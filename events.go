@@ -89,8 +89,10 @@ type AbandonEvent struct {
 
 // ReconfigureEvent is emitted when a new limits snapshot is applied.
 type ReconfigureEvent struct {
+	// Previous is the snapshot that was current before.
 	Previous Limits
-	Current  Limits
+	// Current is the snapshot applied.
+	Current Limits
 }
 
 // Hooks is a set of event listeners; nil fields are not called. Subscribe a
@@ -119,3 +121,21 @@ type Hooks struct {
 	// early, between its Admit and its Release.
 	Abandon func(AbandonEvent)
 }
+
+// String formats the identity with its request followed, not its address.
+func (a Admission) String() string { return format(a) }
+
+// String formats the event with its pointers followed.
+func (e AdmitEvent) String() string { return format(e) }
+
+// String formats the event with its pointers followed.
+func (e RejectEvent) String() string { return format(e) }
+
+// String formats the event with its pointers followed.
+func (e ReleaseEvent) String() string { return format(e) }
+
+// String formats the event with its pointers followed.
+func (e UsageEvent) String() string { return format(e) }
+
+// String formats the event with its pointers followed.
+func (e AbandonEvent) String() string { return format(e) }

@@ -105,8 +105,9 @@ type Classes struct {
 func (c Classes) String() string { return format(c) }
 
 // ClassLimits is one class's floors and ceilings. A nil ceiling means the
-// class is bound by the global limits only; a ceiling of zero is valid and
-// admits nothing.
+// class is bound by the global limits only. A ceiling of zero is valid: a
+// concurrency ceiling of 0 admits nothing, a token ceiling of 0 admits only
+// calls that reserve no tokens.
 type ClassLimits struct {
 	// ProtectedConcurrent is the class's concurrency floor: slots that only
 	// this class may use.

@@ -43,6 +43,9 @@ func (o *callOptions) validate(method string, queueing bool) error {
 	if o.priority != Normal && o.priority != High {
 		return invalidf("WithPriority", "unknown priority %d", o.priority)
 	}
+	if o.tag != "" && !queueing {
+		return invalidf("WithTag", "applies to calls that may be admitted, not %s", method)
+	}
 	if len(o.tag) > MaxTagLen {
 		return invalidf("WithTag", "must be at most %d bytes, got %d", MaxTagLen, len(o.tag))
 	}

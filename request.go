@@ -202,3 +202,6 @@ type UsageReport struct {
 	// not; always 0 without a budget, where nothing is reserved.
 	OverReservation int64
 }
+
+// String formats the report with its output cap and remainder followed.
+func (r UsageReport) String() string { return format(r) }

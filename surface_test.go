@@ -156,8 +156,11 @@ func TestTagOnEveryArtefact(t *testing.T) {
 	if fmt.Sprint(tags) != fmt.Sprint(want) {
 		t.Fatalf("tags = %v, want %v", tags, want)
 	}
-	if _, err := b.WouldAdmit(req("a", 0), bulkhead.WithTag(strings.Repeat("x", bulkhead.MaxTagLen+1))); !errors.Is(err, bulkhead.ErrInvalid) {
+	if _, err := b.Acquire(context.Background(), req("a", 0), bulkhead.WithTag(strings.Repeat("x", bulkhead.MaxTagLen+1))); !errors.Is(err, bulkhead.ErrInvalid) {
 		t.Fatalf("an oversized tag = %v", err)
+	}
+	if _, err := b.WouldAdmit(req("a", 0), bulkhead.WithTag("t")); !errors.Is(err, bulkhead.ErrInvalid) {
+		t.Fatalf("WithTag on WouldAdmit, which has nothing to carry it = %v", err)
 	}
 }
 
@@ -424,5 +427,71 @@ func TestTagOnAsyncRejection(t *testing.T) {
 	_, err := f.Result()
 	if rej := wantReason(t, err, bulkhead.ConcurrencyLimit); rej.Tag != "async-1" {
 		t.Fatalf("tag = %q", rej.Tag)
+	}
+}
+
+// TestNoSharedMemory: a usage report and each listener's events have
+// memory of their own: editing one changes no other.
+func TestNoSharedMemory(t *testing.T) {
+	b := budgetBulkhead(t, 4, 10_000, 0)
+	type seen struct{ cap, rem, margin, input int64 }
+	got := make(chan seen, 4)
+	mutated := make(chan struct{})
+	b.Subscribe(bulkhead.Hooks{
+		Usage: func(e bulkhead.UsageEvent) {
+			<-mutated
+			*e.OutputCap, *e.OutputRemaining, e.Progressive.SafetyMargin = -7, -7, -7
+		},
+		Release: func(e bulkhead.ReleaseEvent) { e.Usage.Input = -7 },
+	})
+	b.Subscribe(bulkhead.Hooks{
+		Usage:   func(e bulkhead.UsageEvent) { got <- seen{*e.OutputCap, *e.OutputRemaining, e.Progressive.SafetyMargin, 0} },
+		Release: func(e bulkhead.ReleaseEvent) { got <- seen{input: e.Usage.Input} },
+	})
+	p := mustAcquire(t, b, req("a", 0), override(10, 100))
+	rep, err := p.ReportUsage(bulkhead.Usage{Input: 10, Output: 5}, &bulkhead.Progressive{RemainingOutput: 50, SafetyMargin: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	*rep.OutputCap, *rep.OutputRemaining = -1, -1
+	close(mutated)
+	_ = p.Release(&bulkhead.Usage{Input: 10, Output: 20})
+	if u, r := <-got, <-got; u != (seen{100, 95, 3, 0}) || r.input != 10 {
+		t.Fatalf("the second listener saw %+v and %+v", u, r)
+	}
+	for _, s := range []string{fmt.Sprint(rep), fmt.Sprint(bulkhead.ReleaseEvent{Usage: &bulkhead.Usage{Input: 1}}), fmt.Sprint(bulkhead.UsageEvent{OutputCap: rep.OutputCap})} {
+		if strings.Contains(s, "0x") {
+			t.Errorf("%%v prints a pointer: %s", s)
+		}
+	}
+	if msg := (&bulkhead.RejectedError{}).Error(); msg != "bulkhead: rejected" {
+		t.Errorf("zero RejectedError = %q", msg)
+	}
+}
+
+// TestNeverFitsThroughTheSharedPool: a call whose class has no floor can
+// never borrow more than the shared pool holds.
+func TestNeverFitsThroughTheSharedPool(t *testing.T) {
+	cfg := bulkhead.Interactive("", 2)
+	cfg.TokenBudget = &bulkhead.TokenBudget{Budget: 1000, Estimator: estimatorFunc(nil)}
+	cfg.Classes = &bulkhead.Classes{Default: "a", Limits: map[string]bulkhead.ClassLimits{
+		"a": {}, "b": {ProtectedConcurrent: 1, ProtectedInFlightTokens: 600},
+	}}
+	b := newBulkhead(t, cfg)
+	_, err := b.Acquire(context.Background(), req("x", 0), override(0, 700))
+	if rej := wantReason(t, err, bulkhead.BudgetLimit); !rej.NeverFits() {
+		t.Fatalf("700 tokens against a shared pool of 400 = %v, NeverFits false", err)
+	}
+	p, err := b.Acquire(context.Background(), req("x", 0), override(0, 300))
+	if err != nil {
+		t.Fatalf("300 tokens fit the shared pool: %v", err)
+	}
+	_ = p.Release(nil)
+	cfg.Classes.Limits["b"] = bulkhead.ClassLimits{ProtectedConcurrent: 2}
+	cfg.TokenBudget.Budget = 10
+	b2 := newBulkhead(t, cfg)
+	_, err = b2.Acquire(context.Background(), req("x", 0), override(0, 1))
+	if rej := wantReason(t, err, bulkhead.ConcurrencyLimit); !rej.NeverFits() {
+		t.Fatalf("no floor and no shared slot = %v, NeverFits false", err)
 	}
 }

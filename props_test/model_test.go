@@ -562,6 +562,14 @@ func (m *machine) detailFor(class string, p bulkhead.Priority, reserved int64, c
 		if (l.MaxConcurrent != nil && *l.MaxConcurrent == 0) || (m.hasBudget && l.MaxInFlightTokens != nil && reserved > *l.MaxInFlightTokens) {
 			d.NeverFits = true
 		}
+		// Through the shared pool: no floor and no shared slot, or more to
+		// borrow (beyond the class's token floor) than the pool holds.
+		if m.limits.MaxConcurrent > 0 && d.Shared.MaxConcurrent == 0 && l.ProtectedConcurrent == 0 {
+			d.NeverFits = true
+		}
+		if m.hasBudget && reserved-l.ProtectedInFlightTokens > d.Shared.TokenBudget.Budget {
+			d.NeverFits = true
+		}
 	}
 	return d
 }
