@@ -445,7 +445,9 @@ func TestNoSharedMemory(t *testing.T) {
 		Release: func(e bulkhead.ReleaseEvent) { e.Usage.Input = -7 },
 	})
 	b.Subscribe(bulkhead.Hooks{
-		Usage:   func(e bulkhead.UsageEvent) { got <- seen{*e.OutputCap, *e.OutputRemaining, e.Progressive.SafetyMargin, 0} },
+		Usage: func(e bulkhead.UsageEvent) {
+			got <- seen{*e.OutputCap, *e.OutputRemaining, e.Progressive.SafetyMargin, 0}
+		},
 		Release: func(e bulkhead.ReleaseEvent) { got <- seen{input: e.Usage.Input} },
 	})
 	p := mustAcquire(t, b, req("a", 0), override(10, 100))
