@@ -93,7 +93,9 @@ func (b *Bulkhead) acquire(ctx context.Context, req *Request, o *callOptions, me
 	case err == nil:
 		r.Spare = nil
 	case errors.Is(err, actor.ErrInternal):
-		p = nil // the engine failed mid-call: the permit may be half written
+		// The engine failed mid-call: the permit may be half written, so
+		// neither the caller nor the next call gets it.
+		r.Spare, p = nil, nil
 	default:
 		// A permit that a rejected call did not need stays with the pooled
 		// request for the next call, so rejections allocate no permit.
