@@ -2,11 +2,11 @@ package bulkhead_test
 
 import (
 	"context"
-	"errors"
 	"testing"
 	"time"
 
 	"github.com/llmbulkhead/bulkhead"
+	"github.com/llmbulkhead/bulkhead/internal/testutil"
 )
 
 // newBulkhead builds a bulkhead and closes and drains it when the test ends,
@@ -61,31 +61,14 @@ func mustAcquire(t *testing.T, b *bulkhead.Bulkhead, r *bulkhead.Request, opts .
 // wantReason checks that err is a rejection for reason why.
 func wantReason(t *testing.T, err error, why bulkhead.Reason) *bulkhead.RejectedError {
 	t.Helper()
-	var rej *bulkhead.RejectedError
-	if !errors.As(err, &rej) {
-		t.Fatalf("error = %v, want a rejection %v", err, why)
-	}
-	if rej.Reason != why {
-		t.Fatalf("reason = %v, want %v (err %v)", rej.Reason, why, err)
-	}
-	if !errors.Is(err, bulkhead.ErrRejected) || !errors.Is(err, sentinel[why]) {
-		t.Fatalf("errors.Is fails for %v", err)
-	}
-	return rej
-}
-
-func pending(b *bulkhead.Bulkhead) func() bool {
-	return func() bool { return b.Stats().Gate.Pending > 0 }
+	return testutil.WantReason(t, err, why)
 }
 
 // sentinel is each reason's sentinel error.
-var sentinel = map[bulkhead.Reason]error{
-	bulkhead.ConcurrencyLimit: bulkhead.ErrConcurrencyLimit,
-	bulkhead.QueueLimit:       bulkhead.ErrQueueLimit,
-	bulkhead.Timeout:          bulkhead.ErrTimeout,
-	bulkhead.Aborted:          bulkhead.ErrAborted,
-	bulkhead.Shutdown:         bulkhead.ErrShutdown,
-	bulkhead.BudgetLimit:      bulkhead.ErrBudgetLimit,
+var sentinel = testutil.Sentinel
+
+func pending(b *bulkhead.Bulkhead) func() bool {
+	return func() bool { return b.Stats().Gate.Pending > 0 }
 }
 
 // estimatorFunc adapts a function to bulkhead.Estimator; a nil one reserves

@@ -337,23 +337,13 @@ func checkDeadlines(st bulkhead.Stats) error {
 // ---- Errors ----
 
 // wantReason checks that err is a rejection for reason why.
-func wantReason(t interface {
-	Helper()
-	Fatalf(string, ...any)
-}, err error, why bulkhead.Reason) *bulkhead.RejectedError {
+func wantReason(t testutil.Fataler, err error, why bulkhead.Reason) *bulkhead.RejectedError {
 	t.Helper()
-	var rej *bulkhead.RejectedError
-	if !errors.As(err, &rej) {
-		t.Fatalf("error = %v, want a rejection %v", err, why)
-	}
-	if rej.Reason != why {
-		t.Fatalf("reason = %v, want %v (err %v)", rej.Reason, why, err)
-	}
-	if !errors.Is(err, bulkhead.ErrRejected) || !errors.Is(err, sentinel[why]) {
-		t.Fatalf("errors.Is fails for %v", err)
-	}
-	return rej
+	return testutil.WantReason(t, err, why)
 }
+
+// sentinel is each reason's sentinel error.
+var sentinel = testutil.Sentinel
 
 // isConfigError reports whether err is invalid input: a *ConfigError, never
 // a rejection.
@@ -462,13 +452,3 @@ func fmtDetail(d *bulkhead.RejectDetail) string {
 }
 
 func fmtStats(st bulkhead.Stats) string { return st.String() }
-
-// sentinel is each reason's sentinel error.
-var sentinel = map[bulkhead.Reason]error{
-	bulkhead.ConcurrencyLimit: bulkhead.ErrConcurrencyLimit,
-	bulkhead.QueueLimit:       bulkhead.ErrQueueLimit,
-	bulkhead.Timeout:          bulkhead.ErrTimeout,
-	bulkhead.Aborted:          bulkhead.ErrAborted,
-	bulkhead.Shutdown:         bulkhead.ErrShutdown,
-	bulkhead.BudgetLimit:      bulkhead.ErrBudgetLimit,
-}

@@ -2,10 +2,13 @@
 package testutil
 
 import (
+	"errors"
 	"fmt"
 	"runtime"
 	"testing"
 	"time"
+
+	"github.com/llmbulkhead/bulkhead"
 )
 
 // Settle bounds every wait for something the engine's own goroutines do.
@@ -38,4 +41,37 @@ func WaitFor(tb testing.TB, what string, cond func() bool) {
 	if err := Poll("timed out waiting for "+what, func() (bool, error) { return cond(), nil }); err != nil {
 		tb.Fatal(err)
 	}
+}
+
+// Sentinel is each reason's sentinel error.
+var Sentinel = map[bulkhead.Reason]error{
+	bulkhead.ConcurrencyLimit: bulkhead.ErrConcurrencyLimit,
+	bulkhead.QueueLimit:       bulkhead.ErrQueueLimit,
+	bulkhead.Timeout:          bulkhead.ErrTimeout,
+	bulkhead.Aborted:          bulkhead.ErrAborted,
+	bulkhead.Shutdown:         bulkhead.ErrShutdown,
+	bulkhead.BudgetLimit:      bulkhead.ErrBudgetLimit,
+}
+
+// Fataler is what WantReason needs of a *testing.T or a *rapid.T.
+type Fataler interface {
+	Helper()
+	Fatalf(format string, args ...any)
+}
+
+// WantReason checks that err is a rejection for reason why, matching
+// ErrRejected and the reason's sentinel, and returns it.
+func WantReason(t Fataler, err error, why bulkhead.Reason) *bulkhead.RejectedError {
+	t.Helper()
+	var rej *bulkhead.RejectedError
+	if !errors.As(err, &rej) {
+		t.Fatalf("error = %v, want a rejection %v", err, why)
+	}
+	if rej.Reason != why {
+		t.Fatalf("reason = %v, want %v (err %v)", rej.Reason, why, err)
+	}
+	if !errors.Is(err, bulkhead.ErrRejected) || !errors.Is(err, Sentinel[why]) {
+		t.Fatalf("errors.Is fails for %v", err)
+	}
+	return rej
 }
