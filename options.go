@@ -165,5 +165,6 @@ const MaxTagLen = 256
 
 // WithTag labels the call with tag, such as a request ID or a tenant: it is
 // carried on every event of the call, on its rejection (RejectedError.Tag,
-// and the error's message) and by its Permit. At most MaxTagLen bytes.
+// and the error's message) and by its Permit. At most MaxTagLen bytes. For
+// Acquire, AcquireAsync and Run; WouldAdmit has nothing to carry it.
 func WithTag(tag string) Option { return tagOption(tag) }
