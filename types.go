@@ -1,9 +1,10 @@
 package bulkhead
 
 import (
-	"encoding/hex"
 	"strconv"
 	"time"
+
+	"github.com/llmbulkhead/bulkhead/internal/admission"
 )
 
 // ID identifies one admission. It is a random RFC 4122 version 4 UUID,
@@ -13,22 +14,7 @@ type ID [16]byte
 
 // String formats the ID as a UUID, such as
 // "1b4e28ba-2fa1-41d2-883f-0016d3cca427". The zero ID formats as "".
-func (id ID) String() string {
-	if id == (ID{}) {
-		return ""
-	}
-	var b [36]byte
-	hex.Encode(b[0:8], id[0:4])
-	b[8] = '-'
-	hex.Encode(b[9:13], id[4:6])
-	b[13] = '-'
-	hex.Encode(b[14:18], id[6:8])
-	b[18] = '-'
-	hex.Encode(b[19:23], id[8:10])
-	b[23] = '-'
-	hex.Encode(b[24:], id[10:])
-	return string(b[:])
-}
+func (id ID) String() string { return admission.ID(id).String() }
 
 // MarshalText encodes the ID as its UUID string.
 func (id ID) MarshalText() ([]byte, error) { return []byte(id.String()), nil }
