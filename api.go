@@ -19,7 +19,6 @@ type Bulkhead struct {
 	estimator Estimator
 	hasBudget bool
 	timeout   time.Duration
-	cfg       *Config
 }
 
 // New validates cfg and starts a Bulkhead.
@@ -27,7 +26,7 @@ func New(cfg Config) (*Bulkhead, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	b := &Bulkhead{timeout: cfg.QueueTimeout, cfg: &Config{Logger: cfg.Logger}}
+	b := &Bulkhead{timeout: cfg.QueueTimeout}
 	limits := Limits{Revision: cfg.InitialRevision, MaxConcurrent: cfg.MaxConcurrent, MaxQueue: cfg.MaxQueue}
 	if tb := cfg.TokenBudget; tb != nil {
 		b.hasBudget = true
