@@ -137,13 +137,7 @@ func (c Classes) Clone() Classes {
 	}
 	m := make(map[string]ClassLimits, len(c.Limits))
 	for k, v := range c.Limits {
-		if v.MaxConcurrent != nil {
-			v.MaxConcurrent = Ceiling(*v.MaxConcurrent)
-		}
-		if v.MaxInFlightTokens != nil {
-			v.MaxInFlightTokens = Ceiling(*v.MaxInFlightTokens)
-		}
-		m[k] = v
+		m[k] = v.clone()
 	}
 	c.Limits = m
 	return c
