@@ -1,7 +1,9 @@
 package bulkhead_test
 
 import (
+	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/llmbulkhead/bulkhead"
@@ -104,4 +106,86 @@ func TestReportUsageWithoutBudget(t *testing.T) {
 		t.Fatalf("report = %+v, %v", rep, err)
 	}
 	_ = tok.Release(nil)
+}
+
+// TestUsageBreakdownValidation: the breakdown fields are non-negative and
+// parts of their totals, checked without overflow, by Release, ReportUsage
+// and SetUsage alike; an invalid usage records nothing.
+func TestUsageBreakdownValidation(t *testing.T) {
+	tests := []struct {
+		name    string
+		u       bulkhead.Usage
+		field   string // "" when valid
+		problem string // the exact problem, "" to skip the check
+	}{
+		{"no breakdown", bulkhead.Usage{Input: 10, Output: 5}, "", ""},
+		{"parts equal the totals", bulkhead.Usage{Input: 1000, Output: 50, CachedInput: 600, CacheCreation: 400, Reasoning: 50}, "", ""},
+		{"parts below the totals", bulkhead.Usage{Input: 1000, Output: 50, CachedInput: 1, CacheCreation: 2, Reasoning: 3}, "", ""},
+		{"all cached at int64 max", bulkhead.Usage{Input: top, CachedInput: top}, "", ""},
+		{"parts summing to int64 max", bulkhead.Usage{Input: top, CachedInput: top - 1, CacheCreation: 1}, "", ""},
+		{"negative cached input", bulkhead.Usage{Input: 10, CachedInput: -1}, "Usage.CachedInput", "must be >= 0, got -1"},
+		{"negative cache creation", bulkhead.Usage{Input: 10, CacheCreation: -2}, "Usage.CacheCreation", "must be >= 0, got -2"},
+		{"negative reasoning", bulkhead.Usage{Output: 10, Reasoning: -3}, "Usage.Reasoning", "must be >= 0, got -3"},
+		{"cached + creation above input", bulkhead.Usage{Input: 1000, CachedInput: 700, CacheCreation: 400}, "Usage.CachedInput",
+			"CachedInput + CacheCreation must not exceed Input (700 + 400 > 1000)"},
+		{"cached alone above input", bulkhead.Usage{Input: 10, CachedInput: 11}, "Usage.CachedInput", ""},
+		{"creation alone above input", bulkhead.Usage{Input: 10, CacheCreation: 11}, "Usage.CachedInput", ""},
+		{"parts wrapping to a negative sum", bulkhead.Usage{Input: top, CachedInput: top, CacheCreation: top}, "Usage.CachedInput", ""},
+		{"parts wrapping to int64 min", bulkhead.Usage{Input: top, CachedInput: top, CacheCreation: 1}, "Usage.CachedInput", ""},
+		{"parts one past int64 max", bulkhead.Usage{Input: top - 1, CachedInput: top - 1, CacheCreation: 1}, "Usage.CachedInput", ""},
+		{"reasoning above output", bulkhead.Usage{Output: 5, Reasoning: 6}, "Usage.Reasoning", "Reasoning must not exceed Output (6 > 5)"},
+		{"reasoning without output", bulkhead.Usage{Input: 5, Reasoning: 1}, "Usage.Reasoning", ""},
+		{"totals checked first", bulkhead.Usage{Input: -1, CachedInput: 5}, "Usage.Input", ""},
+		{"sum checked first", bulkhead.Usage{Input: top, Output: 1, Reasoning: 2}, "Usage", ""},
+	}
+	check := func(t *testing.T, what string, err error, field, problem string) {
+		t.Helper()
+		if field == "" {
+			if err != nil {
+				t.Errorf("%s: %v", what, err)
+			}
+			return
+		}
+		var ce *bulkhead.ConfigError
+		if !errors.As(err, &ce) || ce.Field != field || !errors.Is(err, bulkhead.ErrInvalid) {
+			t.Errorf("%s: error = %v, want a *ConfigError for %s", what, err, field)
+		} else if problem != "" && ce.Problem != problem {
+			t.Errorf("%s: problem = %q, want %q", what, ce.Problem, problem)
+		}
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := newBulkhead(t, bulkhead.Interactive("gpt-4o", 2)) // no budget: any total fits
+
+			p := mustAcquire(t, b, req("a", 0))
+			rep, err := p.ReportUsage(tt.u, nil)
+			check(t, "ReportUsage", err, tt.field, tt.problem)
+			if tt.field != "" && rep.Sequence != 0 {
+				t.Errorf("an invalid report was recorded: %+v", rep)
+			}
+			check(t, "Release", p.Release(&tt.u), tt.field, tt.problem)
+
+			_, err = bulkhead.Run(context.Background(), b, req("a", 0), func(_ context.Context, rc *bulkhead.RunContext) (int, error) {
+				check(t, "SetUsage", rc.SetUsage(tt.u), tt.field, tt.problem)
+				return 0, nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st := b.Stats(); st.Gate.InFlight != 0 || st.Calls.Released != 2 {
+				t.Fatalf("an invalid usage kept an admission: %+v", st.Gate)
+			}
+		})
+	}
+}
+
+func TestUsageTotalAndFormat(t *testing.T) {
+	u := bulkhead.Usage{Input: 100, Output: 30, CachedInput: 60, CacheCreation: 40, Reasoning: 20}
+	if u.Total() != 130 {
+		t.Fatalf("Total = %d, want Input + Output", u.Total())
+	}
+	e := bulkhead.UsageEvent{Usage: u}
+	if s, want := e.String(), "Usage:{Input:100 Output:30 CachedInput:60 CacheCreation:40 Reasoning:20}"; !strings.Contains(s, want) {
+		t.Fatalf("String = %s, want it to contain %s", s, want)
+	}
 }
