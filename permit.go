@@ -97,9 +97,9 @@ func (p *Permit) AbandonBorrowedConcurrency() bool {
 // usage. Only the first call has an effect; later ones return nil (and are
 // counted in Stats as double releases).
 //
-// Invalid usage (a negative count, or a sum that overflows int64) still
-// releases everything, as if usage were nil, and then returns a
-// *ConfigError.
+// Invalid usage (a negative count, a sum that overflows int64, or a
+// breakdown larger than its total; see Usage) still releases everything,
+// as if usage were nil, and then returns a *ConfigError.
 func (p *Permit) Release(usage *Usage) error {
 	if p == nil {
 		return nil
@@ -117,17 +117,20 @@ func (p *Permit) Release(usage *Usage) error {
 // ReportUsage records the call's cumulative usage so far, as a streaming
 // response reports it, and returns the resulting hold.
 //
-// Each field only rises: a lower value than reported before is raised to
-// it. With a budget the hold becomes input + max(reserved max output,
+// Each field only rises, the breakdown fields too: a lower value than
+// reported before is raised to it. (So in odd report sequences the parts
+// may end above their totals; nothing counts them.) With a budget the hold becomes input + max(reserved max output,
 // output); a rise is an overrun (it counts against the budget until
 // release), a fall is refunded at once. With prog, the hold becomes
 // prog.RemainingOutput + prog.SafetyMargin + any output beyond the reserved
 // max output, freeing what the stream has already processed. A report that
-// changes nothing is stale: it changes no sequence and emits nothing.
+// changes nothing is stale: it changes no sequence and emits nothing. One
+// that changes only the breakdown takes the next sequence and emits a
+// UsageEvent with the hold unchanged.
 // After release it is validated and clamped, holds 0 and records nothing.
-// Invalid input (a negative count, a sum that overflows int64, a remaining
-// output above the reserved max output) is a *ConfigError and records
-// nothing.
+// Invalid input (a negative count, a sum that overflows int64, a breakdown
+// larger than its total, a remaining output above the reserved max output)
+// is a *ConfigError and records nothing.
 func (p *Permit) ReportUsage(u Usage, prog *Progressive) (UsageReport, error) {
 	if p == nil {
 		return UsageReport{}, invalidf("Permit", "must not be nil")

@@ -104,16 +104,43 @@ type Block struct {
 }
 
 // Usage is the number of tokens a call consumed, as the provider reports it.
-// Both fields are non-negative and their sum must fit an int64.
+//
+// Input is all the input tokens, cached reads and cache writes included;
+// Output is all the output tokens, reasoning included. The budget counts
+// Input + Output and nothing else: cache reads and writes count as input,
+// reasoning as output. The breakdown fields (CachedInput, CacheCreation,
+// Reasoning) are parts of those totals, for information only: they never
+// change a hold, a refund, a consumed total or an admission decision. They
+// are carried on UsageEvent.Usage (clamped like the totals, see
+// Permit.ReportUsage) and on ReleaseEvent.Usage as the final usage was
+// given (to Release or RunContext.SetUsage) or last reported; UsageReport
+// and Stats count totals only.
+//
+// Every field is non-negative, Input + Output must fit an int64,
+// CachedInput + CacheCreation must not exceed Input and Reasoning must not
+// exceed Output.
 type Usage struct {
-	Input  int64
+	// Input is every input token, cached reads and cache writes included.
+	Input int64
+	// Output is every output token, reasoning included.
 	Output int64
+	// CachedInput is the part of Input read from the provider's prompt cache
+	// (OpenAI cached_tokens, Anthropic cache_read_input_tokens, Gemini
+	// cachedContentTokenCount).
+	CachedInput int64
+	// CacheCreation is the part of Input written to the prompt cache
+	// (Anthropic cache_creation_input_tokens, OpenAI cache_write_tokens).
+	CacheCreation int64
+	// Reasoning is the part of Output spent on hidden reasoning or thinking
+	// (OpenAI reasoning_tokens, Gemini thoughtsTokenCount).
+	Reasoning int64
 }
 
-// Total returns Input + Output.
+// Total returns Input + Output, the tokens the budget counts.
 func (u Usage) Total() int64 { return u.Input + u.Output }
 
-// validate checks u's fields and that their sum fits an int64.
+// validate checks that u's fields are non-negative, that Input + Output
+// fits an int64 and that the breakdown fits inside its totals.
 func (u *Usage) validate() error {
 	if u == nil {
 		return nil
@@ -126,6 +153,24 @@ func (u *Usage) validate() error {
 	}
 	if u.Input > maxInt64-u.Output {
 		return invalidf("Usage", "Input + Output overflows int64 (%d + %d)", u.Input, u.Output)
+	}
+	if err := checkNonNegative("Usage.CachedInput", u.CachedInput); err != nil {
+		return err
+	}
+	if err := checkNonNegative("Usage.CacheCreation", u.CacheCreation); err != nil {
+		return err
+	}
+	if err := checkNonNegative("Usage.Reasoning", u.Reasoning); err != nil {
+		return err
+	}
+	// Both parts are non-negative, so Input - CachedInput cannot overflow
+	// once CachedInput <= Input.
+	if u.CachedInput > u.Input || u.CacheCreation > u.Input-u.CachedInput {
+		return invalidf("Usage.CachedInput", "CachedInput + CacheCreation must not exceed Input (%d + %d > %d)",
+			u.CachedInput, u.CacheCreation, u.Input)
+	}
+	if u.Reasoning > u.Output {
+		return invalidf("Usage.Reasoning", "Reasoning must not exceed Output (%d > %d)", u.Reasoning, u.Output)
 	}
 	return nil
 }

@@ -1,7 +1,10 @@
 package bulkhead_test
 
 import (
+	"context"
 	"errors"
+	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/llmbulkhead/bulkhead"
@@ -104,4 +107,228 @@ func TestReportUsageWithoutBudget(t *testing.T) {
 		t.Fatalf("report = %+v, %v", rep, err)
 	}
 	_ = tok.Release(nil)
+}
+
+// TestUsageBreakdownValidation: the breakdown fields are non-negative and
+// parts of their totals, checked without overflow, by Release, ReportUsage
+// and SetUsage alike; an invalid usage records nothing.
+func TestUsageBreakdownValidation(t *testing.T) {
+	tests := []struct {
+		name    string
+		u       bulkhead.Usage
+		field   string // "" when valid
+		problem string // the exact problem, "" to skip the check
+	}{
+		{"no breakdown", bulkhead.Usage{Input: 10, Output: 5}, "", ""},
+		{"parts equal the totals", bulkhead.Usage{Input: 1000, Output: 50, CachedInput: 600, CacheCreation: 400, Reasoning: 50}, "", ""},
+		{"parts below the totals", bulkhead.Usage{Input: 1000, Output: 50, CachedInput: 1, CacheCreation: 2, Reasoning: 3}, "", ""},
+		{"all cached at int64 max", bulkhead.Usage{Input: top, CachedInput: top}, "", ""},
+		{"parts summing to int64 max", bulkhead.Usage{Input: top, CachedInput: top - 1, CacheCreation: 1}, "", ""},
+		{"negative cached input", bulkhead.Usage{Input: 10, CachedInput: -1}, "Usage.CachedInput", "must be >= 0, got -1"},
+		{"negative cache creation", bulkhead.Usage{Input: 10, CacheCreation: -2}, "Usage.CacheCreation", "must be >= 0, got -2"},
+		{"negative reasoning", bulkhead.Usage{Output: 10, Reasoning: -3}, "Usage.Reasoning", "must be >= 0, got -3"},
+		{"cached + creation above input", bulkhead.Usage{Input: 1000, CachedInput: 700, CacheCreation: 400}, "Usage.CachedInput",
+			"CachedInput + CacheCreation must not exceed Input (700 + 400 > 1000)"},
+		{"cached alone above input", bulkhead.Usage{Input: 10, CachedInput: 11}, "Usage.CachedInput", ""},
+		{"creation alone above input", bulkhead.Usage{Input: 10, CacheCreation: 11}, "Usage.CachedInput", ""},
+		{"parts wrapping to a negative sum", bulkhead.Usage{Input: top, CachedInput: top, CacheCreation: top}, "Usage.CachedInput", ""},
+		{"parts wrapping to int64 min", bulkhead.Usage{Input: top, CachedInput: top, CacheCreation: 1}, "Usage.CachedInput", ""},
+		{"parts one past int64 max", bulkhead.Usage{Input: top - 1, CachedInput: top - 1, CacheCreation: 1}, "Usage.CachedInput", ""},
+		{"reasoning above output", bulkhead.Usage{Output: 5, Reasoning: 6}, "Usage.Reasoning", "Reasoning must not exceed Output (6 > 5)"},
+		{"reasoning without output", bulkhead.Usage{Input: 5, Reasoning: 1}, "Usage.Reasoning", ""},
+		{"totals checked first", bulkhead.Usage{Input: -1, CachedInput: 5}, "Usage.Input", ""},
+		{"sum checked first", bulkhead.Usage{Input: top, Output: 1, Reasoning: 2}, "Usage", ""},
+	}
+	check := func(t *testing.T, what string, err error, field, problem string) {
+		t.Helper()
+		if field == "" {
+			if err != nil {
+				t.Errorf("%s: %v", what, err)
+			}
+			return
+		}
+		var ce *bulkhead.ConfigError
+		if !errors.As(err, &ce) || ce.Field != field || !errors.Is(err, bulkhead.ErrInvalid) {
+			t.Errorf("%s: error = %v, want a *ConfigError for %s", what, err, field)
+		} else if problem != "" && ce.Problem != problem {
+			t.Errorf("%s: problem = %q, want %q", what, ce.Problem, problem)
+		}
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := newBulkhead(t, bulkhead.Interactive("gpt-4o", 2)) // no budget: any total fits
+
+			p := mustAcquire(t, b, req("a", 0))
+			rep, err := p.ReportUsage(tt.u, nil)
+			check(t, "ReportUsage", err, tt.field, tt.problem)
+			if tt.field != "" && rep.Sequence != 0 {
+				t.Errorf("an invalid report was recorded: %+v", rep)
+			}
+			check(t, "Release", p.Release(&tt.u), tt.field, tt.problem)
+
+			_, err = bulkhead.Run(context.Background(), b, req("a", 0), func(_ context.Context, rc *bulkhead.RunContext) (int, error) {
+				check(t, "SetUsage", rc.SetUsage(tt.u), tt.field, tt.problem)
+				return 0, nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st := b.Stats(); st.Gate.InFlight != 0 || st.Calls.Released != 2 {
+				t.Fatalf("an invalid usage kept an admission: %+v", st.Gate)
+			}
+		})
+	}
+}
+
+// TestUsageBreakdownCarried: the breakdown reaches UsageEvent.Usage and
+// ReleaseEvent.Usage as reported (each field clamped never to fall), and
+// every hold, refund and total is what it would be without it.
+func TestUsageBreakdownCarried(t *testing.T) {
+	type report struct {
+		u bulkhead.Usage
+		p *bulkhead.Progressive
+	}
+	reports := []report{
+		{bulkhead.Usage{Input: 60, CachedInput: 40, CacheCreation: 20}, nil},
+		{bulkhead.Usage{Input: 60, Output: 250, CachedInput: 30, Reasoning: 200}, nil}, // cached clamped to 40, creation to 20
+		{bulkhead.Usage{Input: 70, Output: 260, CachedInput: 50, CacheCreation: 20, Reasoning: 210}, &bulkhead.Progressive{SafetyMargin: 10}},
+	}
+	final := bulkhead.Usage{Input: 80, Output: 270, CachedInput: 50, CacheCreation: 25, Reasoning: 220}
+	clamped := []bulkhead.Usage{
+		{Input: 60, CachedInput: 40, CacheCreation: 20},
+		{Input: 60, Output: 250, CachedInput: 40, CacheCreation: 20, Reasoning: 200},
+		{Input: 70, Output: 260, CachedInput: 50, CacheCreation: 20, Reasoning: 210},
+	}
+	totals := func(u bulkhead.Usage) bulkhead.Usage { return bulkhead.Usage{Input: u.Input, Output: u.Output} }
+
+	type outcome struct {
+		reports  []bulkhead.UsageReport
+		usages   []bulkhead.UsageEvent
+		releases []bulkhead.ReleaseEvent
+		ledger   bulkhead.BudgetStats
+	}
+	// play reports and releases one permit that reports, one that releases
+	// with final usage after the reports, and one Run that sets it.
+	play := func(strip bool) outcome {
+		t.Helper()
+		b := budgetBulkhead(t, 4, 10_000, 0)
+		var o outcome
+		b.Subscribe(bulkhead.Hooks{
+			Usage:   func(e bulkhead.UsageEvent) { o.usages = append(o.usages, e) },
+			Release: func(e bulkhead.ReleaseEvent) { o.releases = append(o.releases, e) },
+		})
+		use := func(u bulkhead.Usage) bulkhead.Usage {
+			if strip {
+				return totals(u)
+			}
+			return u
+		}
+		for _, withFinal := range []bool{false, true} {
+			p := mustAcquire(t, b, req("a", 0), override(100, 200))
+			for _, r := range reports {
+				rep, err := p.ReportUsage(use(r.u), r.p)
+				if err != nil {
+					t.Fatal(err)
+				}
+				rep.AdmissionID = bulkhead.ID{} // differs between the runs
+				o.reports = append(o.reports, rep)
+			}
+			var u *bulkhead.Usage
+			if withFinal {
+				f := use(final)
+				u = &f
+			}
+			if err := p.Release(u); err != nil {
+				t.Fatal(err)
+			}
+		}
+		_, err := bulkhead.Run(context.Background(), b, req("a", 0), func(_ context.Context, rc *bulkhead.RunContext) (int, error) {
+			return 0, rc.SetUsage(use(final))
+		}, override(100, 200))
+		if err != nil {
+			t.Fatal(err)
+		}
+		closeAndDrain(t, b)
+		o.ledger = *b.Stats().TokenBudget
+		return o
+	}
+	with, without := play(false), play(true)
+
+	if !reflect.DeepEqual(with.reports, without.reports) {
+		t.Fatalf("the breakdown changed the reports:\n with    %+v\n without %+v", with.reports, without.reports)
+	}
+	if with.ledger != without.ledger {
+		t.Fatalf("the breakdown changed the ledger: %+v, without %+v", with.ledger, without.ledger)
+	}
+	if len(with.usages) != 2*len(reports) || len(without.usages) != len(with.usages) {
+		t.Fatalf("usage events: %d with the breakdown, %d without", len(with.usages), len(without.usages))
+	}
+	for i, e := range with.usages {
+		if e.Usage != clamped[i%len(clamped)] {
+			t.Fatalf("usage event %d: usage %+v, want %+v", i, e.Usage, clamped[i%len(clamped)])
+		}
+		w := without.usages[i]
+		if w.Usage != totals(e.Usage) {
+			t.Fatalf("usage event %d without the breakdown: %+v", i, w.Usage)
+		}
+		e.Usage, e.Admission, w.Admission = w.Usage, bulkhead.Admission{}, bulkhead.Admission{}
+		if !reflect.DeepEqual(e, w) {
+			t.Fatalf("usage event %d: the breakdown changed it:\n with    %+v\n without %+v", i, e, w)
+		}
+	}
+	wantFinal := []bulkhead.Usage{clamped[len(clamped)-1], final, final}
+	if len(with.releases) != 3 || len(without.releases) != 3 {
+		t.Fatalf("release events: %+v, without %+v", with.releases, without.releases)
+	}
+	for i, e := range with.releases {
+		if e.Usage == nil || *e.Usage != wantFinal[i] {
+			t.Fatalf("release event %d: usage %+v, want %+v", i, e.Usage, wantFinal[i])
+		}
+		w := without.releases[i]
+		if w.Usage == nil || *w.Usage != totals(*e.Usage) {
+			t.Fatalf("release event %d without the breakdown: %+v", i, w.Usage)
+		}
+		e.Usage, e.Admission, w.Admission = w.Usage, bulkhead.Admission{}, bulkhead.Admission{}
+		if !reflect.DeepEqual(e, w) {
+			t.Fatalf("release event %d: the breakdown changed it:\n with    %+v\n without %+v", i, e, w)
+		}
+	}
+}
+
+// TestUsageBreakdownOnlyChange: a report that changes only the breakdown
+// changes the usage, so it takes a sequence number and emits a usage event,
+// with the hold unchanged.
+func TestUsageBreakdownOnlyChange(t *testing.T) {
+	b := budgetBulkhead(t, 4, 10_000, 0)
+	var usages []bulkhead.UsageEvent
+	b.Subscribe(bulkhead.Hooks{Usage: func(e bulkhead.UsageEvent) { usages = append(usages, e) }})
+	p := mustAcquire(t, b, req("a", 0), override(100, 200))
+	first, err := p.ReportUsage(bulkhead.Usage{Input: 60, Output: 10}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := bulkhead.Usage{Input: 60, Output: 10, CachedInput: 60, Reasoning: 4}
+	rep, err := p.ReportUsage(u, nil)
+	if err != nil || rep.Sequence != 2 || rep.Held != first.Held || rep.Consumed != first.Consumed {
+		t.Fatalf("report = %+v, %v; first %+v", rep, err, first)
+	}
+	if again, err := p.ReportUsage(bulkhead.Usage{Input: 60, Output: 10, CachedInput: 50}, nil); err != nil || again.Sequence != 2 {
+		t.Fatalf("a lower breakdown is stale: %+v, %v", again, err)
+	}
+	_ = p.Release(nil)
+	closeAndDrain(t, b)
+	if len(usages) != 2 || usages[1].Delta != 0 || usages[1].Usage != u {
+		t.Fatalf("usage events = %+v", usages)
+	}
+}
+
+func TestUsageTotalAndFormat(t *testing.T) {
+	u := bulkhead.Usage{Input: 100, Output: 30, CachedInput: 60, CacheCreation: 40, Reasoning: 20}
+	if u.Total() != 130 {
+		t.Fatalf("Total = %d, want Input + Output", u.Total())
+	}
+	e := bulkhead.UsageEvent{Usage: u}
+	if s, want := e.String(), "Usage:{Input:100 Output:30 CachedInput:60 CacheCreation:40 Reasoning:20}"; !strings.Contains(s, want) {
+		t.Fatalf("String = %s, want it to contain %s", s, want)
+	}
 }

@@ -199,8 +199,10 @@ func (a *Adaptive) applied(model string) float64 {
 // Observe records that req consumed usage.Input input tokens. It computes
 // the uncorrected base estimate of req (which calls OnUnknownModel for an
 // unknown model) and, unless its input is 0, folds usage.Input / base input
-// into the model's moving average. usage.Output is validated but not used:
-// output is never corrected.
+// into the model's moving average. usage.Input is all the input, cached
+// reads and cache writes included, as the estimate is. usage.Output is
+// validated but not used: output is never corrected. The breakdown fields
+// (CachedInput, CacheCreation, Reasoning) are not used.
 //
 // An invalid request or usage is an *bulkhead.ConfigError naming the field.
 func (a *Adaptive) Observe(req *bulkhead.Request, usage bulkhead.Usage) error {

@@ -179,12 +179,13 @@ func (m *machine) floorProbe(t *rapid.T) {
 }
 
 // drawUsage draws the final usage of h: with exact usage, within its
-// reservation; else none, any, or (when invalidOK) invalid.
+// reservation; else none, any, or (when invalidOK) invalid. A valid usage
+// sometimes carries a breakdown, which the model counts nothing of.
 func (m *machine) drawUsage(t *rapid.T, h *hold, invalidOK bool) (u *bulkhead.Usage, invalid bool) {
 	if m.exactUsage {
 		total := rapid.Int64Range(0, h.res.Reserved).Draw(t, "usageTotal")
 		in := rapid.Int64Range(0, total).Draw(t, "usageInput")
-		return &bulkhead.Usage{Input: in, Output: total - in}, false
+		return withBreakdown(t, bulkhead.Usage{Input: in, Output: total - in}), false
 	}
 	switch rapid.IntRange(0, 4).Draw(t, "usageKind") {
 	case 0:
@@ -193,15 +194,28 @@ func (m *machine) drawUsage(t *rapid.T, h *hold, invalidOK bool) (u *bulkhead.Us
 		if !invalidOK {
 			return nil, false
 		}
-		if rapid.Bool().Draw(t, "negativeOutput") {
+		switch rapid.IntRange(0, 2).Draw(t, "invalidUsage") {
+		case 0:
 			return &bulkhead.Usage{Input: 3, Output: -1}, true
+		case 1:
+			return &bulkhead.Usage{Input: 3, Output: 3, CachedInput: 2, CacheCreation: 2}, true
 		}
 		return &bulkhead.Usage{Input: -1, Output: 3}, true
 	}
-	return &bulkhead.Usage{
+	return withBreakdown(t, bulkhead.Usage{
 		Input:  rapid.Int64Range(0, h.res.Reserved+20).Draw(t, "usageInput"),
 		Output: rapid.Int64Range(0, h.res.Reserved+20).Draw(t, "usageOutput"),
-	}, false
+	}), false
+}
+
+// withBreakdown returns u, sometimes with a valid breakdown filled in.
+func withBreakdown(t *rapid.T, u bulkhead.Usage) *bulkhead.Usage {
+	if rapid.Bool().Draw(t, "breakdown") {
+		u.CachedInput = rapid.Int64Range(0, u.Input).Draw(t, "cachedInput")
+		u.CacheCreation = rapid.Int64Range(0, u.Input-u.CachedInput).Draw(t, "cacheCreation")
+		u.Reasoning = rapid.Int64Range(0, u.Output).Draw(t, "reasoning")
+	}
+	return &u
 }
 
 // release releases a token (mostly a live one; one in five a double

@@ -464,7 +464,8 @@ func (s *state) release(m *releaseMsg) {
 	if s.listeners[KindRelease] > 0 {
 		var usage *admission.Usage
 		if m.hasUsage {
-			usage = &admission.Usage{Input: m.usage.Input, Output: m.usage.Output}
+			u := m.usage // the whole struct: the breakdown reaches the event
+			usage = &u
 		}
 		s.fx.emit(&admission.ReleaseEvent{
 			Request:        l.Request,
@@ -491,9 +492,14 @@ func (s *state) applyUsage(l *Lease, u admission.Usage, p *admission.Progressive
 		return admission.UsageReport{}, admission.Invalidf("Progressive.RemainingOutput",
 			"must not exceed the reserved max output %d, got %d", res.MaxOutput, p.RemainingOutput)
 	}
-	// Usage is cumulative: neither field ever goes down.
+	// Usage is cumulative: no field ever goes down. Clamping the breakdown
+	// field by field may leave its parts above their totals; nothing counts
+	// them, and Valid checks only the totals.
 	u.Input = max(u.Input, l.last.Input)
 	u.Output = max(u.Output, l.last.Output)
+	u.CachedInput = max(u.CachedInput, l.last.CachedInput)
+	u.CacheCreation = max(u.CacheCreation, l.last.CacheCreation)
+	u.Reasoning = max(u.Reasoning, l.last.Reasoning)
 	if !u.Valid() {
 		return admission.UsageReport{}, admission.Invalidf("Usage",
 			"cumulative Input + Output overflows int64 (%d + %d, each the larger of this report and the ones before)", u.Input, u.Output)

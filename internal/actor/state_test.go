@@ -441,6 +441,72 @@ func TestStateUsageReports(t *testing.T) {
 	}
 }
 
+// TestStateUsageBreakdown: each breakdown field is clamped never to fall,
+// like the totals; parts left above their totals by the clamping trip no
+// check; the breakdown reaches the usage and release events and changes no
+// hold, refund or total.
+func TestStateUsageBreakdown(t *testing.T) {
+	s, rec := newTestState(t, budgetLimits(2, 0, 10_000))
+	r := newReq("a", 0)
+	r.Reservation = admission.Reservation{Input: 100, MaxOutput: 200, Reserved: 300}
+	s.acquire(r)
+	l := r.Lease
+	rec.events = nil
+	steps := []struct {
+		u, want admission.Usage
+		seq     int64
+		held    int64
+	}{
+		{u: admission.Usage{Input: 60, CachedInput: 60}, want: admission.Usage{Input: 60, CachedInput: 60}, seq: 1, held: 260},
+		// Each field clamped separately: the parts now exceed Input.
+		{u: admission.Usage{Input: 60, CacheCreation: 60}, want: admission.Usage{Input: 60, CachedInput: 60, CacheCreation: 60}, seq: 2, held: 260},
+		{u: admission.Usage{Input: 50, CachedInput: 10, CacheCreation: 5}, want: admission.Usage{Input: 60, CachedInput: 60, CacheCreation: 60}, seq: 2, held: 260}, // stale
+		{u: admission.Usage{Input: 60, Output: 30, Reasoning: 30}, want: admission.Usage{Input: 60, Output: 30, CachedInput: 60, CacheCreation: 60, Reasoning: 30}, seq: 3, held: 260},
+		{u: admission.Usage{Input: 60, Output: 40, Reasoning: 10}, want: admission.Usage{Input: 60, Output: 40, CachedInput: 60, CacheCreation: 60, Reasoning: 30}, seq: 4, held: 260},
+		{u: admission.Usage{Input: 60, Output: 40, Reasoning: math.MaxInt64}, want: admission.Usage{Input: 60, Output: 40, CachedInput: 60, CacheCreation: 60, Reasoning: math.MaxInt64}, seq: 5, held: 260},
+	}
+	for i, st := range steps {
+		rep, err := s.applyUsage(l, st.u, nil)
+		if err != nil || rep.Sequence != st.seq || rep.Held != st.held || rep.Consumed != st.want.Total() {
+			t.Fatalf("step %d: %+v, %v", i, rep, err)
+		}
+		if l.last != st.want {
+			t.Fatalf("step %d: last usage %+v, want %+v", i, l.last, st.want)
+		}
+	}
+	var got []admission.Usage
+	for _, ev := range rec.events {
+		got = append(got, ev.(*admission.UsageEvent).Usage)
+	}
+	want := []admission.Usage{steps[0].want, steps[1].want, steps[3].want, steps[4].want, steps[5].want}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("usage events carry %+v, want %+v", got, want)
+	}
+	rec.events = nil
+	release(s, r) // the last report is the final usage
+	ev := rec.events[0].(*admission.ReleaseEvent)
+	if ev.Usage == nil || *ev.Usage != steps[5].want || ev.HeldTokens != 260 || ev.RefundedTokens != 160 {
+		t.Fatalf("release event %+v", ev)
+	}
+
+	// A final usage at release: the whole struct reaches the event, and only
+	// Input + Output is consumed.
+	r = newReq("b", 0)
+	r.Reservation = admission.Reservation{Input: 100, MaxOutput: 200, Reserved: 300}
+	s.acquire(r)
+	rec.events = nil
+	final := admission.Usage{Input: 90, Output: 10, CachedInput: 80, CacheCreation: 10, Reasoning: 10}
+	s.release(&releaseMsg{l: r.Lease, usage: final, hasUsage: true})
+	ev = rec.events[0].(*admission.ReleaseEvent)
+	if ev.Usage == nil || *ev.Usage != final || ev.RefundedTokens != 200 {
+		t.Fatalf("release event %+v", ev)
+	}
+	st := *s.stats(external{}).TokenBudget
+	if st.TotalConsumed != 100+100 || st.TotalRefunded != 40+160+200 || st.InFlightTokens != 0 || st.TotalOverrun != 0 {
+		t.Fatalf("ledger %+v", st)
+	}
+}
+
 // TestStateAbandon: a borrowed slot is given back once, admitting the next
 // waiter, while the hold and the admission stay until release; its
 // deadline expires with it, or is ended; a slot on the class's floor
