@@ -17,6 +17,7 @@ import (
 	"strings"
 	"unicode/utf16"
 	"unicode/utf8"
+	"unsafe"
 
 	"github.com/llmbulkhead/bulkhead/internal/tokens"
 )
@@ -586,6 +587,24 @@ func (v Value) Str() (s string, ok bool) {
 		return unescape(raw), true
 	}
 	return string(raw), true
+}
+
+// StrShared is Str without the copy: a string with no escapes is returned
+// as a view of the source bytes, so it is valid only as long as the source
+// is never written again. A string with escapes is decoded into new memory.
+// Use it only on a source nobody will change.
+func (v Value) StrShared() (s string, ok bool) {
+	if v.Kind() != String {
+		return "", false
+	}
+	nd := v.n()
+	if nd.esc {
+		return unescape(v.d.src[nd.start+1 : nd.end-1]), true
+	}
+	if nd.end-nd.start == 2 {
+		return "", true
+	}
+	return unsafe.String(&v.d.src[nd.start+1], nd.end-nd.start-2), true
 }
 
 // StrIs reports whether v is the string s, without allocating for a string

@@ -139,6 +139,9 @@ func walk(t *testing.T, v Value, want any) {
 		if !ok || string([]rune(s)) != w { // invalid UTF-8 is kept; encoding/json replaces it
 			t.Fatalf("Str = %q, want %q", s, w)
 		}
+		if sh, ok := v.StrShared(); !ok || sh != s {
+			t.Fatalf("StrShared = %q, want %q", sh, s)
+		}
 		if n := len(utf16.Encode([]rune(w))); v.UTF16Len() != n {
 			t.Fatalf("UTF16Len(%q) = %d, want %d", v.Raw(), v.UTF16Len(), n)
 		}
@@ -167,4 +170,30 @@ func FuzzParse(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(check)
+}
+
+func TestStrSharedAliasesTheSource(t *testing.T) {
+	src := []byte(`["plain","esc\u00e9",""]`)
+	var d Doc
+	if err := Parse(&d, src); err != nil {
+		t.Fatal(err)
+	}
+	plain := d.Root().Index(0)
+	if n := testing.AllocsPerRun(100, func() { _, _ = plain.StrShared() }); n != 0 {
+		t.Errorf("StrShared of a plain string allocates %v times", n)
+	}
+	s, _ := plain.StrShared()
+	src[2] = 'P' // the view sees the source change
+	if s != "Plain" {
+		t.Errorf("StrShared = %q after the source changed, want a view of it", s)
+	}
+	if s, _ := d.Root().Index(1).StrShared(); s != "escé" {
+		t.Errorf("escaped StrShared = %q", s)
+	}
+	if s, ok := d.Root().Index(2).StrShared(); !ok || s != "" {
+		t.Errorf("empty StrShared = %q %v", s, ok)
+	}
+	if _, ok := d.Root().StrShared(); ok {
+		t.Error("StrShared of an array is ok")
+	}
 }
