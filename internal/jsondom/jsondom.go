@@ -460,6 +460,21 @@ type Value struct {
 	i int32
 }
 
+// maxKeptNodes is the most node storage Reset keeps: 64Ki nodes, 2 MiB.
+const maxKeptNodes = 1 << 16
+
+// Reset empties d: it drops the source, so that a Doc kept for reuse (in a
+// sync.Pool, say) does not keep the source alive, and drops the values'
+// storage when it is over 2 MiB, so that one huge document does not stay
+// pooled. Values of d must not be used after Reset.
+func (d *Doc) Reset() {
+	d.src = nil
+	if cap(d.nodes) > maxKeptNodes {
+		d.nodes = nil
+	}
+	d.nodes = d.nodes[:0]
+}
+
 // Root returns the document's top-level value.
 func (d *Doc) Root() Value {
 	if len(d.nodes) == 0 {

@@ -197,3 +197,21 @@ func TestStrSharedAliasesTheSource(t *testing.T) {
 		t.Error("StrShared of an array is ok")
 	}
 }
+
+func TestReset(t *testing.T) {
+	var d Doc
+	if err := Parse(&d, []byte(`[1,2,3]`)); err != nil {
+		t.Fatal(err)
+	}
+	d.Reset()
+	if d.src != nil || len(d.nodes) != 0 || cap(d.nodes) == 0 || d.Root().Exists() {
+		t.Errorf("after Reset: src %q, %d nodes of %d, root exists %v", d.src, len(d.nodes), cap(d.nodes), d.Root().Exists())
+	}
+	if err := Parse(&d, []byte("[0"+strings.Repeat(",0", maxKeptNodes)+"]")); err != nil {
+		t.Fatal(err)
+	}
+	d.Reset()
+	if cap(d.nodes) != 0 {
+		t.Errorf("Reset kept %d nodes of storage, want at most %d", cap(d.nodes), maxKeptNodes)
+	}
+}
