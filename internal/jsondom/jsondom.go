@@ -570,13 +570,20 @@ func (v Value) Get(key string) Value {
 	if v.Kind() != Object {
 		return Value{}
 	}
-	found := Value{}
-	for m := v.First(); m.Exists(); m = m.Next() {
-		if m.keyIs(key) {
-			found = m
+	nodes := v.d.nodes
+	found := int32(-1)
+	for c := nodes[v.i].first; c >= 0; c = nodes[c].next {
+		nd := &nodes[c]
+		// A key without escapes is as long as it is in the source: most
+		// members are told apart by length alone.
+		if (nd.keyEsc || int(nd.keyEnd-nd.keyStart) == len(key)) && (Value{v.d, c}).keyIs(key) {
+			found = c
 		}
 	}
-	return found
+	if found < 0 {
+		return Value{}
+	}
+	return Value{d: v.d, i: found}
 }
 
 // Index returns element i of an array, missing when out of range.
