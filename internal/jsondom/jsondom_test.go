@@ -142,6 +142,10 @@ func walk(t *testing.T, v Value, want any) {
 		if sh, ok := v.StrShared(); !ok || sh != s {
 			t.Fatalf("StrShared = %q, want %q", sh, s)
 		}
+		var a Arena
+		if in, ok := v.StrIn(&a); !ok || in != s {
+			t.Fatalf("StrIn = %q, want %q", in, s)
+		}
 		if n := len(utf16.Encode([]rune(w))); v.UTF16Len() != n {
 			t.Fatalf("UTF16Len(%q) = %d, want %d", v.Raw(), v.UTF16Len(), n)
 		}
@@ -213,5 +217,38 @@ func TestReset(t *testing.T) {
 	d.Reset()
 	if cap(d.nodes) != 0 {
 		t.Errorf("Reset kept %d nodes of storage, want at most %d", cap(d.nodes), maxKeptNodes)
+	}
+}
+
+func TestArena(t *testing.T) {
+	var sb strings.Builder
+	sb.WriteByte('[')
+	var want []string
+	for i := range 300 {
+		if i > 0 {
+			sb.WriteByte(',')
+		}
+		x, y := strings.Repeat("x", i*7), strings.Repeat("y", i%5)
+		sb.WriteString(`"` + x + `\n\u00e9\ud83d\ude00` + y + `"`)
+		want = append(want, x+"\n\u00e9\U0001F600"+y)
+	}
+	sb.WriteByte(']')
+	v := parse(t, sb.String())
+	var got []string
+	allocs := testing.AllocsPerRun(1, func() {
+		var a Arena
+		got = got[:0]
+		for e := v.First(); e.Exists(); e = e.Next() {
+			s, _ := e.StrIn(&a)
+			got = append(got, s)
+		}
+	})
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("string %d = %q, want %q", i, got[i], want[i])
+		}
+	}
+	if allocs > 20 {
+		t.Errorf("%v allocations for %d escaped strings, want a few blocks", allocs, len(want))
 	}
 }
