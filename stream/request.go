@@ -26,8 +26,8 @@ type Call struct {
 	// Request is the admission request read from the body: the model, the
 	// system prompt, every message and the output cap.
 	//
-	// Text (string content, text parts, Responses function outputs,
-	// Anthropic tool results) becomes text the estimator counts. Every other
+	// Text (string content, text parts, refusals, Responses function
+	// outputs, Anthropic tool results) becomes text the estimator counts. Every other
 	// part (images, audio, files, tool calls, thinking) becomes an opaque
 	// Block whose Type is the provider's own part type: "image_url",
 	// "input_image", "image", "inlineData" and so on; an OpenAI chat tool
