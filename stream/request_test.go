@@ -569,26 +569,27 @@ func TestReadRequestLimit(t *testing.T) {
 			if _, err := ReadRequest(r, limit); err != nil {
 				t.Fatalf("a body of exactly the limit: %v", err)
 			}
-
-			over := &trackingBody{r: strings.NewReader(body + strings.Repeat(" ", 1<<20))}
-			r = newPost(t, "/v1/chat/completions", "")
-			r.Body, r.ContentLength = over, int64(len(body))+1<<20
-			if !known {
-				r.ContentLength = -1
-			}
-			_, err := ReadRequest(r, limit)
-			var tl *TooLargeError
-			if !errors.As(err, &tl) || tl.Limit != limit {
-				t.Fatalf("err = %v, want a *TooLargeError with limit %d", err, limit)
-			}
-			if !errors.Is(err, ErrBodyTooLarge) || !errors.Is(err, bulkhead.ErrInvalid) {
-				t.Errorf("err %v does not match ErrBodyTooLarge and ErrInvalid", err)
-			}
-			if over.n > limit+1 {
-				t.Errorf("read %d bytes, want at most %d", over.n, limit+1)
-			}
-			if !over.closed {
-				t.Error("the original body was not closed")
+			for _, extra := range []int{1, 1 << 20} {
+				over := &trackingBody{r: strings.NewReader(body + strings.Repeat(" ", extra))}
+				r = newPost(t, "/v1/chat/completions", "")
+				r.Body, r.ContentLength = over, limit+int64(extra)
+				if !known {
+					r.ContentLength = -1
+				}
+				_, err := ReadRequest(r, limit)
+				var tl *TooLargeError
+				if !errors.As(err, &tl) || tl.Limit != limit {
+					t.Fatalf("limit+%d: err = %v, want a *TooLargeError with limit %d", extra, err, limit)
+				}
+				if !errors.Is(err, ErrBodyTooLarge) || !errors.Is(err, bulkhead.ErrInvalid) {
+					t.Errorf("limit+%d: err %v does not match ErrBodyTooLarge and ErrInvalid", extra, err)
+				}
+				if most := map[bool]int64{true: 0, false: limit + 1}[known]; over.n > most {
+					t.Errorf("limit+%d: read %d bytes, want at most %d", extra, over.n, most)
+				}
+				if !over.closed {
+					t.Errorf("limit+%d: the original body was not closed", extra)
+				}
 			}
 		})
 	}
