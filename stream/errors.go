@@ -35,6 +35,10 @@ func (e *BodyError) Error() string {
 // Is reports whether target is bulkhead.ErrInvalid.
 func (e *BodyError) Is(target error) bool { return target == bulkhead.ErrInvalid }
 
+// ErrUnknownEndpoint is the error of ReadRequest for a request to an
+// endpoint that FormatOf does not recognise.
+var ErrUnknownEndpoint = errors.New("stream: unknown endpoint")
+
 // ErrBodyTooLarge matches every *TooLargeError.
 var ErrBodyTooLarge = errors.New("stream: request body too large")
 

@@ -14,9 +14,9 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"strings"
 	"unicode/utf16"
 	"unicode/utf8"
+	"unsafe"
 
 	"github.com/llmbulkhead/bulkhead/internal/tokens"
 )
@@ -459,6 +459,21 @@ type Value struct {
 	i int32
 }
 
+// maxKeptNodes is the most node storage Reset keeps: 64Ki nodes, 2 MiB.
+const maxKeptNodes = 1 << 16
+
+// Reset empties d: it drops the source, so that a Doc kept for reuse (in a
+// sync.Pool, say) does not keep the source alive, and drops the values'
+// storage when it is over 2 MiB, so that one huge document does not stay
+// pooled. Values of d must not be used after Reset.
+func (d *Doc) Reset() {
+	d.src = nil
+	if cap(d.nodes) > maxKeptNodes {
+		d.nodes = nil
+	}
+	d.nodes = d.nodes[:0]
+}
+
 // Root returns the document's top-level value.
 func (d *Doc) Root() Value {
 	if len(d.nodes) == 0 {
@@ -554,13 +569,20 @@ func (v Value) Get(key string) Value {
 	if v.Kind() != Object {
 		return Value{}
 	}
-	found := Value{}
-	for m := v.First(); m.Exists(); m = m.Next() {
-		if m.keyIs(key) {
-			found = m
+	nodes := v.d.nodes
+	found := int32(-1)
+	for c := nodes[v.i].first; c >= 0; c = nodes[c].next {
+		nd := &nodes[c]
+		// A key without escapes is as long as it is in the source: most
+		// members are told apart by length alone.
+		if (nd.keyEsc || int(nd.keyEnd-nd.keyStart) == len(key)) && (Value{v.d, c}).keyIs(key) {
+			found = c
 		}
 	}
-	return found
+	if found < 0 {
+		return Value{}
+	}
+	return Value{d: v.d, i: found}
 }
 
 // Index returns element i of an array, missing when out of range.
@@ -586,6 +608,54 @@ func (v Value) Str() (s string, ok bool) {
 		return unescape(raw), true
 	}
 	return string(raw), true
+}
+
+// StrShared is Str without the copy: a string with no escapes is returned
+// as a view of the source bytes, so it is valid only as long as the source
+// is never written again. A string with escapes is decoded into new memory.
+// Use it only on a source nobody will change.
+func (v Value) StrShared() (s string, ok bool) {
+	if v.Kind() != String {
+		return "", false
+	}
+	nd := v.n()
+	if nd.esc {
+		return unescape(v.d.src[nd.start+1 : nd.end-1]), true
+	}
+	if nd.end-nd.start == 2 {
+		return "", true
+	}
+	return unsafe.String(&v.d.src[nd.start+1], nd.end-nd.start-2), true
+}
+
+// Arena is storage for decoded strings: StrIn decodes strings with escapes
+// into it, so that many of them share a few allocations. The zero Arena is
+// ready to use. Strings from an Arena stay valid as long as they are used;
+// an Arena is not safe for concurrent use.
+type Arena struct {
+	buf []byte // the current block; bytes below len are taken
+}
+
+// minArenaBlock and maxArenaBlock bound the size of an Arena's blocks,
+// which double from the one to the other.
+const minArenaBlock, maxArenaBlock = 512, 64 << 10
+
+// StrIn is StrShared, except that a string with escapes is decoded into a
+// rather than into memory of its own.
+func (v Value) StrIn(a *Arena) (s string, ok bool) {
+	if v.Kind() != String || !v.n().esc {
+		return v.StrShared()
+	}
+	nd := v.n()
+	raw := v.d.src[nd.start+1 : nd.end-1] // decoding never makes a string longer
+	if cap(a.buf)-len(a.buf) < len(raw) {
+		size := min(max(2*cap(a.buf), minArenaBlock), maxArenaBlock)
+		a.buf = make([]byte, 0, max(size, len(raw)))
+	}
+	start := len(a.buf)
+	a.buf = appendUnescaped(a.buf, raw)
+	b := a.buf[start:]
+	return unsafe.String(unsafe.SliceData(b), len(b)), true
 }
 
 // StrIs reports whether v is the string s, without allocating for a string
@@ -662,8 +732,12 @@ func (v Value) Int() (int64, bool) {
 // unescape decodes the body of a JSON string that has escapes. Invalid
 // surrogates decode to U+FFFD.
 func unescape(raw []byte) string {
-	var b strings.Builder
-	b.Grow(len(raw))
+	b := appendUnescaped(make([]byte, 0, len(raw)), raw)
+	return unsafe.String(unsafe.SliceData(b), len(b)) // b is never written again
+}
+
+// appendUnescaped appends the decoded body of a JSON string to b.
+func appendUnescaped(b, raw []byte) []byte {
 	for i := 0; i < len(raw); {
 		c := raw[i]
 		if c != '\\' {
@@ -671,7 +745,7 @@ func unescape(raw []byte) string {
 			if j < 0 {
 				j = len(raw) - i
 			}
-			b.Write(raw[i : i+j])
+			b = append(b, raw[i:i+j]...)
 			i += j
 			continue
 		}
@@ -680,15 +754,15 @@ func unescape(raw []byte) string {
 		}
 		switch raw[i+1] {
 		case 'b':
-			b.WriteByte('\b')
+			b = append(b, '\b')
 		case 'f':
-			b.WriteByte('\f')
+			b = append(b, '\f')
 		case 'n':
-			b.WriteByte('\n')
+			b = append(b, '\n')
 		case 'r':
-			b.WriteByte('\r')
+			b = append(b, '\r')
 		case 't':
-			b.WriteByte('\t')
+			b = append(b, '\t')
 		case 'u':
 			if i+6 > len(raw) {
 				i = len(raw)
@@ -699,21 +773,21 @@ func unescape(raw []byte) string {
 			if utf16.IsSurrogate(r) {
 				if i+6 <= len(raw) && raw[i] == '\\' && raw[i+1] == 'u' {
 					if r2 := utf16.DecodeRune(r, rune(hex4(raw[i+2:i+6]))); r2 != utf8.RuneError {
-						b.WriteRune(r2)
+						b = utf8.AppendRune(b, r2)
 						i += 6
 						continue
 					}
 				}
 				r = utf8.RuneError
 			}
-			b.WriteRune(r)
+			b = utf8.AppendRune(b, r)
 			continue
 		default: // '"', '\\', '/'
-			b.WriteByte(raw[i+1])
+			b = append(b, raw[i+1])
 		}
 		i += 2
 	}
-	return b.String()
+	return b
 }
 
 func hex4(b []byte) int {

@@ -139,6 +139,13 @@ func walk(t *testing.T, v Value, want any) {
 		if !ok || string([]rune(s)) != w { // invalid UTF-8 is kept; encoding/json replaces it
 			t.Fatalf("Str = %q, want %q", s, w)
 		}
+		if sh, ok := v.StrShared(); !ok || sh != s {
+			t.Fatalf("StrShared = %q, want %q", sh, s)
+		}
+		var a Arena
+		if in, ok := v.StrIn(&a); !ok || in != s {
+			t.Fatalf("StrIn = %q, want %q", in, s)
+		}
 		if n := len(utf16.Encode([]rune(w))); v.UTF16Len() != n {
 			t.Fatalf("UTF16Len(%q) = %d, want %d", v.Raw(), v.UTF16Len(), n)
 		}
@@ -167,4 +174,81 @@ func FuzzParse(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(check)
+}
+
+func TestStrSharedAliasesTheSource(t *testing.T) {
+	src := []byte(`["plain","esc\u00e9",""]`)
+	var d Doc
+	if err := Parse(&d, src); err != nil {
+		t.Fatal(err)
+	}
+	plain := d.Root().Index(0)
+	if n := testing.AllocsPerRun(100, func() { _, _ = plain.StrShared() }); n != 0 {
+		t.Errorf("StrShared of a plain string allocates %v times", n)
+	}
+	s, _ := plain.StrShared()
+	src[2] = 'P' // the view sees the source change
+	if s != "Plain" {
+		t.Errorf("StrShared = %q after the source changed, want a view of it", s)
+	}
+	if s, _ := d.Root().Index(1).StrShared(); s != "escé" {
+		t.Errorf("escaped StrShared = %q", s)
+	}
+	if s, ok := d.Root().Index(2).StrShared(); !ok || s != "" {
+		t.Errorf("empty StrShared = %q %v", s, ok)
+	}
+	if _, ok := d.Root().StrShared(); ok {
+		t.Error("StrShared of an array is ok")
+	}
+}
+
+func TestReset(t *testing.T) {
+	var d Doc
+	if err := Parse(&d, []byte(`[1,2,3]`)); err != nil {
+		t.Fatal(err)
+	}
+	d.Reset()
+	if d.src != nil || len(d.nodes) != 0 || cap(d.nodes) == 0 || d.Root().Exists() {
+		t.Errorf("after Reset: src %q, %d nodes of %d, root exists %v", d.src, len(d.nodes), cap(d.nodes), d.Root().Exists())
+	}
+	if err := Parse(&d, []byte("[0"+strings.Repeat(",0", maxKeptNodes)+"]")); err != nil {
+		t.Fatal(err)
+	}
+	d.Reset()
+	if cap(d.nodes) != 0 {
+		t.Errorf("Reset kept %d nodes of storage, want at most %d", cap(d.nodes), maxKeptNodes)
+	}
+}
+
+func TestArena(t *testing.T) {
+	var sb strings.Builder
+	sb.WriteByte('[')
+	var want []string
+	for i := range 300 {
+		if i > 0 {
+			sb.WriteByte(',')
+		}
+		x, y := strings.Repeat("x", i*7), strings.Repeat("y", i%5)
+		sb.WriteString(`"` + x + `\n\u00e9\ud83d\ude00` + y + `"`)
+		want = append(want, x+"\n\u00e9\U0001F600"+y)
+	}
+	sb.WriteByte(']')
+	v := parse(t, sb.String())
+	var got []string
+	allocs := testing.AllocsPerRun(1, func() {
+		var a Arena
+		got = got[:0]
+		for e := v.First(); e.Exists(); e = e.Next() {
+			s, _ := e.StrIn(&a)
+			got = append(got, s)
+		}
+	})
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("string %d = %q, want %q", i, got[i], want[i])
+		}
+	}
+	if allocs > 20 {
+		t.Errorf("%v allocations for %d escaped strings, want a few blocks", allocs, len(want))
+	}
 }
