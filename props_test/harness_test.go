@@ -198,6 +198,7 @@ func normalize(st bulkhead.Stats) bulkhead.Stats {
 	st.Gate.RejectedByReason = nonZero(st.Gate.RejectedByReason)
 	st.Calls.RejectedByReason = nonZero(st.Calls.RejectedByReason)
 	st.Calls.AbandonedByCause = nonZero(st.Calls.AbandonedByCause)
+	st.Observe.BypassedByReason = nonZero(st.Observe.BypassedByReason)
 	st.Events.Backlog = 0 // a gauge of the event goroutine's progress, not of admission
 	if st.Classes != nil {
 		c := *st.Classes
