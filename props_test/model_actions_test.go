@@ -303,14 +303,7 @@ func (m *machine) finishRun(t *rapid.T, h *hold, fail bool, usage *bulkhead.Usag
 	m.settle(h, usage)
 	es := m.pump()
 	if !h.expired {
-		select {
-		case d := <-h.w.run.done:
-			if fail && (d.v != 0 || !errors.Is(d.err, errCallback)) || !fail && (d.v != 42 || d.err != nil) {
-				t.Fatalf("%s: Run returned %d, %v", m.descr, d.v, d.err)
-			}
-		case <-time.After(settle):
-			t.Fatalf("%s: Run did not return", m.descr)
-		}
+		m.awaitReturn(t, h.w, fail)
 	} else {
 		// Run returned at the deadline; the late callback's settlement still
 		// releases the admission (its tokens) when it returns.

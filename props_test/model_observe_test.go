@@ -1,11 +1,9 @@
 package props_test
 
 import (
-	"errors"
 	"fmt"
 	"reflect"
 	"strings"
-	"time"
 
 	"pgregory.net/rapid"
 
@@ -246,14 +244,7 @@ func (m *machine) finishBypass(t *rapid.T, b *bypassRun, fail bool, usage *bulkh
 		m.observe.OutputTokens += final.Output
 	}
 	b.release = &bulkhead.BypassReleaseEvent{Admission: b.admission(), Reason: b.why, UsageSequence: b.seq, Usage: final}
-	select {
-	case d := <-b.w.run.done:
-		if fail && (d.v != 0 || !errors.Is(d.err, errCallback)) || !fail && (d.v != 42 || d.err != nil) {
-			t.Fatalf("%s: Run returned %d, %v", m.descr, d.v, d.err)
-		}
-	case <-time.After(settle):
-		t.Fatalf("%s: Run did not return", m.descr)
-	}
+	m.awaitReturn(t, b.w, fail)
 	m.seen[fmt.Sprintf("finish bypassed fail=%v usage=%v", fail, final != nil)]++
 }
 

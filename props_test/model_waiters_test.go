@@ -336,6 +336,20 @@ func (m *machine) waitTimers(t *rapid.T) {
 	}
 }
 
+// awaitReturn waits for the Run of w, whose callback was told to finish,
+// to return what it returned: errCallback when it failed, else 42.
+func (m *machine) awaitReturn(t *rapid.T, w *waiter, fail bool) {
+	t.Helper()
+	select {
+	case d := <-w.run.done:
+		if fail && (d.v != 0 || !errors.Is(d.err, errCallback)) || !fail && (d.v != 42 || d.err != nil) {
+			t.Fatalf("%s: Run returned %d, %v", m.descr, d.v, d.err)
+		}
+	case <-time.After(settle):
+		t.Fatalf("%s: Run did not return", m.descr)
+	}
+}
+
 // command sends cmd to h's running callback and waits for its reply.
 func (m *machine) command(t *rapid.T, h *hold, cmd command) commandReply {
 	t.Helper()

@@ -221,6 +221,27 @@ type releaseMsg struct {
 
 func (m *releaseMsg) mailboxNode() *mpscNode { return &m.node }
 
+// usageCopy returns a copy of m's usage for an event (the whole struct:
+// the breakdown reaches the event), nil when it has none.
+func (m *releaseMsg) usageCopy() *admission.Usage {
+	if !m.hasUsage {
+		return nil
+	}
+	u := m.usage
+	return &u
+}
+
+// settleUsage makes m's usage the final usage of its lease: the release's
+// own, else the last report, if any.
+func (m *releaseMsg) settleUsage() {
+	if m.hasUsage && !m.usage.Valid() {
+		m.hasUsage = false // the facade validates; never count a bad sum
+	}
+	if !m.hasUsage && m.l.reported {
+		m.usage, m.hasUsage = m.l.last, true
+	}
+}
+
 // Released reports whether Release has been called on the lease.
 func (l *Lease) Released() bool { return l.releasing.Load() }
 

@@ -77,10 +77,7 @@ func (s *state) bypassUsage(l *Lease, u admission.Usage, p *admission.Progressiv
 			OutputRemaining: rep.OutputRemaining,
 			OverReservation: rep.OverReservation,
 		}
-		if p != nil {
-			pc := *p
-			ev.Progressive = &pc
-		}
+		ev.Progressive = copyProgressive(p)
 		s.fx.emit(ev)
 	}
 	return rep
@@ -94,23 +91,13 @@ func (s *state) endBypass(m *releaseMsg) {
 	l.released = true
 	o := &s.observe
 	o.InFlight--
-	if m.hasUsage && !m.usage.Valid() {
-		m.hasUsage = false // the facade validates; never count a bad sum
-	}
-	if !m.hasUsage && l.reported {
-		m.usage, m.hasUsage = l.last, true
-	}
+	m.settleUsage()
 	if m.hasUsage {
 		o.UsageReported++
 		o.InputTokens = admission.AddSat(o.InputTokens, m.usage.Input)
 		o.OutputTokens = admission.AddSat(o.OutputTokens, m.usage.Output)
 	}
 	if s.listeners[KindBypassRelease] > 0 {
-		var usage *admission.Usage
-		if m.hasUsage {
-			u := m.usage
-			usage = &u
-		}
 		s.fx.emit(&admission.BypassReleaseEvent{
 			Request:        l.Request,
 			AdmissionID:    l.ID,
@@ -120,7 +107,7 @@ func (s *state) endBypass(m *releaseMsg) {
 			ReservedTokens: l.Reservation.Reserved,
 			Reason:         l.Bypass.Reason,
 			UsageSequence:  l.sequence,
-			Usage:          usage,
+			Usage:          m.usageCopy(),
 		})
 	}
 	s.checkDrains()

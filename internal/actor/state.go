@@ -459,12 +459,7 @@ func (s *state) release(m *releaseMsg) {
 	s.calls--
 	s.callStats.Released++
 	held, refunded := l.held, int64(0)
-	if m.hasUsage && !m.usage.Valid() {
-		m.hasUsage = false // the facade validates; never count a bad sum
-	}
-	if !m.hasUsage && l.reported {
-		m.usage, m.hasUsage = l.last, true
-	}
+	m.settleUsage()
 	settled := classes.Settlement{Held: held, SlotAbandoned: l.abandoned}
 	if s.hasBudget {
 		if m.hasUsage {
@@ -487,11 +482,6 @@ func (s *state) release(m *releaseMsg) {
 	s.tab.Release(l.classID, settled)
 	l.held = 0
 	if s.listeners[KindRelease] > 0 {
-		var usage *admission.Usage
-		if m.hasUsage {
-			u := m.usage // the whole struct: the breakdown reaches the event
-			usage = &u
-		}
 		s.fx.emit(&admission.ReleaseEvent{
 			Request:        l.Request,
 			AdmissionID:    l.ID,
@@ -503,7 +493,7 @@ func (s *state) release(m *releaseMsg) {
 			HeldTokens:     held,
 			RefundedTokens: refunded,
 			UsageSequence:  l.sequence,
-			Usage:          usage,
+			Usage:          m.usageCopy(),
 		})
 	}
 	s.pump() // and answers any Drain this release completed
@@ -594,13 +584,19 @@ func (s *state) applyUsage(l *Lease, u admission.Usage, p *admission.Progressive
 			OutputRemaining: rep.OutputRemaining,
 			OverReservation: rep.OverReservation,
 		}
-		if p != nil {
-			pc := *p
-			ev.Progressive = &pc
-		}
+		ev.Progressive = copyProgressive(p)
 		s.fx.emit(ev)
 	}
 	return rep, nil
+}
+
+// copyProgressive returns a copy of *p for an event, nil for nil.
+func copyProgressive(p *admission.Progressive) *admission.Progressive {
+	if p == nil {
+		return nil
+	}
+	pc := *p
+	return &pc
 }
 
 // newHold is the hold a usage report asks for with a budget: input +
