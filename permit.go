@@ -162,10 +162,11 @@ type RunContext struct {
 	hasUsage bool
 }
 
-// ID returns the admission's unique ID.
+// ID returns the admission's unique ID, or a bypassed call's own.
 func (rc *RunContext) ID() ID { return rc.p.ID() }
 
-// LimitRevision returns the revision the call was admitted under.
+// LimitRevision returns the revision the call was admitted (or bypassed)
+// under.
 func (rc *RunContext) LimitRevision() int64 { return rc.p.LimitRevision() }
 
 // Priority returns the call's priority.
