@@ -137,6 +137,7 @@ func (b *Bulkhead) prepare(ctx context.Context, req *Request, o *callOptions, me
 	r.Start = start
 	r.Class = class
 	r.BorrowedDeadline = o.borrowedDeadline
+	r.Shadow = o.shadowSet
 	return r, p, nil
 }
 
@@ -227,12 +228,15 @@ func (b *Bulkhead) SetBudget(budget int64) (ApplyResult, error) {
 // returns, in order, on the bulkhead's event goroutine.
 func (b *Bulkhead) Subscribe(h Hooks) (unsubscribe func()) {
 	kinds := actor.Kinds{
-		actor.KindAdmit:       h.Admit != nil,
-		actor.KindReject:      h.Reject != nil,
-		actor.KindRelease:     h.Release != nil,
-		actor.KindReconfigure: h.Reconfigure != nil,
-		actor.KindUsage:       h.Usage != nil,
-		actor.KindAbandon:     h.Abandon != nil,
+		actor.KindAdmit:         h.Admit != nil,
+		actor.KindReject:        h.Reject != nil,
+		actor.KindRelease:       h.Release != nil,
+		actor.KindReconfigure:   h.Reconfigure != nil,
+		actor.KindUsage:         h.Usage != nil,
+		actor.KindAbandon:       h.Abandon != nil,
+		actor.KindBypass:        h.Bypass != nil,
+		actor.KindBypassUsage:   h.BypassUsage != nil,
+		actor.KindBypassRelease: h.BypassRelease != nil,
 	}
 	return b.eng.Subscribe(kinds, func(ev any) { deliver(&h, ev) })
 }
@@ -243,8 +247,8 @@ func (b *Bulkhead) Subscribe(h Hooks) (unsubscribe func()) {
 func (b *Bulkhead) Close() { b.eng.Close() }
 
 // Drain waits until nothing is in flight or queued, every admission has
-// been released and every event delivered, or until ctx ends; it cancels
-// nothing. When ctx ends first it returns Drained false with the counts
+// been released, every call bypassed in Observe mode has ended and every
+// event has been delivered, or until ctx ends; it cancels nothing. When ctx ends first it returns Drained false with the counts
 // still outstanding, and ctx's error, as soon as ctx ends (a blocked
 // listener does not hold it). After Close and a Drain that drained, the
 // bulkhead's goroutines have ended; later calls are rejected Shutdown. An
@@ -255,7 +259,7 @@ func (b *Bulkhead) Drain(ctx context.Context) (DrainResult, error) {
 		return DrainResult{}, invalidf("ctx", "must not be nil")
 	}
 	d := b.eng.Drain(ctx)
-	res := DrainResult{Drained: d.Drained, InFlight: d.InFlight, Pending: d.Pending}
+	res := DrainResult{Drained: d.Drained, InFlight: d.InFlight, Pending: d.Pending, Bypassed: d.Bypassed}
 	if !res.Drained {
 		return res, context.Cause(ctx)
 	}
@@ -263,8 +267,8 @@ func (b *Bulkhead) Drain(ctx context.Context) (DrainResult, error) {
 }
 
 // Shutdown closes the bulkhead (see Close) and drains it (see Drain): it
-// returns once every admission has been released and every event
-// delivered, or when ctx ends, with Drain's result and error.
+// returns once every admission has been released, every bypassed call has
+// ended and every event has been delivered, or when ctx ends, with Drain's result and error.
 func (b *Bulkhead) Shutdown(ctx context.Context) (DrainResult, error) {
 	if ctx == nil {
 		return DrainResult{}, invalidf("ctx", "must not be nil")
@@ -282,7 +286,9 @@ func (b *Bulkhead) Shutdown(ctx context.Context) (DrainResult, error) {
 // The usage settled at release is what fn recorded with RunContext.SetUsage,
 // or else the last RunContext.ReportUsage; when fn returns an error, only the
 // last report counts. A rejection is a *RejectedError and fn is not called.
-// Options are those of Acquire, plus WithBorrowedDeadline.
+// Options are those of Acquire, plus WithBorrowedDeadline, and WithMode and
+// WithShadowReasons: in Observe mode, a call its limits would turn away may
+// run without admission (RunContext.Bypass tells).
 func Run[T any](ctx context.Context, b *Bulkhead, req *Request, fn func(context.Context, *RunContext) (T, error), opts ...Option) (T, error) {
 	var zero T
 	if fn == nil {

@@ -203,6 +203,11 @@ func stats(s admission.Stats) Stats {
 		bs := BudgetStats(*b)
 		out.TokenBudget = &bs
 	}
+	o := s.Observe
+	out.Observe = ObserveStats{
+		Bypassed: o.Bypassed, RaceBypassed: o.RaceBypassed, BypassedByReason: reasonCounts(o.BypassedByReason),
+		InFlight: o.InFlight, UsageReported: o.UsageReported, InputTokens: o.InputTokens, OutputTokens: o.OutputTokens,
+	}
 	if cs := s.Classes; cs != nil {
 		out.Classes = &ClassesStats{
 			Default: cs.Default,
@@ -322,6 +327,35 @@ func deliver(h *Hooks, ev any) {
 				Admission: identity(e.Request, e.AdmissionID, e.Priority, e.Class, e.LimitRevision, e.Reserved, e.Resources),
 				Cause:     AbandonCause(e.Cause),
 				Held:      e.HeldTokens,
+			})
+		}
+	case *admission.BypassEvent:
+		if h.Bypass != nil {
+			h.Bypass(BypassEvent{
+				Admission: identity(e.Request, e.AdmissionID, e.Priority, e.Class, e.LimitRevision, e.ReservedTokens, admission.Resources{}),
+				Bypass:    Bypass{Reason: Reason(e.Reason), Race: e.Race, Detail: rejectDetailFor(e.Detail, Reason(e.Reason))},
+			})
+		}
+	case *admission.BypassUsageEvent:
+		if h.BypassUsage != nil {
+			h.BypassUsage(BypassUsageEvent{
+				Admission:       identity(e.Request, e.AdmissionID, e.Priority, e.Class, e.LimitRevision, e.ReservedTokens, admission.Resources{}),
+				Reason:          Reason(e.Reason),
+				Sequence:        e.Sequence,
+				Usage:           Usage(e.Usage),
+				OutputCap:       clonePtr(e.OutputCap),
+				OutputRemaining: clonePtr(e.OutputRemaining),
+				OverReservation: e.OverReservation,
+				Progressive:     clonePtr((*Progressive)(e.Progressive)),
+			})
+		}
+	case *admission.BypassReleaseEvent:
+		if h.BypassRelease != nil {
+			h.BypassRelease(BypassReleaseEvent{
+				Admission:     identity(e.Request, e.AdmissionID, e.Priority, e.Class, e.LimitRevision, e.ReservedTokens, admission.Resources{}),
+				Reason:        Reason(e.Reason),
+				UsageSequence: e.UsageSequence,
+				Usage:         clonePtr((*Usage)(e.Usage)),
 			})
 		}
 	case *admission.ReconfigureEvent:

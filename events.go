@@ -3,7 +3,8 @@ package bulkhead
 // Admission identifies one call on each of its events: what it asked for and,
 // once admitted, what it was given.
 type Admission struct {
-	// ID is the admission's ID; zero on a RejectEvent.
+	// ID is the admission's ID, or a bypassed call's own; zero on a
+	// RejectEvent.
 	ID ID
 	// Request is the call's request, as the caller passed it.
 	Request *Request
@@ -87,6 +88,48 @@ type AbandonEvent struct {
 	Held int64
 }
 
+// BypassEvent is emitted when Observe mode runs a call without admitting
+// it (see WithMode). Its Admission has the bypass's own ID, the
+// reservation the call asked for in Reserved, and zero Resources: a
+// bypassed call holds nothing.
+type BypassEvent struct {
+	Admission
+	Bypass
+}
+
+// BypassUsageEvent is emitted when a usage report changes a bypassed
+// call's usage. Nothing is held, so it carries no hold.
+type BypassUsageEvent struct {
+	Admission
+	// Reason is the rejection the call was spared.
+	Reason Reason
+	// Sequence is the report's sequence number: 1, 2, 3... per call.
+	Sequence int64
+	// Usage is the cumulative usage after clamping.
+	Usage Usage
+	// OutputCap and OutputRemaining are those of the UsageReport; nil
+	// without a budget.
+	OutputCap       *int64
+	OutputRemaining *int64
+	// OverReservation is how far the usage exceeds Reserved.
+	OverReservation int64
+	// Progressive is the report's progressive request, nil for a plain one.
+	Progressive *Progressive
+}
+
+// BypassReleaseEvent is emitted once per bypassed call, when its callback
+// ends.
+type BypassReleaseEvent struct {
+	Admission
+	// Reason is the rejection the call was spared.
+	Reason Reason
+	// UsageSequence is the call's last usage sequence number.
+	UsageSequence int64
+	// Usage is the final usage, nil when none was recorded: what the
+	// callback set with RunContext.SetUsage, else its last report.
+	Usage *Usage
+}
+
 // ReconfigureEvent is emitted when a new limits snapshot is applied.
 type ReconfigureEvent struct {
 	// Previous is the snapshot that was current before.
@@ -120,6 +163,15 @@ type Hooks struct {
 	// Abandon is called when an admission gives its borrowed slot back
 	// early, between its Admit and its Release.
 	Abandon func(AbandonEvent)
+	// Bypass is called when Observe mode runs a call without admitting it.
+	// A race bypass's Reject comes first.
+	Bypass func(BypassEvent)
+	// BypassUsage is called when a usage report changes a bypassed call's
+	// usage, between its Bypass and its BypassRelease.
+	BypassUsage func(BypassUsageEvent)
+	// BypassRelease is called once for every bypassed call, when its
+	// callback ends.
+	BypassRelease func(BypassReleaseEvent)
 }
 
 // String formats the identity with its request followed, not its address.
@@ -139,3 +191,12 @@ func (e UsageEvent) String() string { return format(e) }
 
 // String formats the event with its pointers followed.
 func (e AbandonEvent) String() string { return format(e) }
+
+// String formats the event with its pointers followed.
+func (e BypassEvent) String() string { return format(e) }
+
+// String formats the event with its pointers followed.
+func (e BypassUsageEvent) String() string { return format(e) }
+
+// String formats the event with its pointers followed.
+func (e BypassReleaseEvent) String() string { return format(e) }

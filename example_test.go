@@ -255,3 +255,33 @@ func ExampleRejectedError_NeverFits() {
 	// Output:
 	// 413: too large for this budget
 }
+
+func ExampleWithMode() {
+	b, err := bulkhead.New(bulkhead.Interactive("gpt-4o", 1))
+	if err != nil {
+		panic(err)
+	}
+	defer b.Shutdown(context.Background())
+	busy, _ := b.Acquire(context.Background(), &bulkhead.Request{}) // the only slot
+	defer busy.Release(nil)
+
+	request := &bulkhead.Request{Messages: []bulkhead.Message{{Role: "user", Content: "Say hello."}}}
+	reply, err := bulkhead.Run(context.Background(), b, request,
+		func(ctx context.Context, rc *bulkhead.RunContext) (string, error) {
+			if bp := rc.Bypass(); bp != nil {
+				fmt.Println("would have been rejected:", bp.Reason)
+			}
+			text, usage, err := callProvider(ctx, request)
+			if err != nil {
+				return "", err
+			}
+			return text, rc.SetUsage(usage)
+		}, bulkhead.WithMode(bulkhead.Observe))
+	fmt.Println(reply, err)
+	o := b.Stats().Observe
+	fmt.Println("bypassed:", o.Bypassed, "tokens:", o.InputTokens, o.OutputTokens)
+	// Output:
+	// would have been rejected: concurrency_limit
+	// hello! <nil>
+	// bypassed: 1 tokens: 12 3
+}

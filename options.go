@@ -2,6 +2,8 @@ package bulkhead
 
 import (
 	"time"
+
+	"github.com/llmbulkhead/bulkhead/internal/admission"
 )
 
 // Option is a per-call choice for Acquire, AcquireAsync, Run and
@@ -25,6 +27,12 @@ type callOptions struct {
 	// Run only.
 	borrowedDeadline    time.Duration
 	hasBorrowedDeadline bool
+	mode                Mode
+	hasMode             bool
+	shadow              []Reason
+	hasShadow           bool
+	// shadowSet is the reasons to bypass, set by validate.
+	shadowSet admission.ReasonSet
 }
 
 func resolve(opts []Option) callOptions {
@@ -37,9 +45,13 @@ func resolve(opts []Option) callOptions {
 	return o
 }
 
-// validate checks the options that a method takes. method names the
-// method for the error message.
+// validate checks the options that a method takes, and resolves the
+// reasons to bypass. method names the method for the error message.
 func (o *callOptions) validate(method string, queueing bool) error {
+	var err error
+	if o.shadowSet, err = o.validateMode(method); err != nil {
+		return err
+	}
 	if o.priority != Normal && o.priority != High {
 		return invalidf("WithPriority", "unknown priority %d", o.priority)
 	}

@@ -154,17 +154,19 @@ func (p *Permit) ReportUsage(u Usage, prog *Progressive) (UsageReport, error) {
 }
 
 // RunContext is what a Run callback knows about its admission, and how it
-// reports usage. It is valid only during the callback.
+// reports usage. It is valid only during the callback. In Observe mode the
+// call may run bypassed instead of admitted (see WithMode): Bypass tells.
 type RunContext struct {
 	p        *Permit
 	usage    Usage
 	hasUsage bool
 }
 
-// ID returns the admission's unique ID.
+// ID returns the admission's unique ID, or a bypassed call's own.
 func (rc *RunContext) ID() ID { return rc.p.ID() }
 
-// LimitRevision returns the revision the call was admitted under.
+// LimitRevision returns the revision the call was admitted (or bypassed)
+// under.
 func (rc *RunContext) LimitRevision() int64 { return rc.p.LimitRevision() }
 
 // Priority returns the call's priority.
@@ -184,7 +186,9 @@ func (rc *RunContext) Resources() Resources { return rc.p.Resources() }
 
 // ReportUsage records the call's cumulative usage so far; see
 // Permit.ReportUsage. The last report is the final usage when fn fails or
-// never calls SetUsage.
+// never calls SetUsage. For a bypassed call it is validated and clamped
+// the same way, but holds nothing (Held is 0) and changes only the observe
+// statistics; each change is a BypassUsageEvent.
 func (rc *RunContext) ReportUsage(u Usage, prog *Progressive) (UsageReport, error) {
 	return rc.p.ReportUsage(u, prog)
 }

@@ -13,6 +13,8 @@ type Stats struct {
 	// Classes is the admission classes and their shared pool, nil without
 	// classes.
 	Classes *ClassesStats
+	// Observe counts the calls Observe mode ran without admitting them.
+	Observe ObserveStats
 	// Events is the delivery of events to listeners.
 	Events EventStats
 	// LedgerDrift counts the times the bulkhead found its books out of
@@ -148,6 +150,27 @@ type DeadlineStats struct {
 	Expired int64
 	// Ended counts deadlines stopped because their admission ended first.
 	Ended int64
+}
+
+// ObserveStats counts the calls Observe mode bypassed (see WithMode).
+// Bypassed calls hold nothing, so they appear here only: no other count of
+// Stats includes them.
+type ObserveStats struct {
+	// Bypassed counts the calls run without admission; RaceBypassed counts
+	// those among them refused only after they queued, whose rejection
+	// also counts as one; BypassedByReason splits them by the rejection
+	// they were spared.
+	Bypassed         int64
+	RaceBypassed     int64
+	BypassedByReason map[Reason]int64
+	// InFlight is the bypassed calls whose callback is running.
+	InFlight int64
+	// UsageReported counts the bypassed calls that ended with a final
+	// usage; InputTokens and OutputTokens sum those usages. Both totals
+	// saturate at math.MaxInt64 rather than wrap around.
+	UsageReported int64
+	InputTokens   int64
+	OutputTokens  int64
 }
 
 // EventStats is the delivery of events to listeners.

@@ -9,11 +9,14 @@ import (
 
 // ID identifies one admission. It is a random RFC 4122 version 4 UUID,
 // minted when the call is admitted and carried by every artefact of that
-// admission: its permit, run context, usage reports and events.
+// admission: its permit, run context, usage reports and events. A call
+// that Observe mode bypasses gets an ID of its own too, a version 8 UUID
+// that never equals an admission's.
 type ID [16]byte
 
 // String formats the ID as a UUID, such as
-// "1b4e28ba-2fa1-41d2-883f-0016d3cca427". The zero ID formats as "".
+// "1b4e28ba-2fa1-41d2-883f-0016d3cca427"; a bypassed call's has the prefix
+// "shadow-". The zero ID formats as "".
 func (id ID) String() string { return admission.ID(id).String() }
 
 // MarshalText encodes the ID as its UUID string.
@@ -78,13 +81,17 @@ type Decision struct {
 // DrainResult is the outcome of Drain.
 type DrainResult struct {
 	// Drained is true when nothing was in flight or queued, every admission
-	// had been released and every event had been delivered.
+	// had been released, every bypassed call had ended and every event had
+	// been delivered.
 	Drained bool
 	// InFlight is the number of admissions not yet released when Drain
 	// gave up.
 	InFlight int
 	// Pending is the number of queued calls when Drain gave up.
 	Pending int
+	// Bypassed is the number of bypassed calls (see WithMode) still
+	// running when Drain gave up.
+	Bypassed int
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }

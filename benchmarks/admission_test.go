@@ -177,6 +177,52 @@ func BenchmarkRun(b *testing.B) {
 	})
 }
 
+// BenchmarkRunObserve measures Run in observe mode with a token budget and
+// usage: admitted (room for every call: the cost against BenchmarkRun), and
+// bypassed (MaxConcurrent 0: every call is refused and runs without
+// admission).
+func BenchmarkRunObserve(b *testing.B) {
+	observe := []bulkhead.Option{bulkhead.WithMode(bulkhead.Observe)}
+	for _, tc := range []struct {
+		name          string
+		maxConcurrent int
+		par           int
+	}{
+		{"admitted-g1", 1 << 30, 1},
+		{"admitted-g64", 1 << 30, 64},
+		{"bypassed-g1", 0, 1},
+		{"bypassed-g64", 0, 64},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			bh := newBench(b, budgetConfig(tc.maxConcurrent))
+			ctx := context.Background()
+			b.ReportAllocs()
+			b.SetParallelism(max(1, tc.par/2))
+			b.ResetTimer()
+			if tc.par == 1 {
+				for b.Loop() {
+					if _, err := bulkhead.Run(ctx, bh, benchRequest, runCall, observe...); err != nil {
+						b.Fatal(err)
+					}
+				}
+			} else {
+				b.RunParallel(func(pb *testing.PB) {
+					for pb.Next() {
+						if _, err := bulkhead.Run(ctx, bh, benchRequest, runCall, observe...); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				})
+			}
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "calls/s")
+			if st := bh.Stats(); (st.Observe.Bypassed > 0) != (tc.maxConcurrent == 0) {
+				b.Fatalf("bypassed %d calls", st.Observe.Bypassed)
+			}
+		})
+	}
+}
+
 // BenchmarkWouldAdmit measures the advisory check with a token budget.
 func BenchmarkWouldAdmit(b *testing.B) {
 	bh := newBench(b, budgetConfig(1<<30))

@@ -122,6 +122,14 @@ type eventLog struct {
 	releases  []bulkhead.ReleaseEvent
 	rejects   []bulkhead.RejectEvent
 	reconfigs []bulkhead.ReconfigureEvent
+	// bypassed calls' events, in order
+	bypassOrder []any
+}
+
+func (l *eventLog) recordBypass(e any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.bypassOrder = append(l.bypassOrder, e)
 }
 
 func record[E any](l *eventLog, list *[]E, e E, kind eventKind, id bulkhead.ID) {
@@ -135,11 +143,14 @@ func record[E any](l *eventLog, list *[]E, e E, kind eventKind, id bulkhead.ID) 
 
 func (l *eventLog) hooks() bulkhead.Hooks {
 	return bulkhead.Hooks{
-		Admit:       func(e bulkhead.AdmitEvent) { record(l, &l.admits, e, evAdmit, e.ID) },
-		Abandon:     func(e bulkhead.AbandonEvent) { record(l, &l.abandons, e, evAbandon, e.ID) },
-		Release:     func(e bulkhead.ReleaseEvent) { record(l, &l.releases, e, evRelease, e.ID) },
-		Reject:      func(e bulkhead.RejectEvent) { record(l, &l.rejects, e, -1, bulkhead.ID{}) },
-		Reconfigure: func(e bulkhead.ReconfigureEvent) { record(l, &l.reconfigs, e, -1, bulkhead.ID{}) },
+		Admit:         func(e bulkhead.AdmitEvent) { record(l, &l.admits, e, evAdmit, e.ID) },
+		Abandon:       func(e bulkhead.AbandonEvent) { record(l, &l.abandons, e, evAbandon, e.ID) },
+		Release:       func(e bulkhead.ReleaseEvent) { record(l, &l.releases, e, evRelease, e.ID) },
+		Reject:        func(e bulkhead.RejectEvent) { record(l, &l.rejects, e, -1, bulkhead.ID{}) },
+		Reconfigure:   func(e bulkhead.ReconfigureEvent) { record(l, &l.reconfigs, e, -1, bulkhead.ID{}) },
+		Bypass:        func(e bulkhead.BypassEvent) { l.recordBypass(e) },
+		BypassUsage:   func(e bulkhead.BypassUsageEvent) { l.recordBypass(e) },
+		BypassRelease: func(e bulkhead.BypassReleaseEvent) { l.recordBypass(e) },
 	}
 }
 
@@ -198,6 +209,7 @@ func normalize(st bulkhead.Stats) bulkhead.Stats {
 	st.Gate.RejectedByReason = nonZero(st.Gate.RejectedByReason)
 	st.Calls.RejectedByReason = nonZero(st.Calls.RejectedByReason)
 	st.Calls.AbandonedByCause = nonZero(st.Calls.AbandonedByCause)
+	st.Observe.BypassedByReason = nonZero(st.Observe.BypassedByReason)
 	st.Events.Backlog = 0 // a gauge of the event goroutine's progress, not of admission
 	if st.Classes != nil {
 		c := *st.Classes
@@ -299,7 +311,8 @@ func checkCounters(st bulkhead.Stats, abandoned map[string]int64) error {
 // pending, no token held, globally and per class.
 func checkIdle(st bulkhead.Stats) error {
 	g, c := st.Gate, st.Calls
-	idle := g.InFlight == 0 && g.Pending == 0 && c.InFlight == 0 && c.Admitted == c.Released && g.Admitted == g.Released
+	idle := g.InFlight == 0 && g.Pending == 0 && c.InFlight == 0 && c.Admitted == c.Released && g.Admitted == g.Released &&
+		st.Observe.InFlight == 0
 	if tb := st.TokenBudget; tb != nil {
 		idle = idle && tb.InFlightTokens == 0
 	}

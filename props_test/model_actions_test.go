@@ -99,6 +99,9 @@ func (m *machine) call(t *rapid.T, c call, run bool) *hold {
 		kind = "Run"
 	}
 	w := m.start(c, run)
+	if c.observe {
+		kind = fmt.Sprintf("Run(observe %v)", c.shadow)
+	}
 	m.descr = fmt.Sprintf("%s%s #%d class=%q prio=%v reserved=%d timeout=%v deadline=%v ctxDone=%v", m.label, kind, w.id,
 		c.class, c.prio, c.res.Reserved, c.timeout, c.deadline, c.ctxDone)
 	switch d, why, cons, atGate := m.decide(c); d {
@@ -109,6 +112,14 @@ func (m *machine) call(t *rapid.T, c call, run bool) *hold {
 		return h
 	case rejectNow:
 		m.tokensFrozen = true
+		if w.observe && w.shadow.has(why) {
+			// Refused on arrival: bypassed at once, with no rejection.
+			m.capacityFrozen = true
+			d := m.detailFor(w.class, w.prio, w.res.Reserved, cons, why)
+			b := m.bypass(w, why, false, &rejectWant{ev: bulkhead.RejectEvent{Detail: &d}})
+			m.awaitAll(t, []expect{{w: w, reason: why, bypass: b}})
+			return nil
+		}
 		m.awaitAll(t, []expect{m.reject(w, why, cons, atGate)})
 	default:
 		m.seen["queued"]++
@@ -292,14 +303,7 @@ func (m *machine) finishRun(t *rapid.T, h *hold, fail bool, usage *bulkhead.Usag
 	m.settle(h, usage)
 	es := m.pump()
 	if !h.expired {
-		select {
-		case d := <-h.w.run.done:
-			if fail && (d.v != 0 || !errors.Is(d.err, errCallback)) || !fail && (d.v != 42 || d.err != nil) {
-				t.Fatalf("%s: Run returned %d, %v", m.descr, d.v, d.err)
-			}
-		case <-time.After(settle):
-			t.Fatalf("%s: Run did not return", m.descr)
-		}
+		m.awaitReturn(t, h.w, fail)
 	} else {
 		// Run returned at the deadline; the late callback's settlement still
 		// releases the admission (its tokens) when it returns.
@@ -747,6 +751,12 @@ func (m *machine) invalid(t *rapid.T) {
 		{"WithDetail on Run", run(bulkhead.WithDetail())},
 		{"WouldAdmit with an unknown class", wouldAdmit(bulkhead.WithClass("nope"))},
 		{"WouldAdmit with a queue timeout", wouldAdmit(bulkhead.WithQueueTimeout(unit))},
+		{"Acquire in observe mode", acquire(ok, bulkhead.WithMode(bulkhead.Observe))},
+		{"WouldAdmit in observe mode", wouldAdmit(bulkhead.WithMode(bulkhead.Observe))},
+		{"Run with an unknown mode", run(bulkhead.WithMode(bulkhead.Mode(3)))},
+		{"Run shadowing aborted", run(bulkhead.WithMode(bulkhead.Observe), bulkhead.WithShadowReasons(bulkhead.Timeout, bulkhead.Aborted))},
+		{"Run shadowing shutdown", run(bulkhead.WithMode(bulkhead.Observe), bulkhead.WithShadowReasons(bulkhead.Shutdown))},
+		{"Run with shadow reasons in enforce mode", run(bulkhead.WithShadowReasons(bulkhead.Timeout))},
 	}
 	c := cases[rapid.IntRange(0, len(cases)-1).Draw(t, "invalidCase")]
 	m.descr = "Invalid: " + c.name
@@ -764,7 +774,8 @@ func (m *machine) invalid(t *rapid.T) {
 // nothing (F33).
 func (m *machine) drainDoneCtx(t *rapid.T) {
 	live := m.calls.Admitted - m.calls.Released
-	idle := live == 0 && len(m.queue) == 0
+	bypassed := int(m.observe.InFlight)
+	idle := live == 0 && len(m.queue) == 0 && bypassed == 0
 	if idle && m.closed {
 		// A drained, closed bulkhead stops event delivery; that is the
 		// final Drain's job (see TestDrainDoneCtxOnClosedIdleKeepsEvents).
@@ -777,7 +788,7 @@ func (m *machine) drainDoneCtx(t *rapid.T) {
 	res, err := m.b.Drain(ctx)
 	want := bulkhead.DrainResult{Drained: idle}
 	if !idle {
-		want.InFlight, want.Pending = int(live), len(m.queue)
+		want.InFlight, want.Pending, want.Bypassed = int(live), len(m.queue), bypassed
 	}
 	if res != want || (idle && err != nil) || (!idle && !errors.Is(err, context.Canceled)) {
 		t.Fatalf("%s: = %+v, %v; want %+v", m.descr, res, err, want)

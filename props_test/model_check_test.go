@@ -23,6 +23,8 @@ func (m *machine) wantStats() bulkhead.Stats {
 	st.Gate.MaxQueue = m.limits.MaxQueue
 	st.Gate.Closed = m.closed
 	st.Calls.InFlight = m.calls.Admitted - m.calls.Released
+	st.Observe = m.observe
+	st.Observe.BypassedByReason = maps.Clone(m.observe.BypassedByReason)
 	if m.hasBudget {
 		b := m.limits.TokenBudget
 		st.TokenBudget = &bulkhead.BudgetStats{
@@ -122,6 +124,7 @@ func (m *machine) check(t *rapid.T) {
 		m.stepApply = false
 		m.stepEnqueued = false
 		m.tokensFrozen = false
+		m.capacityFrozen = false
 	}()
 
 	// The model, all of Stats.
@@ -199,6 +202,9 @@ func (m *machine) check(t *rapid.T) {
 	if err := checkCounters(got, abandoned); err != nil {
 		t.Fatalf("after %s: %v", m.descr, err)
 	}
+	if err := checkObserve(prev, got, m.capacityFrozen); err != nil {
+		t.Fatalf("after %s: %v", m.descr, err)
+	}
 	// I8: revisions only rise.
 	if got.Limits.Revision < prev.Limits.Revision {
 		t.Fatalf("I8: revision fell from %d to %d", prev.Limits.Revision, got.Limits.Revision)
@@ -214,6 +220,12 @@ func (m *machine) check(t *rapid.T) {
 func (m *machine) finish(t *rapid.T) {
 	m.close(t)
 	m.check(t)
+	for _, b := range m.bypassed {
+		if !b.released {
+			m.finishBypass(t, b, false, withBreakdown(t, bulkhead.Usage{Input: 1, Output: 2}))
+			m.check(t)
+		}
+	}
 	for _, h := range m.holds {
 		if h.released {
 			continue
@@ -251,6 +263,7 @@ func (m *machine) finish(t *rapid.T) {
 		t.Fatalf("F11: exact usage but reserved %d != consumed %d + refunded %d", tb.TotalReserved, tb.TotalConsumed, tb.TotalRefunded)
 	}
 	m.checkEvents(t, st)
+	m.checkBypassEvents(t, st)
 }
 
 func (m *machine) checkEvents(t *rapid.T, st bulkhead.Stats) {

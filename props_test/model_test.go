@@ -16,14 +16,17 @@ import (
 // TestModel drives the public engine with random sequences of calls and
 // checks it, after every step, against a model of the SPEC that predicts
 // the whole of Stats, every outcome and every rejection's detail, and
-// against the invariants of SPEC section I (I1-I6, I8, I11) read from Stats
-// alone; at the end of each sequence, against every event it emitted (I2,
-// I3, F30, F31).
+// against the invariants of SPEC section I (I1-I6, I8, I10, I11) read from
+// Stats alone; at the end of each sequence, against every event it emitted
+// (I2, I3, F30, F31).
 //
 // The configuration is drawn: gate limits, a queue timeout, a token budget
 // or none, and in the "classes" variant an admission class table (SPEC
 // F16-F20). The steps: Acquire and Run (the callback held until the test
-// lets it go, with or without a borrowed-slot deadline), Release (with
+// lets it go, with or without a borrowed-slot deadline), observe-mode Run
+// (bypassed at once, after a queue timeout or a failed postcheck, or
+// admitted; its bypassed callback reporting usage, trying to abandon, and
+// finishing), Release (with
 // usage, without, invalid, twice), AbandonBorrowedConcurrency, cancelling a
 // waiter, moving the clock past queue timeouts and deadlines, ApplyLimits
 // (valid, stale, invalid), SetBudget, WouldAdmit, invalid calls, Drain with
@@ -71,6 +74,8 @@ func (m *machine) actions() map[string]func(*rapid.T) {
 	}{
 		{"Acquire", 3, 3, m.acquire},
 		{"Run", 2, 3, m.run},
+		{"Observe", 2, 2, m.observeRun},
+		{"Bypassed", 2, 2, m.bypassStep},
 		{"Release", 4, 3, m.release},
 		{"Advance", 2, 2, m.advance},
 		{"Abandon", 1, 2, m.abandon},
@@ -122,6 +127,8 @@ type waiter struct {
 	res      bulkhead.Reservation // zero without a budget
 	deadline time.Duration        // Run's borrowed-slot deadline, 0 for none
 	timeout  time.Duration        // its queue timeout, 0 for none
+	observe  bool                 // an observe-mode Run
+	shadow   reasonSet            // its shadow reasons
 	enqueued time.Time
 	expires  time.Time // when its queue timeout fires; zero: none
 	cancel   context.CancelFunc
@@ -158,6 +165,7 @@ type expect struct {
 	reason bulkhead.Reason // noReason: admitted as h
 	h      *hold
 	reject *rejectWant
+	bypass *bypassRun // bypassed (after reject, for a race)
 }
 
 // rejectWant is what the model predicts of a rejection: its reject event
@@ -193,6 +201,8 @@ type call struct {
 	deadline time.Duration
 	timeout  time.Duration
 	ctxDone  bool
+	observe  bool
+	shadow   reasonSet
 }
 
 type machine struct {
@@ -223,6 +233,10 @@ type machine struct {
 	timers int64 // AfterFunc timers the engine must have registered
 	nextID int
 
+	// Observe mode: every bypassed call, and the statistics.
+	bypassed []*bypassRun
+	observe  bulkhead.ObserveStats
+
 	// What the events must show.
 	ev         *eventLog
 	admitOrder []bulkhead.ID
@@ -237,11 +251,14 @@ type machine struct {
 	stepAdmits   []*hold // admissions of this step, in order
 	stepApply    bool    // the limits may have changed
 	stepEnqueued bool
-	tokensFrozen bool   // the step may not change any token counter (I4)
-	descr        string // what the step did, for failures
-	label        string // prefixes descr
-	steps        int
-	finished     bool
+	tokensFrozen bool // the step may not change any token counter (I4)
+	// capacityFrozen says the step only bypassed or ran bypassed work: it
+	// may change no counter but Observe's (I10).
+	capacityFrozen bool
+	descr          string // what the step did, for failures
+	label          string // prefixes descr
+	steps          int
+	finished       bool
 
 	// seen counts what the runs exercised, to show the test reaches the
 	// interesting cases.
@@ -641,7 +658,12 @@ func (m *machine) reject(w *waiter, why bulkhead.Reason, cons bulkhead.Constrain
 	r.waitUnknown = why == bulkhead.Timeout
 	m.rejects[w.req] = r
 	m.seen[fmt.Sprintf("reject %v/%v queued=%v", why, cons, !w.enqueued.IsZero())]++
-	return expect{w: w, reason: why, reject: r}
+	e := expect{w: w, reason: why, reject: r}
+	if w.observe && !w.enqueued.IsZero() && w.shadow.has(why) {
+		// Refused after it queued: rejected, then bypassed (a race).
+		e.bypass = m.bypass(w, why, true, r)
+	}
+	return e
 }
 
 // admit records the admission of w, whose slot is granted now, and returns

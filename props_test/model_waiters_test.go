@@ -37,6 +37,7 @@ func (r *callback) stop() { r.stopper.Do(func() { close(r.cmds) }) }
 // callbackStart is what the callback saw of its admission when it started.
 type callbackStart struct {
 	admissionView
+	bypass *bulkhead.Bypass
 	ctxErr error
 }
 
@@ -44,6 +45,8 @@ type callbackStart struct {
 // finish (with usage set, or failing).
 type command struct {
 	abandon bool
+	report  *bulkhead.Usage // report usage, with prog
+	prog    *bulkhead.Progressive
 	usage   *bulkhead.Usage
 	fail    bool
 	reply   chan commandReply
@@ -51,6 +54,8 @@ type command struct {
 
 type commandReply struct {
 	abandoned bool
+	rep       bulkhead.UsageReport // ReportUsage's report and error
+	repErr    error
 	setErr    error // SetUsage's error
 	cause     error // context.Cause of the callback's context when it finished
 }
@@ -62,10 +67,15 @@ type runDone struct {
 
 // fn is the callback.
 func (r *callback) fn(ctx context.Context, rc *bulkhead.RunContext) (int, error) {
-	r.started <- callbackStart{admissionView: viewOf(rc), ctxErr: ctx.Err()}
+	r.started <- callbackStart{admissionView: viewOf(rc), bypass: rc.Bypass(), ctxErr: ctx.Err()}
 	for cmd := range r.cmds {
 		if cmd.abandon {
 			cmd.reply <- commandReply{abandoned: rc.AbandonBorrowedConcurrency()}
+			continue
+		}
+		if cmd.report != nil {
+			rep, err := rc.ReportUsage(*cmd.report, cmd.prog)
+			cmd.reply <- commandReply{rep: rep, repErr: err}
 			continue
 		}
 		var rep commandReply
@@ -95,6 +105,7 @@ func (m *machine) start(c call, run bool) *waiter {
 	m.nextID++
 	w := &waiter{
 		id: m.nextID, req: c.req, class: c.class, prio: c.prio, res: c.res, deadline: c.deadline, timeout: c.timeout,
+		observe: c.observe, shadow: c.shadow,
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	w.cancel = cancel
@@ -183,6 +194,10 @@ func (m *machine) await(t *rapid.T, e expect) {
 	if !e.w.enqueued.IsZero() {
 		m.seen["queued->"+reasonName(e.reason)]++
 	}
+	if e.bypass != nil {
+		m.adoptBypass(t, e.bypass, o)
+		return
+	}
 	if e.reason == noReason {
 		if o.err != nil {
 			t.Fatalf("%v: %v, want admission (%s)\ndetail %s", e.w, o.err, m.descr, fmtDetail(detailOf(o.err)))
@@ -220,6 +235,9 @@ func (m *machine) adopt(t *rapid.T, h *hold, o ended) {
 		}
 	}
 	h.id = a.id
+	if o.start != nil && o.start.bypass != nil {
+		t.Fatalf("%v: admitted, but its RunContext says bypassed %+v (%s)", h.w, *o.start.bypass, m.descr)
+	}
 	if a.rev != h.rev || a.prio != h.prio || a.class != h.class || a.resources != h.resources {
 		t.Fatalf("%v admitted with revision %d priority %v class %q resources %+v; want %d %v %q %+v (I8, F18, F25) (%s)",
 			h.w, a.rev, a.prio, a.class, a.resources, h.rev, h.prio, h.class, h.resources, m.descr)
@@ -273,6 +291,16 @@ func (m *machine) noStray(t *rapid.T) {
 		default:
 		}
 	}
+	for _, b := range m.bypassed {
+		if b.released {
+			continue
+		}
+		select {
+		case d := <-b.w.run.done:
+			t.Fatalf("bypassed Run of %s returned %d, %v while its callback runs (%s)", b.id, d.v, d.err, m.descr)
+		default:
+		}
+	}
 }
 
 // waitQueued waits until the engine's queue holds n waiters, failing if w
@@ -305,6 +333,20 @@ func (m *machine) waitTimers(t *rapid.T) {
 	})
 	if err != nil {
 		t.Fatalf("%v (%s)", err, m.descr)
+	}
+}
+
+// awaitReturn waits for the Run of w, whose callback was told to finish,
+// to return what it returned: errCallback when it failed, else 42.
+func (m *machine) awaitReturn(t *rapid.T, w *waiter, fail bool) {
+	t.Helper()
+	select {
+	case d := <-w.run.done:
+		if fail && (d.v != 0 || !errors.Is(d.err, errCallback)) || !fail && (d.v != 42 || d.err != nil) {
+			t.Fatalf("%s: Run returned %d, %v", m.descr, d.v, d.err)
+		}
+	case <-time.After(settle):
+		t.Fatalf("%s: Run did not return", m.descr)
 	}
 }
 

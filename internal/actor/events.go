@@ -21,6 +21,9 @@ const (
 	KindReconfigure
 	KindUsage
 	KindAbandon
+	KindBypass
+	KindBypassUsage
+	KindBypassRelease
 	NumKinds
 )
 
@@ -122,6 +125,12 @@ func kindOf(ev any) (Kind, bool) {
 		return KindUsage, true
 	case *admission.AbandonEvent:
 		return KindAbandon, true
+	case *admission.BypassEvent:
+		return KindBypass, true
+	case *admission.BypassUsageEvent:
+		return KindBypassUsage, true
+	case *admission.BypassReleaseEvent:
+		return KindBypassRelease, true
 	}
 	return 0, false
 }

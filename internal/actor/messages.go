@@ -40,6 +40,11 @@ type AcquireRequest struct {
 	// BorrowedDeadline, when positive, bounds how long the admission may
 	// keep a borrowed slot (Run's borrowed-slot deadline).
 	BorrowedDeadline time.Duration
+	// Shadow is observe mode's set of reasons to bypass instead of reject:
+	// capacity reasons only (budget, concurrency, queue limits, timeout).
+	// A call refused for one of them is answered with a bypass (Err nil,
+	// Lease.Bypass set) that holds nothing. Empty for every other call.
+	Shadow admission.ReasonSet
 
 	// Err is the rejection, nil when admitted. Set by the engine.
 	Err error
@@ -87,7 +92,7 @@ func (r *AcquireRequest) reset() {
 	r.ctxDone, r.ended = nil, nil
 	r.Priority, r.Reservation, r.QueueTimeout = 0, admission.Reservation{}, 0
 	r.Start, r.answered = time.Time{}, false
-	r.Class, r.BorrowedDeadline = classes.None, 0
+	r.Class, r.BorrowedDeadline, r.Shadow = classes.None, 0, 0
 }
 
 func (r *AcquireRequest) mailboxNode() *mpscNode { return &r.node }
@@ -139,6 +144,10 @@ type Lease struct {
 	Resources admission.Resources
 	// Request is the admitted request, opaque to the engine.
 	Request any
+	// Bypass is set, instead of an admission, for a call that observe mode
+	// runs without admitting it: it holds nothing, and its usage reports and
+	// release only count in the observe statistics.
+	Bypass *Bypass
 
 	engine    *Engine
 	releasing atomic.Bool
@@ -158,6 +167,16 @@ type Lease struct {
 	// is closed when it expires first.
 	deadline time.Duration
 	expired  chan struct{}
+}
+
+// Bypass is what observe mode records of a call it bypassed.
+type Bypass struct {
+	// Reason is the rejection the call was spared.
+	Reason admission.Reason
+	// Race is true when the call was refused only after it had queued.
+	Race bool
+	// Detail is the capacity snapshot of the refusal.
+	Detail *admission.RejectDetail
 }
 
 // Deadline returns the admission's borrowed-slot deadline and a channel
@@ -201,6 +220,27 @@ type releaseMsg struct {
 }
 
 func (m *releaseMsg) mailboxNode() *mpscNode { return &m.node }
+
+// usageCopy returns a copy of m's usage for an event (the whole struct:
+// the breakdown reaches the event), nil when it has none.
+func (m *releaseMsg) usageCopy() *admission.Usage {
+	if !m.hasUsage {
+		return nil
+	}
+	u := m.usage
+	return &u
+}
+
+// settleUsage makes m's usage the final usage of its lease: the release's
+// own, else the last report, if any.
+func (m *releaseMsg) settleUsage() {
+	if m.hasUsage && !m.usage.Valid() {
+		m.hasUsage = false // the facade validates; never count a bad sum
+	}
+	if !m.hasUsage && m.l.reported {
+		m.usage, m.hasUsage = m.l.last, true
+	}
+}
 
 // Released reports whether Release has been called on the lease.
 func (l *Lease) Released() bool { return l.releasing.Load() }

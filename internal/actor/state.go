@@ -76,6 +76,10 @@ type state struct {
 	abandoned  [2]int64
 	budget     admission.BudgetStats
 
+	// Observe mode: calls run without admission.
+	observe     admission.ObserveStats
+	bypassByWhy [admission.NumReasons]int64
+
 	listeners [NumKinds]int
 	drains    []*drainRequest
 
@@ -212,7 +216,7 @@ func (s *state) acquire(r *AcquireRequest) {
 		return
 	}
 	if why, cons := s.checkCapacity(r.Priority, r.Reservation.Reserved, r.Class, false); why != admission.NoReason {
-		s.reject(r, why, false, nil, cons)
+		s.refuse(r, why, false, cons)
 		return
 	}
 	if s.inFlight < s.limits.MaxConcurrent {
@@ -221,10 +225,21 @@ func (s *state) acquire(r *AcquireRequest) {
 		return
 	}
 	if why := s.gateReason(); why != admission.NoReason {
-		s.reject(r, why, true, nil, s.globalConstraint())
+		s.refuse(r, why, true, s.globalConstraint())
 		return
 	}
 	s.enqueue(r)
+}
+
+// refuse turns a new call away for a capacity reason: observe mode
+// bypasses it at once when it shadows why, without a rejection; otherwise
+// it is rejected.
+func (s *state) refuse(r *AcquireRequest, why admission.Reason, atGate bool, constraint admission.Constraint) {
+	if r.Shadow.Has(why) {
+		s.bypass(r, why, false, s.detail(r.Priority, r.Reservation.Reserved, r.Class, constraint))
+		return
+	}
+	s.reject(r, why, atGate, nil, constraint)
 }
 
 func (s *state) grantSlot() {
@@ -280,7 +295,9 @@ func (s *state) admit(r *AcquireRequest) {
 }
 
 // reject answers r with a rejection. atGate counts it as a gate-level one;
-// constraint names the limit it hit (with classes).
+// constraint names the limit it hit (with classes). A queued observe-mode
+// call whose rejection its mode shadows is then bypassed (a race bypass),
+// unless its context has ended.
 func (s *state) reject(r *AcquireRequest, why admission.Reason, atGate bool, cause error, constraint admission.Constraint) {
 	if atGate {
 		s.gate.Rejected++
@@ -306,6 +323,10 @@ func (s *state) reject(r *AcquireRequest, why admission.Reason, atGate bool, cau
 			Class:         s.tab.Name(r.Class),
 			Timing:        s.timing(r),
 		})
+	}
+	if r.Shadow.Has(why) && !r.ctxEnded() {
+		s.bypass(r, why, true, d)
+		return
 	}
 	r.Err = &admission.RejectedError{Reason: why, Detail: d, Cause: cause}
 	s.answer(r)
@@ -426,6 +447,10 @@ func (s *state) release(m *releaseMsg) {
 	if l.released {
 		return
 	}
+	if l.Bypass != nil {
+		s.endBypass(m)
+		return
+	}
 	l.released = true
 	if !l.abandoned {
 		s.returnSlot()
@@ -434,12 +459,7 @@ func (s *state) release(m *releaseMsg) {
 	s.calls--
 	s.callStats.Released++
 	held, refunded := l.held, int64(0)
-	if m.hasUsage && !m.usage.Valid() {
-		m.hasUsage = false // the facade validates; never count a bad sum
-	}
-	if !m.hasUsage && l.reported {
-		m.usage, m.hasUsage = l.last, true
-	}
+	m.settleUsage()
 	settled := classes.Settlement{Held: held, SlotAbandoned: l.abandoned}
 	if s.hasBudget {
 		if m.hasUsage {
@@ -462,11 +482,6 @@ func (s *state) release(m *releaseMsg) {
 	s.tab.Release(l.classID, settled)
 	l.held = 0
 	if s.listeners[KindRelease] > 0 {
-		var usage *admission.Usage
-		if m.hasUsage {
-			u := m.usage // the whole struct: the breakdown reaches the event
-			usage = &u
-		}
 		s.fx.emit(&admission.ReleaseEvent{
 			Request:        l.Request,
 			AdmissionID:    l.ID,
@@ -478,7 +493,7 @@ func (s *state) release(m *releaseMsg) {
 			HeldTokens:     held,
 			RefundedTokens: refunded,
 			UsageSequence:  l.sequence,
-			Usage:          usage,
+			Usage:          m.usageCopy(),
 		})
 	}
 	s.pump() // and answers any Drain this release completed
@@ -519,6 +534,9 @@ func (s *state) applyUsage(l *Lease, u admission.Usage, p *admission.Progressive
 	}
 	if l.released {
 		return rep, nil
+	}
+	if l.Bypass != nil {
+		return s.bypassUsage(l, u, p, rep), nil
 	}
 	hold := l.held
 	if s.hasBudget {
@@ -566,13 +584,19 @@ func (s *state) applyUsage(l *Lease, u admission.Usage, p *admission.Progressive
 			OutputRemaining: rep.OutputRemaining,
 			OverReservation: rep.OverReservation,
 		}
-		if p != nil {
-			pc := *p
-			ev.Progressive = &pc
-		}
+		ev.Progressive = copyProgressive(p)
 		s.fx.emit(ev)
 	}
 	return rep, nil
+}
+
+// copyProgressive returns a copy of *p for an event, nil for nil.
+func copyProgressive(p *admission.Progressive) *admission.Progressive {
+	if p == nil {
+		return nil
+	}
+	pc := *p
+	return &pc
 }
 
 // newHold is the hold a usage report asks for with a budget: input +
@@ -780,10 +804,10 @@ func (s *state) listen(kinds Kinds, delta int) (timing bool) {
 // silence stops the emission of events for good: event delivery is over.
 func (s *state) silence() { s.listeners = [NumKinds]int{} }
 
-func (s *state) idle() bool { return s.calls == 0 && s.pending == 0 }
+func (s *state) idle() bool { return s.calls == 0 && s.pending == 0 && s.observe.InFlight == 0 }
 
 func (s *state) drainResult() admission.DrainResult {
-	return admission.DrainResult{Drained: s.idle(), InFlight: int(s.calls), Pending: s.pending}
+	return admission.DrainResult{Drained: s.idle(), InFlight: int(s.calls), Pending: s.pending, Bypassed: int(s.observe.InFlight)}
 }
 
 // answerDrain replies to d with the current result.
@@ -856,6 +880,8 @@ func (s *state) stats(ext external) admission.Stats {
 		b.Available = max(0, b.Budget-s.tokens)
 		st.TokenBudget = &b
 	}
+	st.Observe = s.observe
+	st.Observe.BypassedByReason = byReason(&s.bypassByWhy)
 	st.ListenerPanics = ext.listenerPanics
 	st.LedgerDrift = s.drift + s.tab.Drift()
 	return st

@@ -66,7 +66,12 @@ func (r *recorder) kinds() []string {
 	return out
 }
 
-var allKinds = Kinds{true, true, true, true, true, true}
+var allKinds = func() (k Kinds) {
+	for i := range k {
+		k[i] = true
+	}
+	return k
+}()
 
 // newTestState returns a state machine over limits, listened to for every
 // kind of event, and the recorder of its effects.
@@ -690,5 +695,59 @@ func TestStateIDs(t *testing.T) {
 			t.Fatalf("ID %v repeated or not version 4", id)
 		}
 		seen[id] = true
+	}
+}
+
+// TestObserveBypass: a request whose refusal its shadow set holds is
+// answered as a bypass (at once without a reject event, after a queue
+// timeout with one), holds nothing, and keeps Drain waiting until its
+// release; a reason outside the set is still rejected.
+func TestObserveBypass(t *testing.T) {
+	s, rec := newTestState(t, budgetLimits(1, 1, 10))
+	shadow := admission.ReasonSet(0).With(admission.BudgetLimit).With(admission.Timeout).With(admission.QueueLimit)
+	held := newReq("held", 5)
+	s.acquire(held)
+	over := newReq("over", 6)
+	over.Shadow = shadow
+	s.acquire(over)
+	wantAnswers(t, rec, "held", admission.NoReason, "over", admission.NoReason)
+	if b := over.Lease.Bypass; b == nil || b.Reason != admission.BudgetLimit || b.Race || b.Detail == nil || !over.Lease.ID.Bypass() {
+		t.Fatalf("bypass %+v, ID %s", b, over.Lease.ID)
+	}
+	queued := newReq("queued", 1)
+	queued.Shadow, queued.QueueTimeout = shadow, time.Second
+	s.acquire(queued)
+	full := newReq("full", 1)
+	full.Shadow = admission.ReasonSet(0).With(admission.BudgetLimit) // not QueueLimit
+	s.acquire(full)
+	wantAnswers(t, rec, "full", admission.QueueLimit)
+	s.timeout(&timeoutMsg{r: queued, gen: rec.armed[queued]})
+	wantAnswers(t, rec, "queued", admission.NoReason)
+	if b := queued.Lease.Bypass; b == nil || b.Reason != admission.Timeout || !b.Race {
+		t.Fatalf("race bypass %+v", b)
+	}
+	if got, want := rec.kinds(), []string{"Admit", "Bypass", "Reject", "Reject", "Bypass"}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("events %v, want %v", got, want)
+	}
+	st := s.stats(external{})
+	if st.Gate.InFlight != 1 || st.TokenBudget.InFlightTokens != 5 || st.Observe.Bypassed != 2 || st.Observe.RaceBypassed != 1 ||
+		st.Observe.InFlight != 2 || st.Calls.Rejected != 2 {
+		t.Fatalf("stats %+v", st)
+	}
+	release(s, held)
+	s.drain(&drainRequest{})
+	if len(rec.drains) != 0 {
+		t.Fatalf("drained with bypassed calls running: %v", rec.drains)
+	}
+	s.release(&releaseMsg{l: over.Lease, usage: admission.Usage{Input: 2, Output: 3}, hasUsage: true})
+	release(s, queued)
+	if want := []admission.DrainResult{{Drained: true}}; !reflect.DeepEqual(rec.drains, want) {
+		t.Fatalf("drains %v, want %v", rec.drains, want)
+	}
+	if o := s.stats(external{}).Observe; o.InFlight != 0 || o.UsageReported != 1 || o.InputTokens != 2 || o.OutputTokens != 3 {
+		t.Fatalf("observe %+v", o)
+	}
+	if got, want := rec.kinds(), []string{"Release", "BypassRelease", "BypassRelease"}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("events %v, want %v", got, want)
 	}
 }

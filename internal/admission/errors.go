@@ -105,3 +105,12 @@ func CheckNonNegative(field string, v int64) error {
 	}
 	return nil
 }
+
+// ReasonSet is a set of reasons, one bit per reason.
+type ReasonSet uint16
+
+// Has reports whether r is in the set.
+func (s ReasonSet) Has(r Reason) bool { return s&(1<<r) != 0 }
+
+// With returns the set with r added.
+func (s ReasonSet) With(r Reason) ReasonSet { return s | 1<<r }

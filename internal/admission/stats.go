@@ -8,6 +8,7 @@ type Stats struct {
 	Calls          CallStats
 	TokenBudget    *BudgetStats
 	Classes        *ClassesStats
+	Observe        ObserveStats
 	ListenerPanics int64
 	LedgerDrift    int64
 }

@@ -29,11 +29,17 @@ func (p Priority) MarshalText() ([]byte, error) { return []byte(p.String()), nil
 
 // ID identifies one admission. It is a random RFC 4122 version 4 UUID,
 // minted when the call is admitted and carried by every artefact of that
-// admission: its token, run context, usage reports and events.
+// admission: its token, run context, usage reports and events. A bypass's
+// ID is a version 8 UUID (see Bypass).
 type ID [16]byte
 
+// Bypass reports whether the ID is a bypass's: version 8, where an
+// admission's is version 4.
+func (id ID) Bypass() bool { return id[6]>>4 == 8 }
+
 // String formats the ID as a UUID, such as
-// "1b4e28ba-2fa1-41d2-883f-0016d3cca427". The zero ID formats as "".
+// "1b4e28ba-2fa1-41d2-883f-0016d3cca427", with the prefix "shadow-" for a
+// bypass's. The zero ID formats as "".
 func (id ID) String() string {
 	if id == (ID{}) {
 		return ""
@@ -48,6 +54,9 @@ func (id ID) String() string {
 	hex.Encode(b[19:23], id[8:10])
 	b[23] = '-'
 	hex.Encode(b[24:], id[10:])
+	if id.Bypass() {
+		return "shadow-" + string(b[:])
+	}
 	return string(b[:])
 }
 
@@ -75,6 +84,7 @@ type DrainResult struct {
 	Drained  bool
 	InFlight int
 	Pending  int
+	Bypassed int
 }
 
 // AbandonCause says why a borrowed slot was given back early.
