@@ -17,6 +17,7 @@ import (
 	"strings"
 	"unicode/utf16"
 	"unicode/utf8"
+	"unsafe"
 
 	"github.com/llmbulkhead/bulkhead/internal/tokens"
 )
@@ -611,9 +612,18 @@ func (v Value) UTF16Len() int {
 	nd := v.n()
 	raw := v.d.src[nd.start+1 : nd.end-1]
 	if !nd.esc {
-		return tokens.UTF16Len(string(raw))
+		return tokens.UTF16Len(view(raw))
 	}
 	return escapedUTF16Len(raw)
+}
+
+// view returns b as a string without copying it, for functions that read
+// the string and do not keep it.
+func view(b []byte) string {
+	if len(b) == 0 {
+		return ""
+	}
+	return unsafe.String(&b[0], len(b))
 }
 
 func escapedUTF16Len(raw []byte) int {
@@ -621,9 +631,9 @@ func escapedUTF16Len(raw []byte) int {
 	for len(raw) > 0 {
 		j := bytes.IndexByte(raw, '\\')
 		if j < 0 {
-			return n + tokens.UTF16Len(string(raw))
+			return n + tokens.UTF16Len(view(raw))
 		}
-		n += tokens.UTF16Len(string(raw[:j]))
+		n += tokens.UTF16Len(view(raw[:j]))
 		if j+1 < len(raw) && raw[j+1] == 'u' {
 			raw = raw[min(j+6, len(raw)):] // each \u escape is one unit
 		} else {
