@@ -809,3 +809,23 @@ func appendKey(dst []byte, m Value) []byte {
 	b, _ := json.Marshal(m.Key()) // a string always marshals
 	return append(dst, b...)
 }
+
+// StringUTF16Len reports whether b is exactly one JSON string (its quotes
+// included, no surrounding whitespace) and returns its length, decoded, in
+// UTF-16 code units: what Parse and Value.UTF16Len would give, with one
+// scan and no Doc.
+func StringUTF16Len(b []byte) (n int, ok bool) {
+	if len(b) < 2 || b[0] != '"' {
+		return 0, false
+	}
+	p := parser{src: b}
+	esc, err := p.str()
+	if err != nil || p.i != len(b) {
+		return 0, false
+	}
+	raw := b[1 : len(b)-1]
+	if !esc {
+		return tokens.UTF16Len(view(raw)), true
+	}
+	return escapedUTF16Len(raw), true
+}
