@@ -810,22 +810,33 @@ func appendKey(dst []byte, m Value) []byte {
 	return append(dst, b...)
 }
 
-// StringUTF16Len reports whether b is exactly one JSON string (its quotes
-// included, no surrounding whitespace) and returns its length, decoded, in
-// UTF-16 code units: what Parse and Value.UTF16Len would give, with one
-// scan and no Doc.
-func StringUTF16Len(b []byte) (n int, ok bool) {
+// ScanString reads the JSON string b starts with (no whitespace before
+// it): size is its length in bytes, quotes included, and n its length,
+// decoded, in UTF-16 code units, what Value.UTF16Len gives after a Parse.
+// ok is false when b does not start with a valid string. It needs no Doc,
+// and one pass for a string of plain ASCII.
+func ScanString(b []byte) (size, n int, ok bool) {
 	if len(b) < 2 || b[0] != '"' {
-		return 0, false
+		return 0, 0, false
 	}
-	p := parser{src: b}
-	esc, err := p.str()
-	if err != nil || p.i != len(b) {
-		return 0, false
+	for i := 1; i < len(b); i++ {
+		switch c := b[i]; {
+		case c == '"':
+			return i + 1, i - 1, true
+		case c < 0x20:
+			return 0, 0, false
+		case c == '\\' || c >= utf8.RuneSelf:
+			p := parser{src: b}
+			esc, err := p.str()
+			if err != nil {
+				return 0, 0, false
+			}
+			raw := b[1 : p.i-1]
+			if esc {
+				return p.i, escapedUTF16Len(raw), true
+			}
+			return p.i, tokens.UTF16Len(view(raw)), true
+		}
 	}
-	raw := b[1 : len(b)-1]
-	if !esc {
-		return tokens.UTF16Len(view(raw)), true
-	}
-	return escapedUTF16Len(raw), true
+	return 0, 0, false
 }

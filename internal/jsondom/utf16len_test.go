@@ -26,55 +26,61 @@ func TestUTF16LenDoesNotAllocate(t *testing.T) {
 	}
 }
 
-func TestStringUTF16Len(t *testing.T) {
+func TestScanString(t *testing.T) {
 	for _, c := range []struct {
-		in string
-		n  int
-		ok bool
+		in   string
+		size int
+		n    int
+		ok   bool
 	}{
-		{`""`, 0, true},
-		{`"abc"`, 3, true},
-		{`"\u00e9t\u00e9 \ud83d\ude00"`, 6, true},
-		{`"été 😀"`, 6, true},
-		{`"a\"b"`, 3, true},
-		{`"a\\"`, 2, true},
-		{`"a\\""`, 0, false}, // a string and a stray quote
-		{`"a" `, 0, false},
-		{` "a"`, 0, false},
-		{`"a`, 0, false},
-		{`"a\x"`, 0, false},
-		{"\"a\nb\"", 0, false},
-		{`"a","b"`, 0, false},
-		{`a`, 0, false},
-		{``, 0, false},
+		{`""`, 2, 0, true},
+		{`"abc"`, 5, 3, true},
+		{`"abc",`, 5, 3, true},
+		{`"\u00e9t\u00e9 \ud83d\ude00"}`, 28, 6, true},
+		{`"été 😀"`, 12, 6, true},
+		{`"a\"b"x`, 6, 3, true},
+		{`"a\\"`, 5, 2, true},
+		{`"a\\""`, 5, 2, true},
+		{` "a"`, 0, 0, false},
+		{`"a`, 0, 0, false},
+		{`"é`, 0, 0, false},
+		{`"a\x"`, 0, 0, false},
+		{"\"a\nb\"", 0, 0, false},
+		{"\"\xff\"", 3, 1, true}, // invalid UTF-8 is kept, one unit a byte
+		{`a`, 0, 0, false},
+		{``, 0, 0, false},
 	} {
-		n, ok := StringUTF16Len([]byte(c.in))
-		if n != c.n || ok != c.ok {
-			t.Errorf("StringUTF16Len(%q) = %d, %v; want %d, %v", c.in, n, ok, c.n, c.ok)
-		}
-		var d Doc
-		if err := Parse(&d, []byte(c.in)); c.ok && (err != nil || d.Root().UTF16Len() != n) {
-			t.Errorf("%q: Parse disagrees: %v, %d", c.in, err, d.Root().UTF16Len())
+		size, n, ok := ScanString([]byte(c.in))
+		if size != c.size || n != c.n || ok != c.ok {
+			t.Errorf("ScanString(%q) = %d, %d, %v; want %d, %d, %v", c.in, size, n, ok, c.size, c.n, c.ok)
 		}
 	}
-	b := []byte(`"hello world, hello world, hello world"`)
-	if a := testing.AllocsPerRun(100, func() { _, _ = StringUTF16Len(b) }); a != 0 {
-		t.Errorf("StringUTF16Len allocates %v times", a)
+	b := []byte(`"hello world, hello world, hello world", "été"`)
+	if a := testing.AllocsPerRun(100, func() { _, _, _ = ScanString(b); _, _, _ = ScanString(b[41:]) }); a != 0 {
+		t.Errorf("ScanString allocates %v times", a)
 	}
 }
 
-// FuzzStringUTF16Len: StringUTF16Len agrees with Parse on every input.
-func FuzzStringUTF16Len(f *testing.F) {
-	for _, s := range []string{`"abc"`, `"\u00e9\ud83d\ude00"`, `"a\"b"`, `"a\\"`, `"a`, ` "a"`, "\"\xff\"", `"a","b"`} {
+// FuzzScanString: ScanString agrees with Parse on every input.
+func FuzzScanString(f *testing.F) {
+	for _, s := range []string{`"abc"`, `"\u00e9\ud83d\ude00",1`, `"a\"b"`, `"a\\"`, `"a`, ` "a"`, "\"\xff\"", `"a","b"`, `"é"`} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		n, ok := StringUTF16Len(b)
+		size, n, ok := ScanString(b)
+		if !ok {
+			// No prefix of b is a string Parse takes.
+			for i := 2; i <= len(b); i++ {
+				var d Doc
+				if Parse(&d, b[:i]) == nil && d.Root().Kind() == String && b[0] == '"' {
+					t.Fatalf("ScanString(%q) failed, Parse takes %q", b, b[:i])
+				}
+			}
+			return
+		}
 		var d Doc
-		err := Parse(&d, b)
-		want := err == nil && d.Root().Kind() == String && len(b) > 0 && b[0] == '"' && b[len(b)-1] == '"'
-		if ok != want || ok && n != d.Root().UTF16Len() {
-			t.Fatalf("StringUTF16Len(%q) = %d, %v; Parse: %v, %d", b, n, ok, err, d.Root().UTF16Len())
+		if err := Parse(&d, b[:size]); err != nil || d.Root().Kind() != String || d.Root().UTF16Len() != n {
+			t.Fatalf("ScanString(%q) = %d, %d; Parse of %q: %v, %d", b, size, n, b[:size], err, d.Root().UTF16Len())
 		}
 	})
 }
