@@ -146,14 +146,14 @@ type Meter struct {
 	started   bool     // generation has started
 	reported  bool     // a report has been made
 	lastOut   int64    // the output of the last report
+	quiet     int64    // up to this much text, output stays below the next report
 	noReports bool     // a report failed: make no more
 	prog      bulkhead.Progressive
 
-	sc   sseScanner
-	js   jsonSplitter
-	doc  jsondom.Doc
-	tpl  template
-	sdoc jsondom.Doc // for the template's strings
+	sc  sseScanner
+	js  jsonSplitter
+	doc jsondom.Doc
+	tpl template
 
 	stripping bool   // still removing the usage chunk
 	hold      []byte // the bytes of the block being read, in stripMode
@@ -297,13 +297,13 @@ func (m *Meter) Read(p []byte) (int, error) {
 
 // feed meters the next bytes of the body. mu is held.
 func (m *Meter) feed(b []byte) {
-	if !m.sse {
+	if m.sse {
+		m.sc.feed(b)
+		if m.sc.dead { // a line too long to keep: stop here
+			m.metering = false
+		}
+	} else {
 		m.js.feed(b)
-		return
-	}
-	m.sc.feed(b)
-	if m.sc.dead { // a line too long to keep: stop here
-		m.metering = false
 	}
 }
 
@@ -389,29 +389,47 @@ func (m *Meter) event(name, data []byte) (drop bool) {
 		m.settle()
 		return false
 	}
-	var e eventInfo
-	if chars, ok := m.tpl.match(name, data, &m.sdoc); ok {
-		e.chars, e.texts, e.started = chars, 1, m.tpl.started
+	if chars, ok := m.tpl.match(name, data); ok {
 		if fastPathCheck != nil {
-			fastPathCheck(m.format, name, data, e)
+			fastPathCheck(m.format, nil, name, data, eventInfo{chars: chars, texts: 1, started: m.tpl.started})
 		}
-	} else {
-		if jsondom.Parse(&m.doc, data) != nil {
-			return false // not JSON: nothing to meter
-		}
-		root := m.doc.Root()
-		parseEvent(m.format, name, root, true, &e)
-		if m.tpl.on && e.pure() {
-			m.tpl.learn(name, data, root, &e)
-		}
+		m.applyText(chars, m.tpl.started)
+		return false
+	}
+	if jsondom.Parse(&m.doc, data) != nil {
+		return false // not JSON: nothing to meter
+	}
+	var e eventInfo
+	root := m.doc.Root()
+	parseEvent(m.format, name, root, true, &e)
+	if m.tpl.on && e.pure() {
+		m.tpl.learn(name, data, root, &e)
 	}
 	m.apply(&e)
 	return m.stripping && e.usageRow
 }
 
+// wholeBlock is the sseSink's: a block the template reads whole. mu is
+// held.
+func (m *Meter) wholeBlock(b []byte) int {
+	size, data, chars, ok := m.tpl.matchBlock(b)
+	if !ok {
+		return 0
+	}
+	if fastPathCheck != nil {
+		var name []byte
+		if m.tpl.hasName {
+			name = m.tpl.name
+		}
+		fastPathCheck(m.format, b[:size], name, data, eventInfo{chars: chars, texts: 1, started: m.tpl.started})
+	}
+	m.applyText(chars, m.tpl.started)
+	return size
+}
+
 // fastPathCheck, when set (by tests), checks each event the template read
-// against a full parse.
-var fastPathCheck func(f Format, name, data []byte, got eventInfo)
+// against a full parse, and each block it read against the SSE scanner.
+var fastPathCheck func(f Format, block, name, data []byte, got eventInfo)
 
 // value is the jsonSink's: one JSON document, or one element of a
 // top-level array. mu is held.
@@ -454,7 +472,24 @@ func (m *Meter) apply(e *eventInfo) {
 		m.settle()
 		return
 	}
-	if m.started && (!m.reported || counted || m.output()-m.lastOut >= m.every) {
+	m.checkDue(counted)
+}
+
+// applyText takes in an event that carried only text (see eventInfo.pure).
+// mu is held.
+func (m *Meter) applyText(chars int64, started bool) {
+	m.chars += chars
+	m.started = m.started || started
+	m.checkDue(false)
+}
+
+// checkDue notes whether a report is due after an event; counted is true
+// when the provider's counts came with it. mu is held.
+func (m *Meter) checkDue(counted bool) {
+	if m.a == nil || m.noReports || !m.started {
+		return
+	}
+	if !m.reported || counted || m.chars > m.quiet && m.output()-m.lastOut >= m.every {
 		m.report()
 	}
 }
@@ -506,11 +541,9 @@ func (m *Meter) isExact() bool {
 // report reports the usage so far. mu is held.
 func (m *Meter) report() {
 	m.reported = true
-	if m.a == nil || m.noReports {
-		return
-	}
 	u := toUsage(m.current())
 	m.lastOut = u.Output
+	m.quiet = m.quietChars()
 	var prog *bulkhead.Progressive
 	if m.res != nil {
 		margin := m.margin
@@ -523,6 +556,25 @@ func (m *Meter) report() {
 	if _, err := m.a.ReportUsage(u, prog); err != nil {
 		m.noReports = true
 	}
+}
+
+// quietChars returns how much text the output may take before it reaches
+// the next report: below ceil(chars/ratio) >= target there is no need to
+// compute it. A bound that is too low only costs a computation.
+func (m *Meter) quietChars() int64 {
+	base := int64(0)
+	if m.prov.outputKnown() {
+		base = m.prov.counts(m.format).output
+	}
+	target := m.lastOut - base + m.every // the estimate that reports next
+	if target <= 1 {
+		return -1
+	}
+	q := float64(target-1) * m.ratio
+	if q >= math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return int64(q) - 1 // a character short, against rounding
 }
 
 // settle settles the admission, once. mu is held.

@@ -23,8 +23,21 @@ import (
 )
 
 func init() {
-	// Every event the fast path reads is checked against a full parse.
-	fastPathCheck = func(f Format, name, data []byte, got eventInfo) {
+	// Every event the fast path reads is checked against a full parse, and
+	// every block it reads against the scanner.
+	fastPathCheck = func(f Format, block, name, data []byte, got eventInfo) {
+		if block != nil {
+			r := &sseRecorder{in: string(block)}
+			sc := sseScanner{sink: r, max: maxLine, started: true}
+			sc.feed(block)
+			want := fmt.Sprintf("%q", data)
+			if name != nil {
+				want = fmt.Sprintf("%s:%q", name, data)
+			}
+			if len(r.events) != 1 || r.events[0] != want || len(r.ends) != 1 || r.ends[0] != len(block) {
+				panic(fmt.Sprintf("fast path read block %q as %s, the scanner as %v ending %v", block, want, r.events, r.ends))
+			}
+		}
 		var d jsondom.Doc
 		if err := jsondom.Parse(&d, data); err != nil {
 			panic(fmt.Sprintf("fast path read %q, which does not parse: %v", data, err))
@@ -104,11 +117,11 @@ func newBudgetBulkhead(t testing.TB, ev *events) *bulkhead.Bulkhead {
 	return b
 }
 
-func acquire(t testing.TB, b *bulkhead.Bulkhead) *bulkhead.Permit {
+func acquire(t testutil.Fataler, b *bulkhead.Bulkhead) *bulkhead.Permit {
 	t.Helper()
 	p, err := b.Acquire(context.Background(), testRequest)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("Acquire: %v", err)
 	}
 	if r := p.Reservation(); r == nil || r.Input != 10 || r.MaxOutput != 200 {
 		t.Fatalf("reservation = %+v, want input 10, max output 200", r)
@@ -225,7 +238,7 @@ func (f fixture) options() MeterOptions {
 }
 
 // checkReadErr checks what reading a fixture to its end returned.
-func (f fixture) checkReadErr(t testing.TB, err error) {
+func (f fixture) checkReadErr(t testutil.Fataler, err error) {
 	t.Helper()
 	if f.perr == "" {
 		if err != nil {
@@ -552,7 +565,7 @@ func TestMeterWithoutBudget(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := NewMeter(io.NopCloser(bytes.NewReader(data)), p, f.options())
+	m, err := NewMeter(io.NopCloser(iotest.OneByteReader(bytes.NewReader(data))), p, f.options())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -599,7 +612,7 @@ func (f *fakeAdmission) Reservation() *bulkhead.Reservation { return f.res }
 func TestMeterOtherAdmission(t *testing.T) {
 	data := readFixture(t, "openai_chat_no_usage.sse") // 38 characters
 	a := &fakeAdmission{res: &bulkhead.Reservation{Input: 7, MaxOutput: 8, Reserved: 15}}
-	m, err := NewMeter(io.NopCloser(bytes.NewReader(data)), a, MeterOptions{Format: OpenAIChat, SSE: true, CharsPerToken: 4, ReportEvery: 3, SafetyMargin: 5})
+	m, err := NewMeter(io.NopCloser(iotest.OneByteReader(bytes.NewReader(data))), a, MeterOptions{Format: OpenAIChat, SSE: true, CharsPerToken: 4, ReportEvery: 3, SafetyMargin: 5})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -624,7 +637,7 @@ func TestMeterOtherAdmission(t *testing.T) {
 
 	// A failing admission gets one report, and the meter still settles.
 	a = &fakeAdmission{fail: true}
-	m, err = NewMeter(io.NopCloser(bytes.NewReader(data)), a, MeterOptions{Format: OpenAIChat, SSE: true, CharsPerToken: 4, ReportEvery: 1})
+	m, err = NewMeter(io.NopCloser(iotest.OneByteReader(bytes.NewReader(data))), a, MeterOptions{Format: OpenAIChat, SSE: true, CharsPerToken: 4, ReportEvery: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -642,7 +655,7 @@ func TestMeterOtherAdmission(t *testing.T) {
 func TestMeterDefaultMargin(t *testing.T) {
 	data := readFixture(t, "openai_chat_no_usage.sse")
 	a := &fakeAdmission{res: &bulkhead.Reservation{Input: 7, MaxOutput: 100, Reserved: 107}}
-	m, err := NewMeter(io.NopCloser(bytes.NewReader(data)), a, MeterOptions{Format: OpenAIChat, SSE: true, CharsPerToken: 4, ReportEvery: 5})
+	m, err := NewMeter(io.NopCloser(iotest.OneByteReader(bytes.NewReader(data))), a, MeterOptions{Format: OpenAIChat, SSE: true, CharsPerToken: 4, ReportEvery: 5})
 	if err != nil {
 		t.Fatal(err)
 	}

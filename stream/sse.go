@@ -18,6 +18,12 @@ type sseSink interface {
 	// a block of lines (an event and its blank line, or lines that
 	// dispatched nothing): drop tells whether to drop the block's bytes.
 	blockEnd(pos int, drop bool)
+	// wholeBlock may read a whole block of lines at the start of b, which
+	// starts a line of the stream's first event after a blank line, and
+	// return its length in bytes, blank line included; 0 when it does not.
+	// It must do just what the scanner's event (and the block's end)
+	// would.
+	wholeBlock(b []byte) int
 }
 
 // sseScanner parses server-sent events as they pass, in chunks of any
@@ -56,14 +62,28 @@ func (s *sseScanner) feed(b []byte) {
 			}
 		}
 	}
+	cr := -1 // the next CR in b at or after pos, len(b) for none; -1: not looked for
 	for pos < len(b) && !s.stop && !s.dead {
 		rest := b[pos:]
-		i := bytes.IndexByte(rest, '\n')
-		if i < 0 {
-			i = len(rest)
+		if !s.inLine && s.ndata == 0 && !s.hasName && s.started {
+			if n := s.sink.wholeBlock(rest[:min(len(rest), s.max)]); n > 0 {
+				pos += n
+				s.lastDrop, s.lfInBlock = false, false
+				s.sink.blockEnd(pos, false)
+				continue
+			}
 		}
-		if j := bytes.IndexByte(rest[:i], '\r'); j >= 0 {
-			i = j
+		lf := bytes.IndexByte(rest, '\n')
+		if cr < pos {
+			if j := bytes.IndexByte(rest, '\r'); j >= 0 {
+				cr = pos + j
+			} else {
+				cr = len(b)
+			}
+		}
+		i := lf // the line end
+		if i < 0 || cr-pos < i {
+			i = min(cr-pos, len(rest))
 		}
 		if i == len(rest) { // no line end in this chunk
 			if len(s.line)+len(rest) > s.max {
@@ -74,18 +94,27 @@ func (s *sseScanner) feed(b []byte) {
 			s.inLine = true
 			return
 		}
-		ln := rest[:i]
-		if s.inLine {
-			if len(s.line)+len(ln) > s.max {
-				s.dead = true
+		if !s.inLine && s.ndata == 0 && s.started && i == lf && i+1 < len(rest) && rest[i+1] == '\n' &&
+			bytes.HasPrefix(rest, []byte("data:")) {
+			// A whole one-line event in the chunk: read in place.
+			if !s.wholeEvent(rest[:i]) {
 				return
 			}
-			s.line = append(s.line, ln...)
-			ln = s.line
+			pos += i + 2
+			s.sink.blockEnd(pos, s.lastDrop)
+			continue
+		}
+		ln := rest[:i]
+		if s.inLine {
+			ln = append(s.line, ln...)
+			s.line = ln
+		}
+		if len(ln) > s.max {
+			s.dead = true
+			return
 		}
 		end := pos + i + 1 // just past the line end
-		cr := rest[i] == '\r'
-		if cr {
+		if rest[i] == '\r' {
 			if i+1 < len(rest) {
 				if rest[i+1] == '\n' {
 					end++
@@ -104,6 +133,32 @@ func (s *sseScanner) feed(b []byte) {
 		}
 		pos = end
 	}
+}
+
+// wholeEvent dispatches an event that is one data line followed by a
+// blank line, both in the chunk, without copying it: what lineDone and
+// dispatch would do with the two lines. It returns false when the scan
+// ends there.
+func (s *sseScanner) wholeEvent(ln []byte) bool {
+	if len(ln) > s.max {
+		s.dead = true
+		return false
+	}
+	value := ln[len("data:"):]
+	if len(value) > 0 && value[0] == ' ' {
+		value = value[1:]
+	}
+	if len(value)+1 > s.max {
+		s.dead = true
+		return false
+	}
+	var name []byte
+	if s.hasName {
+		name = s.name
+	}
+	s.lastDrop = s.sink.event(name, value)
+	s.hasName, s.lfInBlock = false, false
+	return true
 }
 
 // finish ends the stream: a last line without a line end counts as a line,

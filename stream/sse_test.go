@@ -25,6 +25,8 @@ func (r *sseRecorder) event(name, data []byte) bool {
 	return false
 }
 
+func (r *sseRecorder) wholeBlock([]byte) int { return 0 }
+
 // blockEnd records where a block ends. The LF of a CRLF that a chunk
 // boundary split is reported apart, and extends the block the CR ended.
 func (r *sseRecorder) blockEnd(pos int, _ bool) {

@@ -17,8 +17,15 @@ import (
 // parses to the same tree with other string values, since replacing one
 // complete string token by another changes no other token: it says what
 // the template's event said, with this text. So match needs no parse
-// beyond checking that each hole holds exactly one valid string; anything
-// else goes the slow way, which learns the new shape.
+// beyond checking that each hole holds exactly one valid string (with no
+// whitespace around it); anything else goes the slow way, which learns the
+// new shape.
+//
+// The template also has the event's bytes on the wire, when the event was
+// one "event:" line (if it had a type), one "data: " line and a blank line,
+// all ending in LF: matchBlock reads a whole block of lines with the same
+// bytes around the holes, without looking for its line ends first. A
+// string token holds no raw line end, so such a block has the same lines.
 type template struct {
 	on      bool // the format's events may be read this way
 	ok      bool // a template has been learnt
@@ -28,7 +35,9 @@ type template struct {
 	mid     []byte
 	post    []byte
 	hole2   bool
-	started bool // the template's event showed that generation started
+	started bool   // the template's event showed that generation started
+	head    []byte // the block's bytes before pre: "event: <name>\ndata: "
+	block   bool   // head is set: matchBlock may be used
 }
 
 // learn makes the template from a pure event (see eventInfo.pure), parsed
@@ -49,64 +58,58 @@ func (t *template) learn(name, data []byte, root jsondom.Value, e *eventInfo) {
 	} else {
 		t.mid = append(t.mid[:0], data[he:]...)
 	}
+	t.head = t.head[:0]
+	if t.hasName {
+		t.head = append(append(append(t.head, "event: "...), name...), '\n')
+	}
+	t.head = append(t.head, "data: "...)
+	// A name or data with line ends of its own has no such block.
+	t.block = !bytes.ContainsAny(data, "\r\n") && !bytes.ContainsAny(name, "\r\n")
+}
+
+// scan matches the template's bytes at the start of d: end is where they
+// end, chars the UTF-16 length of the text.
+func (t *template) scan(d []byte) (end int, chars int64, ok bool) {
+	if !bytes.HasPrefix(d, t.pre) {
+		return 0, 0, false
+	}
+	i := len(t.pre)
+	size, n, ok := jsondom.ScanString(d[i:])
+	if !ok || !bytes.HasPrefix(d[i+size:], t.mid) {
+		return 0, 0, false
+	}
+	i += size + len(t.mid)
+	if t.hole2 {
+		if size, _, ok = jsondom.ScanString(d[i:]); !ok || !bytes.HasPrefix(d[i+size:], t.post) {
+			return 0, 0, false
+		}
+		i += size + len(t.post)
+	}
+	return i, int64(n), true
 }
 
 // match reads an event by the template: ok is false when it does not fit,
-// else chars is the UTF-16 length of its text. d is scratch.
-func (t *template) match(name, data []byte, d *jsondom.Doc) (chars int64, ok bool) {
-	if !t.ok || t.hasName != (name != nil) || !bytes.Equal(t.name, name) || !bytes.HasPrefix(data, t.pre) {
+// else chars is the UTF-16 length of its text.
+func (t *template) match(name, data []byte) (chars int64, ok bool) {
+	if !t.ok || t.hasName != (name != nil) || !bytes.Equal(t.name, name) {
 		return 0, false
 	}
-	rest := data[len(t.pre):]
-	q := closingQuote(rest)
-	if q < 0 {
-		return 0, false
-	}
-	text, rest := rest[:q+1], rest[q+1:]
-	if !t.hole2 {
-		if !bytes.Equal(rest, t.mid) {
-			return 0, false
-		}
-	} else {
-		if len(rest) < len(t.mid)+len(t.post) || !bytes.HasPrefix(rest, t.mid) || !bytes.HasSuffix(rest, t.post) {
-			return 0, false
-		}
-		if !isString(d, rest[len(t.mid):len(rest)-len(t.post)]) {
-			return 0, false
-		}
-	}
-	if !isString(d, text) {
-		return 0, false
-	}
-	return int64(d.Root().UTF16Len()), true
+	end, chars, ok := t.scan(data)
+	return chars, ok && end == len(data)
 }
 
-// closingQuote returns the index of the quote that closes the string b
-// starts with, or -1 when b does not start with a quote or the string does
-// not end in b.
-func closingQuote(b []byte) int {
-	if len(b) == 0 || b[0] != '"' {
-		return -1
+// matchBlock reads a block of lines at the start of b by the template's
+// wire form: size is the block's length, blank line included, data its
+// data, and chars the UTF-16 length of its text; ok is false when it does
+// not fit.
+func (t *template) matchBlock(b []byte) (size int, data []byte, chars int64, ok bool) {
+	if !t.ok || !t.block || !bytes.HasPrefix(b, t.head) {
+		return 0, nil, 0, false
 	}
-	for i := 1; ; {
-		j := bytes.IndexByte(b[i:], '"')
-		if j < 0 {
-			return -1
-		}
-		k := i + j
-		bs := 0
-		for bs < k-1 && b[k-1-bs] == '\\' {
-			bs++
-		}
-		if bs%2 == 0 {
-			return k
-		}
-		i = k + 1
+	d := b[len(t.head):]
+	end, chars, ok := t.scan(d)
+	if !ok || !bytes.HasPrefix(d[end:], []byte("\n\n")) {
+		return 0, nil, 0, false
 	}
-}
-
-// isString reports whether b is exactly one valid JSON string, leaving it
-// parsed in d.
-func isString(d *jsondom.Doc, b []byte) bool {
-	return jsondom.Parse(d, b) == nil && d.Root().Kind() == jsondom.String
+	return len(t.head) + end + 2, d[:end], chars, true
 }
