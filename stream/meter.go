@@ -97,7 +97,10 @@ const (
 // when the provider reports usage: the admission then holds only what the
 // stream may still produce (the reservation's max output less the output
 // so far) plus a safety margin, so a long stream frees what it will not
-// use. Without a budget it reports plain usage at the same points.
+// use. Without a budget it reports plain usage at the same points. A Read
+// makes at most one report, with the usage as of the end of the bytes it
+// returns (and none when the response ends in them: the meter settles
+// instead), so a fast reader does not pay a report for every few events.
 //
 // The meter settles exactly once: at the response's terminal event, at the
 // end of the body, at Close, at a read error (which Read returns), or at a
@@ -147,6 +150,7 @@ type Meter struct {
 	reported  bool     // a report has been made
 	lastOut   int64    // the output of the last report
 	quiet     int64    // up to this much text, output stays below the next report
+	due       bool     // a report is due at the end of the bytes being read
 	noReports bool     // a report failed: make no more
 	prog      bulkhead.Progressive
 
@@ -295,7 +299,8 @@ func (m *Meter) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// feed meters the next bytes of the body. mu is held.
+// feed meters the next bytes of the body, and reports if a report is due.
+// mu is held.
 func (m *Meter) feed(b []byte) {
 	if m.sse {
 		m.sc.feed(b)
@@ -304,6 +309,9 @@ func (m *Meter) feed(b []byte) {
 		}
 	} else {
 		m.js.feed(b)
+	}
+	if m.due && !m.settled {
+		m.report()
 	}
 }
 
@@ -486,12 +494,10 @@ func (m *Meter) applyText(chars int64, started bool) {
 // checkDue notes whether a report is due after an event; counted is true
 // when the provider's counts came with it. mu is held.
 func (m *Meter) checkDue(counted bool) {
-	if m.a == nil || m.noReports || !m.started {
+	if m.a == nil || m.noReports || !m.started || m.due {
 		return
 	}
-	if !m.reported || counted || m.chars > m.quiet && m.output()-m.lastOut >= m.every {
-		m.report()
-	}
+	m.due = !m.reported || counted || m.chars > m.quiet && m.output()-m.lastOut >= m.every
 }
 
 // estimate is the output the text seen since the provider's last count
@@ -540,7 +546,7 @@ func (m *Meter) isExact() bool {
 
 // report reports the usage so far. mu is held.
 func (m *Meter) report() {
-	m.reported = true
+	m.reported, m.due = true, false
 	u := toUsage(m.current())
 	m.lastOut = u.Output
 	m.quiet = m.quietChars()
