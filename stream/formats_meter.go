@@ -237,15 +237,33 @@ func parseChat(root jsondom.Value, stream bool, e *eventInfo) {
 		}
 		e.text(d.Get("function_call").Get("arguments"))
 	}
-	if u := root.Get("usage"); u.Kind() == jsondom.Object {
-		e.usage.in.set(u.Get("prompt_tokens"))
-		pd := u.Get("prompt_tokens_details")
-		e.usage.cacheRead.set(pd.Get("cached_tokens"))
-		e.usage.cacheWrite.set(pd.Get("cache_write_tokens"))
-		e.usage.out.set(u.Get("completion_tokens"))
-		e.usage.reasoning.set(u.Get("completion_tokens_details").Get("reasoning_tokens"))
+	if openAIUsage(root.Get("usage"), &chatUsageKeys, e) {
 		e.usageRow = stream && choices.Kind() == jsondom.Array && choices.Len() == 0
 	}
+}
+
+// openAIUsageKeys names the members of an OpenAI usage object, which the
+// two APIs name apart.
+type openAIUsageKeys struct{ in, inDetails, out, outDetails string }
+
+var (
+	chatUsageKeys      = openAIUsageKeys{"prompt_tokens", "prompt_tokens_details", "completion_tokens", "completion_tokens_details"}
+	responsesUsageKeys = openAIUsageKeys{"input_tokens", "input_tokens_details", "output_tokens", "output_tokens_details"}
+)
+
+// openAIUsage reads an OpenAI usage object, if u is one: the input count
+// includes cache reads and writes, the output count reasoning.
+func openAIUsage(u jsondom.Value, k *openAIUsageKeys, e *eventInfo) bool {
+	if u.Kind() != jsondom.Object {
+		return false
+	}
+	e.usage.in.set(u.Get(k.in))
+	d := u.Get(k.inDetails)
+	e.usage.cacheRead.set(d.Get("cached_tokens"))
+	e.usage.cacheWrite.set(d.Get("cache_write_tokens"))
+	e.usage.out.set(u.Get(k.out))
+	e.usage.reasoning.set(u.Get(k.outDetails).Get("reasoning_tokens"))
+	return true
 }
 
 // responsesDeltas are the Responses stream events whose delta is generated
@@ -308,16 +326,7 @@ func parseResponses(name []byte, root jsondom.Value, stream bool, e *eventInfo) 
 }
 
 func responsesUsage(r jsondom.Value, e *eventInfo) {
-	u := r.Get("usage")
-	if u.Kind() != jsondom.Object {
-		return
-	}
-	e.usage.in.set(u.Get("input_tokens"))
-	d := u.Get("input_tokens_details")
-	e.usage.cacheRead.set(d.Get("cached_tokens"))
-	e.usage.cacheWrite.set(d.Get("cache_write_tokens"))
-	e.usage.out.set(u.Get("output_tokens"))
-	e.usage.reasoning.set(u.Get("output_tokens_details").Get("reasoning_tokens"))
+	openAIUsage(r.Get("usage"), &responsesUsageKeys, e)
 }
 
 func parseAnthropic(name []byte, root jsondom.Value, stream bool, e *eventInfo) {
