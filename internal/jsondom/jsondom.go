@@ -12,6 +12,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"math/bits"
 	"slices"
 	"strconv"
 	"strings"
@@ -300,14 +301,19 @@ func (p *parser) str() (bool, error) {
 
 // plain8 reports whether none of the eight bytes of x is a control
 // character, a quote or a backslash (the classic SWAR byte tests).
-func plain8(x uint64) bool {
+func plain8(x uint64) bool { return stop8(x) == 0 }
+
+// stop8 sets the high bit of the bytes of x that are control characters,
+// quotes or backslashes. A borrow may also mark a byte above a marked one,
+// so only the lowest mark is sure.
+func stop8(x uint64) uint64 {
 	const lo, hi = 0x0101010101010101, 0x8080808080808080
 	less20 := (x - lo*0x20) &^ x & hi
 	q := x ^ (lo * '"')
 	quote := (q - lo) &^ q & hi
 	b := x ^ (lo * '\\')
 	bslash := (b - lo) &^ b & hi
-	return less20|quote|bslash == 0
+	return less20 | quote | bslash
 }
 
 func isHex4(b []byte) bool {
@@ -819,7 +825,16 @@ func ScanString(b []byte) (size, n int, ok bool) {
 	if len(b) < 2 || b[0] != '"' {
 		return 0, 0, false
 	}
-	for i := 1; i < len(b); i++ {
+	i := 1
+	for i+8 <= len(b) { // eight bytes at a time to the first that is not plain ASCII
+		x := binary.LittleEndian.Uint64(b[i:])
+		if m := stop8(x) | x&0x8080808080808080; m != 0 {
+			i += bits.TrailingZeros64(m) / 8
+			break
+		}
+		i += 8
+	}
+	for ; i < len(b); i++ {
 		switch c := b[i]; {
 		case c == '"':
 			return i + 1, i - 1, true
