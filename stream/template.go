@@ -31,14 +31,17 @@ type template struct {
 	ok      bool // a template has been learnt
 	hasName bool
 	name    []byte
-	pre     []byte
-	mid     []byte
-	post    []byte
-	hole2   bool
-	started bool   // the template's event showed that generation started
-	head    []byte // the block's bytes before pre: "event: <name>\ndata: "
-	block   bool   // head is set: matchBlock may be used
+	hole2   bool  // there is a second hole, for the obfuscation string
+	data    shape // the event's data
+	started bool  // the template's event showed that generation started
+	block   bool  // the event had a block of its own: wire is set
+	wire    shape // the block: "event: <name>\n" (with a name), "data: ", the data and "\n\n"
+	head    int   // the length of the block's bytes before the data
 }
+
+// shape is a template's fixed bytes: pre before the text string, then mid,
+// then (with a second hole) a string and post.
+type shape struct{ pre, mid, post []byte }
 
 // learn makes the template from a pure event (see eventInfo.pure), parsed
 // into root.
@@ -48,42 +51,52 @@ func (t *template) learn(name, data []byte, root jsondom.Value, e *eventInfo) {
 	t.ok, t.started = true, e.started
 	t.hasName = name != nil
 	t.name = append(t.name[:0], name...)
-	t.pre = append(t.pre[:0], data[:hs]...)
+	d, w := &t.data, &t.wire
+	d.pre = append(d.pre[:0], data[:hs]...)
 	t.hole2 = false
 	if o := root.Get("obfuscation"); o.Kind() == jsondom.String && o.Offset() >= he {
 		os := o.Offset()
 		t.hole2 = true
-		t.mid = append(t.mid[:0], data[he:os]...)
-		t.post = append(t.post[:0], data[os+len(o.Raw()):]...)
+		d.mid = append(d.mid[:0], data[he:os]...)
+		d.post = append(d.post[:0], data[os+len(o.Raw()):]...)
 	} else {
-		t.mid = append(t.mid[:0], data[he:]...)
+		d.mid = append(d.mid[:0], data[he:]...)
 	}
-	t.head = t.head[:0]
-	if t.hasName {
-		t.head = append(append(append(t.head, "event: "...), name...), '\n')
-	}
-	t.head = append(t.head, "data: "...)
 	// A name or data with line ends of its own has no such block.
 	t.block = !bytes.ContainsAny(data, "\r\n") && !bytes.ContainsAny(name, "\r\n")
+	w.pre = w.pre[:0]
+	if t.hasName {
+		w.pre = append(append(append(w.pre, "event: "...), name...), '\n')
+	}
+	w.pre = append(w.pre, "data: "...)
+	t.head = len(w.pre)
+	w.pre = append(w.pre, d.pre...)
+	w.mid = append(w.mid[:0], d.mid...)
+	w.post = append(w.post[:0], d.post...)
+	if t.hole2 {
+		w.post = append(w.post, "\n\n"...)
+	} else {
+		w.mid = append(w.mid, "\n\n"...)
+	}
 }
 
-// scan matches the template's bytes at the start of d: end is where they
+// scan matches the shape's bytes at the start of d: end is where they
 // end, chars the UTF-16 length of the text.
-func (t *template) scan(d []byte) (end int, chars int64, ok bool) {
-	if !bytes.HasPrefix(d, t.pre) {
+func (s *shape) scan(d []byte, hole2 bool) (end int, chars int64, ok bool) {
+	if !bytes.HasPrefix(d, s.pre) {
 		return 0, 0, false
 	}
-	i := len(t.pre)
+	i := len(s.pre)
 	size, n, ok := jsondom.ScanString(d[i:])
-	if !ok || !bytes.HasPrefix(d[i+size:], t.mid) {
+	if !ok || !bytes.HasPrefix(d[i+size:], s.mid) {
 		return 0, 0, false
 	}
-	i += size + len(t.mid)
-	if t.hole2 {
-		if size, _, ok = jsondom.ScanString(d[i:]); !ok || !bytes.HasPrefix(d[i+size:], t.post) {
+	i += size + len(s.mid)
+	if hole2 {
+		if size, _, ok = jsondom.ScanString(d[i:]); !ok || !bytes.HasPrefix(d[i+size:], s.post) {
 			return 0, 0, false
 		}
-		i += size + len(t.post)
+		i += size + len(s.post)
 	}
 	return i, int64(n), true
 }
@@ -94,7 +107,7 @@ func (t *template) match(name, data []byte) (chars int64, ok bool) {
 	if !t.ok || t.hasName != (name != nil) || !bytes.Equal(t.name, name) {
 		return 0, false
 	}
-	end, chars, ok := t.scan(data)
+	end, chars, ok := t.data.scan(data, t.hole2)
 	return chars, ok && end == len(data)
 }
 
@@ -103,13 +116,12 @@ func (t *template) match(name, data []byte) (chars int64, ok bool) {
 // data, and chars the UTF-16 length of its text; ok is false when it does
 // not fit.
 func (t *template) matchBlock(b []byte) (size int, data []byte, chars int64, ok bool) {
-	if !t.ok || !t.block || !bytes.HasPrefix(b, t.head) {
+	if !t.ok || !t.block {
 		return 0, nil, 0, false
 	}
-	d := b[len(t.head):]
-	end, chars, ok := t.scan(d)
-	if !ok || !bytes.HasPrefix(d[end:], []byte("\n\n")) {
+	end, chars, ok := t.wire.scan(b, t.hole2)
+	if !ok {
 		return 0, nil, 0, false
 	}
-	return len(t.head) + end + 2, d[:end], chars, true
+	return end, b[t.head : end-2], chars, true
 }
