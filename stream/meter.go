@@ -113,6 +113,11 @@ const (
 // After a provider error event the bytes still pass through, and where the
 // body would end with io.EOF, Read returns the *ProviderError instead.
 //
+// The meter keeps only what it must: in a stream, a line split between two
+// reads and the event being read. A line (or an event's data) longer than
+// 16 MiB ends the metering: the bytes still pass, and the meter settles
+// with the usage seen so far when the body ends.
+//
 // Read must not be called from two goroutines at once; Close, Usage,
 // Settled and Err may be called at any time, from any goroutine. Close
 // does not wait for a Read blocked on the body.
