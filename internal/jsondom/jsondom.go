@@ -12,6 +12,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"math/bits"
 	"slices"
 	"strconv"
 	"unicode/utf16"
@@ -299,14 +300,19 @@ func (p *parser) str() (bool, error) {
 
 // plain8 reports whether none of the eight bytes of x is a control
 // character, a quote or a backslash (the classic SWAR byte tests).
-func plain8(x uint64) bool {
+func plain8(x uint64) bool { return stop8(x) == 0 }
+
+// stop8 sets the high bit of the bytes of x that are control characters,
+// quotes or backslashes. A borrow may also mark a byte above a marked one,
+// so only the lowest mark is sure.
+func stop8(x uint64) uint64 {
 	const lo, hi = 0x0101010101010101, 0x8080808080808080
 	less20 := (x - lo*0x20) &^ x & hi
 	q := x ^ (lo * '"')
 	quote := (q - lo) &^ q & hi
 	b := x ^ (lo * '\\')
 	bslash := (b - lo) &^ b & hi
-	return less20|quote|bslash == 0
+	return less20 | quote | bslash
 }
 
 func isHex4(b []byte) bool {
@@ -681,9 +687,18 @@ func (v Value) UTF16Len() int {
 	nd := v.n()
 	raw := v.d.src[nd.start+1 : nd.end-1]
 	if !nd.esc {
-		return tokens.UTF16Len(string(raw))
+		return tokens.UTF16Len(view(raw))
 	}
 	return escapedUTF16Len(raw)
+}
+
+// view returns b as a string without copying it, for functions that read
+// the string and do not keep it.
+func view(b []byte) string {
+	if len(b) == 0 {
+		return ""
+	}
+	return unsafe.String(&b[0], len(b))
 }
 
 func escapedUTF16Len(raw []byte) int {
@@ -691,9 +706,9 @@ func escapedUTF16Len(raw []byte) int {
 	for len(raw) > 0 {
 		j := bytes.IndexByte(raw, '\\')
 		if j < 0 {
-			return n + tokens.UTF16Len(string(raw))
+			return n + tokens.UTF16Len(view(raw))
 		}
-		n += tokens.UTF16Len(string(raw[:j]))
+		n += tokens.UTF16Len(view(raw[:j]))
 		if j+1 < len(raw) && raw[j+1] == 'u' {
 			raw = raw[min(j+6, len(raw)):] // each \u escape is one unit
 		} else {
@@ -872,4 +887,44 @@ func appendKey(dst []byte, m Value) []byte {
 	}
 	b, _ := json.Marshal(m.Key()) // a string always marshals
 	return append(dst, b...)
+}
+
+// ScanString reads the JSON string b starts with (no whitespace before
+// it): size is its length in bytes, quotes included, and n its length,
+// decoded, in UTF-16 code units, what Value.UTF16Len gives after a Parse.
+// ok is false when b does not start with a valid string. It needs no Doc,
+// and one pass for a string of plain ASCII.
+func ScanString(b []byte) (size, n int, ok bool) {
+	if len(b) < 2 || b[0] != '"' {
+		return 0, 0, false
+	}
+	i := 1
+	for i+8 <= len(b) { // eight bytes at a time to the first that is not plain ASCII
+		x := binary.LittleEndian.Uint64(b[i:])
+		if m := stop8(x) | x&0x8080808080808080; m != 0 {
+			i += bits.TrailingZeros64(m) / 8
+			break
+		}
+		i += 8
+	}
+	for ; i < len(b); i++ {
+		switch c := b[i]; {
+		case c == '"':
+			return i + 1, i - 1, true
+		case c < 0x20:
+			return 0, 0, false
+		case c == '\\' || c >= utf8.RuneSelf:
+			p := parser{src: b}
+			esc, err := p.str()
+			if err != nil {
+				return 0, 0, false
+			}
+			raw := b[1 : p.i-1]
+			if esc {
+				return p.i, escapedUTF16Len(raw), true
+			}
+			return p.i, tokens.UTF16Len(view(raw)), true
+		}
+	}
+	return 0, 0, false
 }

@@ -1,0 +1,185 @@
+package stream
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"math/rand"
+	"sync"
+	"testing"
+	"time"
+
+	"pgregory.net/rapid"
+
+	"github.com/llmbulkhead/bulkhead"
+	"github.com/llmbulkhead/bulkhead/internal/testutil"
+)
+
+// sizesReader returns its data in reads of the given sizes, cycled.
+type sizesReader struct {
+	data  []byte
+	sizes []int
+	i     int
+}
+
+func (r *sizesReader) Read(p []byte) (int, error) {
+	if len(r.data) == 0 {
+		return 0, io.EOF
+	}
+	n := min(len(p), len(r.data), r.sizes[r.i%len(r.sizes)])
+	r.i++
+	copy(p, r.data[:n])
+	r.data = r.data[n:]
+	return n, nil
+}
+
+// releaseCounter counts each admission's release events.
+type releaseCounter struct {
+	mu    sync.Mutex
+	count map[bulkhead.ID]int
+	usage map[bulkhead.ID]*bulkhead.Usage
+	ch    chan bulkhead.ID
+}
+
+func newReleaseCounter(b *bulkhead.Bulkhead) *releaseCounter {
+	c := &releaseCounter{count: map[bulkhead.ID]int{}, usage: map[bulkhead.ID]*bulkhead.Usage{}, ch: make(chan bulkhead.ID, 1)}
+	b.Subscribe(bulkhead.Hooks{Release: func(e bulkhead.ReleaseEvent) {
+		c.mu.Lock()
+		c.count[e.ID]++
+		c.usage[e.ID] = e.Usage
+		c.mu.Unlock()
+		select { // wake a waiter; one that is not waiting checks the count
+		case c.ch <- e.ID:
+		default:
+		}
+	}})
+	return c
+}
+
+// wait waits for id's release and returns its usage, failing when it does
+// not come, or comes twice.
+func (c *releaseCounter) wait(t testutil.Fataler, b *bulkhead.Bulkhead, id bulkhead.ID) *bulkhead.Usage {
+	t.Helper()
+	deadline := time.After(testutil.Settle)
+	for {
+		c.mu.Lock()
+		n, u := c.count[id], c.usage[id]
+		c.mu.Unlock()
+		if n > 1 || b.Stats().Gate.DoubleReleases != 0 {
+			t.Fatalf("admission released %d times, %d double releases", n, b.Stats().Gate.DoubleReleases)
+		}
+		if n == 1 {
+			return u
+		}
+		select {
+		case <-c.ch:
+		case <-deadline:
+			t.Fatalf("admission not released within %v", testutil.Settle)
+		}
+	}
+}
+
+// TestMeterChunkingProperty: however the body is cut into reads, the caller
+// reads it unchanged and the meter settles once with the same usage; closed
+// early, it settles once with the usage seen so far.
+func TestMeterChunkingProperty(t *testing.T) {
+	b := newBudgetBulkhead(t, nil)
+	rc := newReleaseCounter(b)
+	data := map[string][]byte{}
+	for _, f := range fixtures {
+		data[f.file] = readFixture(t, f.file)
+	}
+	rapid.Check(t, func(t *rapid.T) {
+		f := rapid.SampledFrom(fixtures).Draw(t, "fixture")
+		in := data[f.file]
+		sizes := rapid.SliceOfN(rapid.IntRange(1, 96), 1, 32).Draw(t, "sizes")
+		closeAt := -1
+		if rapid.Bool().Draw(t, "close early") {
+			closeAt = rapid.IntRange(0, len(in)).Draw(t, "close at")
+		}
+		p := acquire(t, b)
+		m, err := NewMeter(io.NopCloser(&sizesReader{data: in, sizes: sizes}), p, f.options())
+		if err != nil {
+			t.Fatalf("NewMeter: %v", err)
+		}
+		if closeAt >= 0 {
+			out := make([]byte, closeAt)
+			if _, err := io.ReadFull(m, out); err != nil || !bytes.Equal(out, in[:closeAt]) {
+				t.Fatalf("read %d bytes: %v", closeAt, err)
+			}
+			seen, _ := m.Usage()
+			settled := m.Settled()
+			_ = m.Close()
+			u := rc.wait(t, b, p.ID())
+			if !settled && (u == nil || *u != seen) {
+				t.Fatalf("closed with %+v seen, released with %v", seen, u)
+			}
+			return
+		}
+		out, err := io.ReadAll(m)
+		f.checkReadErr(t, err)
+		if !bytes.Equal(out, in) {
+			t.Fatalf("read %d bytes, want the %d of the body unchanged", len(out), len(in))
+		}
+		if u := rc.wait(t, b, p.ID()); u == nil || *u != f.want {
+			t.Fatalf("released with %v, want %+v", u, f.want)
+		}
+	})
+}
+
+// FuzzMeter: on any body, cut anyhow, metering does not panic or hang, the
+// bytes pass unchanged (or, when stripping, only lose some) and the
+// admission settles exactly once. The bulkhead admits one call at a time:
+// an input whose permit was not released fails the next Acquire, and a
+// second release shows as a double release at once.
+func FuzzMeter(f *testing.F) {
+	cfg := bulkhead.Interactive("gpt-4o", 1)
+	cfg.TokenBudget = &bulkhead.TokenBudget{Budget: 1 << 40}
+	b, err := bulkhead.New(cfg)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), testutil.Settle)
+		defer cancel()
+		_, _ = b.Shutdown(ctx)
+	})
+	f.Fuzz(func(t *testing.T, format byte, sse bool, body []byte, seed int64) {
+		fm := Format(format%4 + 1)
+		strip := sse && fm == OpenAIChat && format&0x80 != 0
+		var p *bulkhead.Permit
+		err := testutil.Poll("a free slot", func() (bool, error) { // the last input's release is on its way
+			var err error
+			p, err = b.Acquire(context.Background(), testRequest)
+			return err == nil, nil
+		})
+		if err != nil {
+			t.Fatalf("the last input's permit was not released: %v", err)
+		}
+		rng := rand.New(rand.NewSource(seed))
+		opts := MeterOptions{Format: fm, SSE: sse, ReportEvery: int64(format>>4) & 7, StripUsageChunk: strip, MaxJSONBytes: 1 << 12}
+		m, err := NewMeter(io.NopCloser(&chunker{body, rng, 1 + rng.Intn(64)}), p, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.sc.max = 1 << 12
+		out, err := io.ReadAll(m)
+		if err != nil && m.Err() == nil {
+			t.Fatalf("read error %v without a provider error", err)
+		}
+		if !m.Settled() {
+			t.Fatal("not settled at the end of the body")
+		}
+		if strip {
+			if len(out) > len(body) {
+				t.Fatalf("stripping grew the body from %d to %d bytes", len(body), len(out))
+			}
+		} else if !bytes.Equal(out, body) {
+			t.Fatalf("read %q, want %q", out, body)
+		}
+		_ = m.Close()
+		if n := b.Stats().Gate.DoubleReleases; n != 0 {
+			t.Fatalf("%d double releases", n)
+		}
+	})
+}
