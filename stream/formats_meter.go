@@ -130,9 +130,10 @@ func (c tokenCounts) valid() tokenCounts {
 // toUsage turns counts into a valid bulkhead.Usage (see valid).
 func toUsage(c tokenCounts) bulkhead.Usage {
 	c = c.valid()
-	u := bulkhead.Usage{Input: c.input, Output: c.output}
-	// TODO(usage-fields): u.CachedInput, u.CacheCreation, u.Reasoning = c.cachedInput, c.cacheCreation, c.reasoning
-	return u
+	return bulkhead.Usage{
+		Input: c.input, Output: c.output,
+		CachedInput: c.cachedInput, CacheCreation: c.cacheCreation, Reasoning: c.reasoning,
+	}
 }
 
 // addSat returns a + b for non-negative a and b, saturating at MaxInt64.

@@ -181,7 +181,7 @@ type fixture struct {
 }
 
 var fixtures = []fixture{
-	{file: "openai_chat_normal.sse", format: OpenAIChat, sse: true, want: bulkhead.Usage{Input: 1117, Output: 9}, exact: true,
+	{file: "openai_chat_normal.sse", format: OpenAIChat, sse: true, want: bulkhead.Usage{Input: 1117, Output: 9, CachedInput: 1024}, exact: true,
 		counts: tokenCounts{input: 1117, cachedInput: 1024, output: 9}},
 	// "Hello there, how can I help you today?": 38 characters.
 	{file: "openai_chat_no_usage.sse", format: OpenAIChat, sse: true, want: bulkhead.Usage{Input: 10, Output: 10}},
@@ -193,7 +193,7 @@ var fixtures = []fixture{
 	{file: "openai_chat_tool_calls.sse", format: OpenAIChat, sse: true, want: bulkhead.Usage{Input: 10, Output: 12}},
 	// こんにちは 世界🌍 " naïve café" " été 😀" (escaped): 5 + 4 + 11 + 7 UTF-16 units.
 	{file: "openai_chat_multibyte.sse", format: OpenAIChat, sse: true, want: bulkhead.Usage{Input: 10, Output: 7}},
-	{file: "openai_responses_normal.sse", format: OpenAIResponses, sse: true, want: bulkhead.Usage{Input: 1117, Output: 46}, exact: true,
+	{file: "openai_responses_normal.sse", format: OpenAIResponses, sse: true, want: bulkhead.Usage{Input: 1117, Output: 46, CachedInput: 1024, Reasoning: 38}, exact: true,
 		counts: tokenCounts{input: 1117, cachedInput: 1024, output: 46, reasoning: 38}},
 	// Reasoning summary (24) and function arguments (20).
 	{file: "openai_responses_truncated.sse", format: OpenAIResponses, sse: true, want: bulkhead.Usage{Input: 10, Output: 11}},
@@ -205,18 +205,18 @@ var fixtures = []fixture{
 		counts: tokenCounts{input: 25, output: 15}},
 	// The last message_delta overwrites input (180 + 20 + 10) and output
 	// (32, not 10 + 32).
-	{file: "anthropic_cache.sse", format: AnthropicMessages, sse: true, want: bulkhead.Usage{Input: 210, Output: 32}, exact: true,
+	{file: "anthropic_cache.sse", format: AnthropicMessages, sse: true, want: bulkhead.Usage{Input: 210, Output: 32, CachedInput: 10, CacheCreation: 20}, exact: true,
 		counts: tokenCounts{input: 210, cachedInput: 10, cacheCreation: 20, output: 32}},
 	// Input from message_start; 16 characters before the error.
 	{file: "anthropic_error.sse", format: AnthropicMessages, sse: true, want: bulkhead.Usage{Input: 25, Output: 4}, perr: "overloaded_error"},
 	// Thinking (27) and tool input (21); the signature is not text.
 	{file: "anthropic_tool_use_truncated.sse", format: AnthropicMessages, sse: true, want: bulkhead.Usage{Input: 412, Output: 12}},
 	// The last usageMetadata: prompt 15 + tool prompt 2, candidates 7 + thoughts 21.
-	{file: "gemini_normal.sse", format: Gemini, sse: true, want: bulkhead.Usage{Input: 17, Output: 28}, exact: true,
+	{file: "gemini_normal.sse", format: Gemini, sse: true, want: bulkhead.Usage{Input: 17, Output: 28, CachedInput: 4, Reasoning: 21}, exact: true,
 		counts: tokenCounts{input: 17, cachedInput: 4, output: 28, reasoning: 21}},
-	{file: "gemini_array.json", format: Gemini, want: bulkhead.Usage{Input: 17, Output: 28}, exact: true,
+	{file: "gemini_array.json", format: Gemini, want: bulkhead.Usage{Input: 17, Output: 28, CachedInput: 4, Reasoning: 21}, exact: true,
 		counts: tokenCounts{input: 17, cachedInput: 4, output: 28, reasoning: 21}},
-	{file: "gemini_error.sse", format: Gemini, sse: true, want: bulkhead.Usage{Input: 15, Output: 24}, exact: true, perr: "UNAVAILABLE",
+	{file: "gemini_error.sse", format: Gemini, sse: true, want: bulkhead.Usage{Input: 15, Output: 24, CachedInput: 4, Reasoning: 21}, exact: true, perr: "UNAVAILABLE",
 		counts: tokenCounts{input: 15, cachedInput: 4, output: 24, reasoning: 21}},
 	// Prompt 60 known; text (13) and the function call's raw args (37).
 	{file: "gemini_function_call_truncated.sse", format: Gemini, sse: true, want: bulkhead.Usage{Input: 60, Output: 13}},
@@ -224,12 +224,12 @@ var fixtures = []fixture{
 		counts: tokenCounts{input: 19, output: 10}},
 	// "Sure, here it is." (17) and the arguments {"id":42} (9).
 	{file: "openai_chat_no_usage.json", format: OpenAIChat, want: bulkhead.Usage{Input: 10, Output: 7}},
-	{file: "openai_responses.json", format: OpenAIResponses, want: bulkhead.Usage{Input: 36, Output: 87}, exact: true,
+	{file: "openai_responses.json", format: OpenAIResponses, want: bulkhead.Usage{Input: 36, Output: 87, Reasoning: 64}, exact: true,
 		counts: tokenCounts{input: 36, output: 87, reasoning: 64}},
-	{file: "anthropic.json", format: AnthropicMessages, want: bulkhead.Usage{Input: 3895, Output: 503}, exact: true,
+	{file: "anthropic.json", format: AnthropicMessages, want: bulkhead.Usage{Input: 3895, Output: 503, CachedInput: 1800}, exact: true,
 		counts: tokenCounts{input: 3895, cachedInput: 1800, output: 503}},
 	{file: "anthropic_error.json", format: AnthropicMessages, want: bulkhead.Usage{Input: 10}, perr: "overloaded_error"},
-	{file: "gemini.json", format: Gemini, want: bulkhead.Usage{Input: 15, Output: 28}, exact: true,
+	{file: "gemini.json", format: Gemini, want: bulkhead.Usage{Input: 15, Output: 28, Reasoning: 21}, exact: true,
 		counts: tokenCounts{input: 15, output: 28, reasoning: 21}},
 }
 
@@ -468,7 +468,7 @@ func TestMeterStripUsageChunk(t *testing.T) {
 				}
 				want := bulkhead.Usage{Input: 10, Output: tc.wantOutput}
 				if tc.wantExact {
-					want = bulkhead.Usage{Input: 1117, Output: 9}
+					want = bulkhead.Usage{Input: 1117, Output: 9, CachedInput: 1024}
 				}
 				if u, exact := m.Usage(); u != want || exact != tc.wantExact {
 					t.Fatalf("Usage() = %+v, %v", u, exact)
@@ -798,7 +798,7 @@ func TestMeterTypedNilAdmission(t *testing.T) {
 		if _, err := io.Copy(io.Discard, m); err != nil {
 			t.Fatal(err)
 		}
-		if u, exact := m.Usage(); u != (bulkhead.Usage{Input: 17, Output: 28}) || !exact {
+		if u, exact := m.Usage(); u != (bulkhead.Usage{Input: 17, Output: 28, CachedInput: 4, Reasoning: 21}) || !exact {
 			t.Fatalf("%T: usage %+v, %v", a, u, exact)
 		}
 	}
@@ -828,7 +828,8 @@ func TestToUsage(t *testing.T) {
 		if got != c.want {
 			t.Errorf("valid(%+v) = %+v, want %+v", c.in, got, c.want)
 		}
-		if u := toUsage(c.in); u.Input != c.want.input || u.Output != c.want.output {
+		w := c.want
+		if u := toUsage(c.in); u != (bulkhead.Usage{Input: w.input, Output: w.output, CachedInput: w.cachedInput, CacheCreation: w.cacheCreation, Reasoning: w.reasoning}) {
 			t.Errorf("toUsage(%+v) = %+v", c.in, u)
 		}
 	}
@@ -852,7 +853,7 @@ func TestMeterUsageOverwrite(t *testing.T) {
 		{"count replaces estimate", start + delta + md(`{"output_tokens":5}`), bulkhead.Usage{Output: 5}, true},
 		{"text after a count", start + delta + md(`{"output_tokens":5}`) + delta, bulkhead.Usage{Output: 7}, false},
 		{"second count overwrites", start + delta + md(`{"output_tokens":5}`) + delta + md(`{"output_tokens":9}`), bulkhead.Usage{Output: 9}, true},
-		{"relay input in message_delta", start + md(`{"input_tokens":40,"cache_read_input_tokens":2,"output_tokens":3}`), bulkhead.Usage{Input: 42, Output: 3}, true},
+		{"relay input in message_delta", start + md(`{"input_tokens":40,"cache_read_input_tokens":2,"output_tokens":3}`), bulkhead.Usage{Input: 42, Output: 3, CachedInput: 2}, true},
 		{"null input keeps the last", start + md(`{"input_tokens":40,"output_tokens":3}`) + md(`{"input_tokens":null,"output_tokens":4}`), bulkhead.Usage{Input: 40, Output: 4}, true},
 		{"negative and fractional counts ignored", start + md(`{"input_tokens":-4,"output_tokens":2.5}`), bulkhead.Usage{}, false},
 	} {

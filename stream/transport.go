@@ -1,0 +1,128 @@
+package stream
+
+import (
+	"errors"
+	"io"
+	"net/http"
+
+	"github.com/llmbulkhead/bulkhead"
+)
+
+// Transport is an http.RoundTripper that puts the LLM calls of any HTTP
+// client (an SDK's included) behind a Bulkhead. For each request to an
+// endpoint FormatOf recognises it reads the body (ReadRequest), admits the
+// call, sends it on, and meters the response (MeterResponse); the
+// admission is released when the response body has been read to its end
+// or closed, or when sending fails. Other requests (listing models,
+// embeddings, any method but POST) pass through unadmitted.
+//
+// As with any http.Client, the caller must read the response body to its
+// end or close it: an admission is held until then. A body left open holds
+// its slot and tokens until the bulkhead is shut down, so always
+// `defer resp.Body.Close()` (the official SDKs do this for you, and close a
+// stream when it ends or its context is cancelled).
+//
+// A call that is not admitted fails with the bulkhead's *RejectedError,
+// which errors.As finds through http.Client's *url.Error and through the
+// official SDKs' errors; nothing is sent upstream. The official SDKs treat
+// any transport error as retryable: they try again up to their MaxRetries
+// (2 by default) after a backoff of about half a second, then a second. Each
+// retry is a fresh admission decision taken in microseconds, and nothing
+// reaches the provider unless it is admitted, so retries cannot pile onto a
+// saturated provider; set the SDK's MaxRetries to 0 to get the rejection at
+// once. A body the transport cannot read (malformed JSON, over MaxBodyBytes)
+// fails the same way with a *BodyError or a *TooLargeError.
+//
+// A Transport is safe for concurrent use. Its fields must not change once it
+// is in use.
+type Transport struct {
+	// Bulkhead admits the calls. It is required.
+	Bulkhead *bulkhead.Bulkhead
+
+	// Base sends admitted requests. Nil means http.DefaultTransport.
+	Base http.RoundTripper
+
+	// Options returns the admission options of one call, such as its
+	// class, priority and tag (bulkhead.WithClass, WithPriority, WithTag),
+	// chosen from the request's headers or the parsed call. Nil means none.
+	Options func(req *http.Request, call *Call) []bulkhead.Option
+
+	// MaxBodyBytes bounds the request bodies read. Zero means
+	// DefaultMaxBodyBytes.
+	MaxBodyBytes int64
+
+	// Meter configures response metering. Its Format, SSE, Model and
+	// StripUsageChunk are set per call; the other fields apply as given.
+	Meter MeterOptions
+
+	// KeepStreamOptions sends OpenAI chat streaming requests as the caller
+	// wrote them. By default a streaming OpenAI chat request that does not
+	// ask for usage is sent with stream_options.include_usage set, so the
+	// provider reports exact usage at the end of the stream, and the extra
+	// usage chunk this adds is removed from the response the caller reads.
+	// Set it for a server that rejects stream_options.
+	KeepStreamOptions bool
+}
+
+// ErrNoBulkhead is the error of a Transport whose Bulkhead is nil.
+var ErrNoBulkhead = errors.New("stream: Transport.Bulkhead is nil")
+
+// RoundTrip admits, sends and meters one request. It does not modify req.
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	base := t.Base
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	if _, ok := FormatOf(req.URL.Path); !ok || req.Method != http.MethodPost || req.Body == nil || req.Body == http.NoBody {
+		return base.RoundTrip(req)
+	}
+	if t.Bulkhead == nil {
+		req.Body.Close()
+		return nil, ErrNoBulkhead
+	}
+
+	out := req.Clone(req.Context())
+	call, err := ReadRequest(out, t.MaxBodyBytes) // closes req.Body
+	if err != nil {
+		return nil, err
+	}
+	strip := false
+	if call.Format == OpenAIChat && call.Stream && !call.IncludeUsage && !t.KeepStreamOptions {
+		body, err := out.GetBody()
+		if err != nil {
+			return nil, err
+		}
+		raw, err := io.ReadAll(body)
+		if err != nil {
+			return nil, err
+		}
+		withUsage, err := addIncludeUsage(raw)
+		if err != nil {
+			return nil, err
+		}
+		setBody(out, withUsage)
+		strip = true
+	}
+
+	var opts []bulkhead.Option
+	if t.Options != nil {
+		opts = t.Options(req, call)
+	}
+	permit, err := t.Bulkhead.Acquire(req.Context(), &call.Request, opts...)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := base.RoundTrip(out)
+	if err != nil {
+		permit.Release(nil) // nothing is known of what the provider did
+		return nil, err
+	}
+	mo := t.Meter
+	mo.Format, mo.Model, mo.StripUsageChunk = call.Format, call.Request.Model, strip
+	if _, err := MeterResponse(resp, permit, mo); err != nil {
+		resp.Body.Close()
+		permit.Release(nil)
+		return nil, err
+	}
+	return resp, nil
+}
