@@ -45,6 +45,15 @@ type AcquireRequest struct {
 	// A call refused for one of them is answered with a bypass (Err nil,
 	// Lease.Bypass set) that holds nothing. Empty for every other call.
 	Shadow admission.ReasonSet
+	// Follower, when set, makes the request the end of a dedup follower
+	// rather than an admission attempt: its own wait ended (Aborted, with
+	// FollowerCause, or Timeout) or its leader's value cannot be shared
+	// (UnshareableResult). It is counted as a rejection of that reason,
+	// with a reject event and no detail, and answered with it; or, when it
+	// timed out in observe mode with Timeout shadowed and its context alive,
+	// bypassed.
+	Follower      admission.Reason
+	FollowerCause error
 
 	// Err is the rejection, nil when admitted. Set by the engine.
 	Err error
@@ -93,6 +102,7 @@ func (r *AcquireRequest) reset() {
 	r.Priority, r.Reservation, r.QueueTimeout = 0, admission.Reservation{}, 0
 	r.Start, r.answered = time.Time{}, false
 	r.Class, r.BorrowedDeadline, r.Shadow = classes.None, 0, 0
+	r.Follower, r.FollowerCause = admission.NoReason, nil
 }
 
 func (r *AcquireRequest) mailboxNode() *mpscNode { return &r.node }
