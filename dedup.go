@@ -236,7 +236,7 @@ func (b *Bulkhead) join(ctx context.Context, req *Request, r *actor.AcquireReque
 	if key == "" {
 		return nil
 	}
-	j := dedup.NewJoin()
+	j := b.eng.NewJoin()
 	j.Key = dedup.Key{Scope: o.dedupScope, Class: b.eng.ClassName(r.Class), Canon: key}
 	j.Digest = d.hash(j.Key)
 	j.Call = r.Request
@@ -260,6 +260,8 @@ func runDedup[T any](ctx context.Context, b *Bulkhead, req *Request, fn func(con
 		return lead(ctx, b, r, p, o, fn, j)
 	case j != nil && j.Role == dedup.Follower:
 		return follow(ctx, b, r, p, o, fn, j)
+	case j != nil:
+		b.eng.PutJoin(j) // alone: the actor is done with it
 	}
 	if p, err = b.send(r, p, o.tag); err != nil {
 		return zero, err
@@ -277,11 +279,13 @@ func lead[T any](ctx context.Context, b *Bulkhead, r *actor.AcquireRequest, p *P
 		if returned {
 			out.v, out.err = v, err
 			b.eng.Settle(j, out)
+			b.eng.PutJoin(j)
 			return
 		}
 		pv := recover()
 		out.failed, out.panicValue = true, pv
 		b.eng.Settle(j, out)
+		b.eng.PutJoin(j)
 		if pv != nil {
 			panic(pv)
 		}
@@ -298,11 +302,15 @@ func lead[T any](ctx context.Context, b *Bulkhead, r *actor.AcquireRequest, p *P
 // own: the leader's value (or ShareResult's copy of it), or error.
 func follow[T any](ctx context.Context, b *Bulkhead, r *actor.AcquireRequest, p *Permit, o *callOptions, fn func(context.Context, *RunContext) (T, error), j *dedup.Join) (T, error) {
 	var zero T
-	b.eng.Follow(ctx, j)
-	if j.Left != admission.NoReason {
-		return followerEnd(ctx, b, r, p, o, fn, j.Left, j.Cause)
+	reusable := b.eng.Follow(ctx, j)
+	left, cause, outcome := j.Left, j.Cause, j.Outcome
+	if reusable {
+		b.eng.PutJoin(j)
 	}
-	s := j.Outcome.(*shared)
+	if left != admission.NoReason {
+		return followerEnd(ctx, b, r, p, o, fn, left, cause)
+	}
+	s := outcome.(*shared)
 	want := reflect.TypeFor[T]()
 	switch {
 	case s.failed:

@@ -84,6 +84,7 @@ type Engine struct {
 	requests           sync.Pool
 	usageRequests      sync.Pool
 	wouldAdmitRequests sync.Pool
+	joins              sync.Pool
 
 	// classes is the class table, for lookups only: Lookup reads what the
 	// table fixed at construction, so it is safe off the actor.
@@ -111,6 +112,7 @@ func Start(cfg Config) (*Engine, error) {
 	e.requests.New = func() any { return newAcquireRequest(make(chan struct{}, 1), false) }
 	e.usageRequests.New = func() any { return &usageRequest{done: make(chan struct{}, 1)} }
 	e.wouldAdmitRequests.New = func() any { return &wouldAdmitRequest{done: make(chan struct{}, 1)} }
+	e.joins.New = func() any { return dedup.NewJoin() }
 	ev := &eventsActor{engine: e}
 	e.events = e.root.Spawn(actor.PropsFromProducer(func() actor.Actor { return ev },
 		actor.WithMailbox(newMailbox)))
@@ -327,6 +329,17 @@ func (e *Engine) Dedup() bool { return e.dedup != nil }
 // table fixed at construction, so it is safe off the actor.
 func (e *Engine) ClassName(c classes.Class) string { return e.classes.Name(c) }
 
+// NewJoin takes a dedup join from the pool.
+func (e *Engine) NewJoin() *dedup.Join { return e.joins.Get().(*dedup.Join) }
+
+// PutJoin returns a join to the pool once its last answer has been read
+// (for a leader, once it has settled). A follower that left is not put
+// back: its leave message may still be on its way (see Follow).
+func (e *Engine) PutJoin(j *dedup.Join) {
+	j.Reset()
+	e.joins.Put(j)
+}
+
 // Join places a deduplicated call (see package dedup) and returns once its
 // role is known.
 func (e *Engine) Join(j *dedup.Join) {
@@ -337,21 +350,23 @@ func (e *Engine) Join(j *dedup.Join) {
 // Follow waits for follower j's final answer: its leader's outcome, or its
 // own end. When ctx ends first, j leaves (and may still get the outcome,
 // when the leader settled in the meantime): each follower ends exactly one
-// way. ctx's methods are called on this goroutine only.
-func (e *Engine) Follow(ctx context.Context, j *dedup.Join) {
+// way. ctx's methods are called on this goroutine only. It reports
+// whether j may go back to the pool once read: not when it left.
+func (e *Engine) Follow(ctx context.Context, j *dedup.Join) (reusable bool) {
 	done := ctx.Done()
 	select {
 	case <-j.Answered():
-		return
+		return true
 	case <-done:
 	}
 	select {
 	case <-j.Answered(): // answered before the context ended
-		return
+		return true
 	default:
 	}
 	e.root.Send(e.dedup, j.Leave(contextCause(ctx)))
 	<-j.Answered()
+	return false
 }
 
 // Settle ends leader j's entry: its followers get outcome. It does not

@@ -105,7 +105,7 @@ func (r *AcquireRequest) reset() {
 	r.Follower, r.FollowerCause = admission.NoReason, nil
 }
 
-func (r *AcquireRequest) mailboxNode() *mpscNode { return &r.node }
+func (r *AcquireRequest) MailboxNode() *mpscNode { return &r.node }
 
 // ctxEnded reports whether the request's context has ended, from its Done
 // channel alone.
@@ -126,7 +126,7 @@ type cancelMsg struct {
 	node  mpscNode
 }
 
-func (c *cancelMsg) mailboxNode() *mpscNode { return &c.node }
+func (c *cancelMsg) MailboxNode() *mpscNode { return &c.node }
 
 // timeoutMsg is a queue timeout firing for generation gen of r.
 type timeoutMsg struct {
@@ -229,7 +229,7 @@ type releaseMsg struct {
 	node     mpscNode
 }
 
-func (m *releaseMsg) mailboxNode() *mpscNode { return &m.node }
+func (m *releaseMsg) MailboxNode() *mpscNode { return &m.node }
 
 // usageCopy returns a copy of m's usage for an event (the whole struct:
 // the breakdown reaches the event), nil when it has none.
@@ -365,5 +365,5 @@ func (q *eventsOffRequest) fail(error) chan struct{}  { return q.done }
 
 // The pooled requests carry their own queue node: each is posted at most
 // once per use, and reused only after its answer.
-func (q *wouldAdmitRequest) mailboxNode() *mpscNode { return &q.node }
-func (q *usageRequest) mailboxNode() *mpscNode      { return &q.node }
+func (q *wouldAdmitRequest) MailboxNode() *mpscNode { return &q.node }
+func (q *usageRequest) MailboxNode() *mpscNode      { return &q.node }

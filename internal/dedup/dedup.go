@@ -23,7 +23,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"log/slog"
-	"strings"
 	"time"
 	"unsafe"
 
@@ -32,6 +31,7 @@ import (
 
 	"github.com/llmbulkhead/bulkhead/clock"
 	"github.com/llmbulkhead/bulkhead/internal/admission"
+	"github.com/llmbulkhead/bulkhead/internal/mpsc"
 )
 
 // Key is the full identity of a deduplicated call: two calls share a
@@ -130,8 +130,8 @@ type Join struct {
 	answered bool // a follower's final answer was sent
 	timer    clock.Timer
 	gen      uint64
-	settle   Settle
 	leave    Leave
+	node     mpsc.Node
 }
 
 // NewJoin returns a Join ready to be filled and sent.
@@ -144,10 +144,21 @@ func (j *Join) AwaitRole() { <-j.done }
 func (j *Join) Answered() <-chan struct{} { return j.done }
 
 // Settle returns the message that settles a leader's entry with outcome:
-// the entry goes, and every follower gets outcome. Send it once.
+// the entry goes, and every follower gets outcome. Send it once. The
+// message belongs to the entry, so the leader's Join may be reused as soon
+// as its role is known.
 func (j *Join) Settle(outcome any) *Settle {
-	j.settle = Settle{entry: j.entry, outcome: outcome}
-	return &j.settle
+	e := j.entry
+	e.settle = Settle{entry: e, outcome: outcome}
+	return &e.settle
+}
+
+// Reset clears j for reuse, keeping its channel: a Join may be reused once
+// its last answer has been read, unless it was sent to Leave (the message
+// may still be on its way).
+func (j *Join) Reset() {
+	gen := j.gen // a stale timer's message must still find a new generation
+	*j = Join{done: j.done, gen: gen}
 }
 
 // Leave returns the message that withdraws a follower whose context ended,
@@ -162,13 +173,21 @@ func (j *Join) Leave(cause error) *Leave {
 type Settle struct {
 	entry   *entry
 	outcome any
+	node    mpsc.Node
 }
 
 // Leave withdraws a follower (see Join.Leave).
 type Leave struct {
 	j     *Join
 	cause error
+	node  mpsc.Node
 }
+
+// The messages of the hot path carry their own queue node, so posting them
+// allocates nothing (the engine gives this actor its mailbox).
+func (j *Join) MailboxNode() *mpsc.Node   { return &j.node }
+func (m *Settle) MailboxNode() *mpsc.Node { return &m.node }
+func (m *Leave) MailboxNode() *mpsc.Node  { return &m.node }
 
 // Joined is what the actor tells its parent when a follower joins.
 type Joined struct {
@@ -193,10 +212,24 @@ func NewStatsRequest() *StatsRequest { return &StatsRequest{done: make(chan stru
 func (q *StatsRequest) Await() { <-q.done }
 
 type entry struct {
-	key       Key
-	digest    uint64
-	followers []*Join
+	scope, class string
+	canon        []byte
+	digest       uint64
+	followers    []*Join
+	settle       Settle
 }
+
+// is reports whether e is the entry of k.
+func (e *entry) is(k Key) bool {
+	return e.scope == k.Scope && e.class == k.Class && string(e.canon) == k.Canon
+}
+
+// maxFree bounds the entries the actor keeps for reuse, and maxFreeCanon
+// the key buffer it keeps with one.
+const (
+	maxFree      = 256
+	maxFreeCanon = 4 << 10
+)
 
 type fired struct {
 	j   *Join
@@ -210,6 +243,8 @@ type Actor struct {
 	table map[uint64]*entry
 	hits  int64
 	ctx   actor.Context
+	// free is settled entries kept for reuse: only the actor touches them.
+	free []*entry
 }
 
 // NewActor returns the props of a dedup actor whose followers' wait bounds
@@ -273,10 +308,11 @@ func (a *Actor) join(j *Join) {
 	e := a.table[j.Digest]
 	switch {
 	case e == nil:
-		e = &entry{key: Key{Scope: j.Key.Scope, Class: j.Key.Class, Canon: strings.Clone(j.Key.Canon)}, digest: j.Digest}
+		e = a.newEntry()
+		e.scope, e.class, e.canon, e.digest = j.Key.Scope, j.Key.Class, append(e.canon, j.Key.Canon...), j.Digest
 		a.table[j.Digest] = e
 		j.Role, j.entry = Leader, e
-	case e.key != j.Key:
+	case !e.is(j.Key):
 		j.Role = Alone // a collision: never share another key's result
 	default:
 		j.Role, j.entry = Follower, e
@@ -295,20 +331,36 @@ func (a *Actor) join(j *Join) {
 	j.done <- struct{}{}
 }
 
+func (a *Actor) newEntry() *entry {
+	if n := len(a.free); n > 0 {
+		e := a.free[n-1]
+		a.free = a.free[:n-1]
+		return e
+	}
+	return new(entry)
+}
+
 func (a *Actor) settleEntry(m *Settle) {
 	e := m.entry
-	if e == nil {
-		return
+	if e == nil || a.table[e.digest] != e {
+		return // settled twice: the entry may be another key's by now
 	}
-	if a.table[e.digest] == e {
-		delete(a.table, e.digest)
-	}
+	delete(a.table, e.digest)
 	for _, f := range e.followers {
 		f.Outcome = m.outcome
 		a.answer(f)
 	}
-	e.followers = nil
-	m.entry, m.outcome = nil, nil
+	clear(e.followers)
+	e.followers = e.followers[:0]
+	e.settle = Settle{}
+	e.scope, e.class = "", ""
+	if cap(e.canon) > maxFreeCanon {
+		e.canon = nil
+	}
+	e.canon = e.canon[:0]
+	if len(a.free) < maxFree {
+		a.free = append(a.free, e)
+	}
 }
 
 // leaveEntry withdraws follower j, unless it was answered already.
