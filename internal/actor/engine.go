@@ -351,17 +351,18 @@ func (e *Engine) Join(j *dedup.Join) {
 // own end. When ctx ends first, j leaves (and may still get the outcome,
 // when the leader settled in the meantime): each follower ends exactly one
 // way. ctx's methods are called on this goroutine only. It reports
-// whether j may go back to the pool once read: not when it left.
+// whether j may go back to the pool once read: not when it left, nor when
+// it had a wait bound (its timer's message may still be on its way).
 func (e *Engine) Follow(ctx context.Context, j *dedup.Join) (reusable bool) {
 	done := ctx.Done()
 	select {
 	case <-j.Answered():
-		return true
+		return j.Wait == 0
 	case <-done:
 	}
 	select {
 	case <-j.Answered(): // answered before the context ended
-		return true
+		return j.Wait == 0
 	default:
 	}
 	e.root.Send(e.dedup, j.Leave(contextCause(ctx)))

@@ -154,12 +154,9 @@ func (j *Join) Settle(outcome any) *Settle {
 }
 
 // Reset clears j for reuse, keeping its channel: a Join may be reused once
-// its last answer has been read, unless it was sent to Leave (the message
-// may still be on its way).
-func (j *Join) Reset() {
-	gen := j.gen // a stale timer's message must still find a new generation
-	*j = Join{done: j.done, gen: gen}
-}
+// its last answer has been read, unless it was sent to Leave or was a
+// follower with a wait bound (a message about it may still be on its way).
+func (j *Join) Reset() { *j = Join{done: j.done} }
 
 // Leave returns the message that withdraws a follower whose context ended,
 // for cause. A follower already answered keeps its answer. Send it at most
