@@ -65,6 +65,34 @@ func runAsync(ctx context.Context, b *bulkhead.Bulkhead, r *bulkhead.Request, fn
 	return ch
 }
 
+// mockDedup builds a dedup bulkhead on a mock clock, with edit applied to
+// its config.
+func mockDedup(t *testing.T, maxConcurrent int, edit func(*bulkhead.Config)) (*bulkhead.Bulkhead, *clock.Mock) {
+	t.Helper()
+	clk := clock.NewMock()
+	cfg := dedupConfig(maxConcurrent)
+	cfg.Clock = clk
+	if edit != nil {
+		edit(&cfg)
+	}
+	return newBulkhead(t, cfg), clk
+}
+
+// recordRejects subscribes to b's reject events and returns what has been
+// seen so far, once n have.
+func recordRejects(t *testing.T, b *bulkhead.Bulkhead) func(n int) []bulkhead.RejectEvent {
+	var mu sync.Mutex
+	var rejects []bulkhead.RejectEvent
+	b.Subscribe(bulkhead.Hooks{Reject: func(e bulkhead.RejectEvent) { mu.Lock(); rejects = append(rejects, e); mu.Unlock() }})
+	return func(n int) []bulkhead.RejectEvent {
+		t.Helper()
+		testutil.WaitFor(t, "reject events", func() bool { mu.Lock(); defer mu.Unlock(); return len(rejects) == n })
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]bulkhead.RejectEvent(nil), rejects...)
+	}
+}
+
 func waitHits(t *testing.T, b *bulkhead.Bulkhead, n int64) {
 	t.Helper()
 	testutil.WaitFor(t, "dedup hits", func() bool { return b.Stats().Dedup.Hits == n })
@@ -209,9 +237,7 @@ func TestDedupOptOut(t *testing.T) {
 
 func TestDedupFollowerCancelIsolated(t *testing.T) {
 	b := newBulkhead(t, dedupConfig(2))
-	var rejects []bulkhead.RejectEvent
-	var mu sync.Mutex
-	b.Subscribe(bulkhead.Hooks{Reject: func(e bulkhead.RejectEvent) { mu.Lock(); rejects = append(rejects, e); mu.Unlock() }})
+	rejects := recordRejects(t, b)
 	g := newGate()
 	leader, fs := leaderAndFollowers(t, b, g, req("q", 10), 2)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -232,19 +258,14 @@ func TestDedupFollowerCancelIsolated(t *testing.T) {
 			t.Fatalf("got %q, %v", o.v, o.err)
 		}
 	}
-	testutil.WaitFor(t, "the reject event", func() bool { mu.Lock(); defer mu.Unlock(); return len(rejects) == 1 })
-	if e := rejects[0]; e.Reason != bulkhead.Aborted || e.Detail != nil || e.Tag != "quitter" || e.Request.Messages[0].Content != "q" {
+	if e := rejects(1)[0]; e.Reason != bulkhead.Aborted || e.Detail != nil || e.Tag != "quitter" || e.Request.Messages[0].Content != "q" {
 		t.Fatalf("reject event %v", e)
 	}
 	wantIdle(t, b)
 }
 
 func TestDedupFollowerQueueTimeout(t *testing.T) {
-	clk := clock.NewMock()
-	cfg := dedupConfig(2)
-	cfg.Clock = clk
-	cfg.QueueTimeout = time.Millisecond // not applied to followers
-	b := newBulkhead(t, cfg)
+	b, clk := mockDedup(t, 2, func(cfg *bulkhead.Config) { cfg.QueueTimeout = time.Millisecond }) // not applied to followers
 	g := newGate()
 	leader, fs := leaderAndFollowers(t, b, g, req("q", 10), 1)
 	short := runAsync(context.Background(), b, req("q", 10), g.fn("wrong", nil), bulkhead.WithQueueTimeout(20*time.Millisecond))
@@ -323,11 +344,7 @@ func TestDedupLeaderPanics(t *testing.T) {
 }
 
 func TestDedupFollowersJoinQueuedLeaderAndShareItsRejection(t *testing.T) {
-	clk := clock.NewMock()
-	cfg := dedupConfig(1)
-	cfg.Clock = clk
-	cfg.QueueTimeout = 30 * time.Millisecond
-	b := newBulkhead(t, cfg)
+	b, clk := mockDedup(t, 1, func(cfg *bulkhead.Config) { cfg.QueueTimeout = 30 * time.Millisecond })
 	hold := mustAcquire(t, b, req("hold", 1))
 	g := newGate()
 	leader := runAsync(context.Background(), b, req("q", 1), g.fn("answer", nil), bulkhead.WithTag("leader"))
@@ -422,9 +439,7 @@ func share[T any](t *testing.T, b *bulkhead.Bulkhead, v any) (leader any, follow
 
 func TestDedupUnshareable(t *testing.T) {
 	b := newBulkhead(t, dedupConfig(2))
-	var rejects []bulkhead.RejectEvent
-	var mu sync.Mutex
-	b.Subscribe(bulkhead.Hooks{Reject: func(e bulkhead.RejectEvent) { mu.Lock(); rejects = append(rejects, e); mu.Unlock() }})
+	rejects := recordRejects(t, b)
 	body := &http.Response{Body: io.NopCloser(strings.NewReader("x"))}
 	seq := func(yield func(int) bool) {}
 	seq2 := func(yield func(int, string) bool) {}
@@ -446,9 +461,8 @@ func TestDedupUnshareable(t *testing.T) {
 	if st := b.Stats(); st.Calls.RejectedByReason[bulkhead.UnshareableResult] != 5 {
 		t.Fatalf("stats %+v", st.Calls)
 	}
-	testutil.WaitFor(t, "reject events", func() bool { mu.Lock(); defer mu.Unlock(); return len(rejects) == 5 })
-	if rejects[0].Reason != bulkhead.UnshareableResult || rejects[0].Detail != nil {
-		t.Fatalf("reject event %v", rejects[0])
+	if e := rejects(5)[0]; e.Reason != bulkhead.UnshareableResult || e.Detail != nil {
+		t.Fatalf("reject event %v", e)
 	}
 	wantIdle(t, b)
 }
@@ -512,10 +526,7 @@ func TestDedupTypeMismatch(t *testing.T) {
 }
 
 func TestDedupObserveFollowerBypass(t *testing.T) {
-	clk := clock.NewMock()
-	cfg := dedupConfig(2)
-	cfg.Clock = clk
-	b := newBulkhead(t, cfg)
+	b, clk := mockDedup(t, 2, nil)
 	g := newGate()
 	leader, _ := leaderAndFollowers(t, b, g, req("q", 1), 0)
 	bypassed := make(chan *bulkhead.Bypass, 1)
@@ -549,11 +560,9 @@ func TestDedupObserveFollowerBypass(t *testing.T) {
 }
 
 func TestDedupBorrowedDeadlineReachesFollowers(t *testing.T) {
-	clk := clock.NewMock()
-	cfg := dedupConfig(2)
-	cfg.Clock = clk
-	cfg.Classes = &bulkhead.Classes{Default: "a", Limits: map[string]bulkhead.ClassLimits{"a": {}}} // no floor: every slot borrowed
-	b := newBulkhead(t, cfg)
+	b, clk := mockDedup(t, 2, func(cfg *bulkhead.Config) {
+		cfg.Classes = &bulkhead.Classes{Default: "a", Limits: map[string]bulkhead.ClassLimits{"a": {}}} // no floor: every slot borrowed
+	})
 	g := newGate()
 	leader, fs := leaderAndFollowers(t, b, g, req("d", 1), 1, bulkhead.WithBorrowedDeadline(time.Second), bulkhead.WithTag("t"))
 	testutil.WaitFor(t, "the deadline armed", func() bool { return b.Stats().Classes.Classes["a"].Deadlines.Active == 1 })

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"sync"
 	"time"
 
@@ -48,7 +49,7 @@ type follower struct {
 	ended   bool
 }
 
-// live is the groups whose leader's Run has not returned.
+// liveGroups is the groups whose leader's Run has not returned.
 func (m *machine) liveGroups() []*dedupGroup {
 	var out []*dedupGroup
 	for _, g := range m.groups {
@@ -126,16 +127,7 @@ func (m *machine) dedupFollow(t *rapid.T) {
 		m.timers++
 	}
 	m.dedupEvents = append(m.dedupEvents, bulkhead.DedupEvent{Request: c.req, Class: g.class, Scope: g.scope})
-	m.seen[fmt.Sprintf("dedup follow leader-queued=%v", !g.leader.enqueued.IsZero() && slicesContains(m.queue, g.leader))]++
-}
-
-func slicesContains(ws []*waiter, w *waiter) bool {
-	for _, x := range ws {
-		if x == w {
-			return true
-		}
-	}
-	return false
+	m.seen[fmt.Sprintf("dedup follow leader-queued=%v", slices.Contains(m.queue, g.leader))]++
 }
 
 // liveFollowers is the followers still waiting.
