@@ -63,7 +63,8 @@ type DedupConfig struct {
 	// goroutine) with the leader's value, and the follower gets what it
 	// returns, which must have the type of the follower's Run (or be nil
 	// for an interface type). Its error fails that follower alone, with
-	// that error. The leader always gets the original value.
+	// that error; a panic in it goes on in that follower's Run, as fn's
+	// would. The leader always gets the original value.
 	//
 	// Without it, followers share the leader's value itself, except a
 	// value for a single consumer, which a follower cannot use: an
