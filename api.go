@@ -19,6 +19,8 @@ type Bulkhead struct {
 	estimator Estimator
 	hasBudget bool
 	timeout   time.Duration
+	// dedup is in-flight deduplication, nil when off.
+	dedup *deduper
 }
 
 // New validates cfg and starts a Bulkhead.
@@ -39,11 +41,14 @@ func New(cfg Config) (*Bulkhead, error) {
 	if cfg.Classes != nil {
 		limits.Classes = cfg.Classes
 	}
-	eng, err := actor.Start(actor.Config{Limits: engineLimits(limits), Clock: cfg.Clock, Logger: cfg.Logger})
+	eng, err := actor.Start(actor.Config{Limits: engineLimits(limits), Clock: cfg.Clock, Logger: cfg.Logger, Dedup: cfg.Dedup != nil})
 	if err != nil {
 		return nil, publicError(err)
 	}
 	b.eng = eng
+	if cfg.Dedup != nil {
+		b.dedup = newDeduper(*cfg.Dedup)
+	}
 	return b, nil
 }
 
@@ -87,7 +92,13 @@ func (b *Bulkhead) acquire(ctx context.Context, req *Request, o *callOptions, me
 	if err != nil {
 		return nil, err
 	}
-	err = b.eng.Acquire(r)
+	return b.send(r, p, o.tag)
+}
+
+// send sends r, prepared with its permit p, to the engine and returns the
+// admission or the rejection, tagged with tag. r goes back to the pool.
+func (b *Bulkhead) send(r *actor.AcquireRequest, p *Permit, tag string) (*Permit, error) {
+	err := b.eng.Acquire(r)
 	switch {
 	case err == nil:
 		r.Spare = nil
@@ -100,7 +111,7 @@ func (b *Bulkhead) acquire(ctx context.Context, req *Request, o *callOptions, me
 		// request for the next call, so rejections allocate no permit.
 		r.Spare = p
 		p = nil
-		err = withTag(publicError(err), o.tag)
+		err = withTag(publicError(err), tag)
 	}
 	b.eng.PutRequest(r)
 	return p, err
@@ -146,6 +157,9 @@ func (b *Bulkhead) prepare(ctx context.Context, req *Request, o *callOptions, me
 func (b *Bulkhead) check(req *Request, o *callOptions, method string, queueing bool) (classes.Class, Reservation, error) {
 	if err := o.validate(method, queueing); err != nil {
 		return classes.None, Reservation{}, err
+	}
+	if o.hasDedupScope && b.dedup == nil {
+		return classes.None, Reservation{}, invalidf("WithDedupScope", "applies only with Config.Dedup set")
 	}
 	class, err := b.eng.LookupClass(o.class)
 	if err != nil {
@@ -237,6 +251,7 @@ func (b *Bulkhead) Subscribe(h Hooks) (unsubscribe func()) {
 		actor.KindBypass:        h.Bypass != nil,
 		actor.KindBypassUsage:   h.BypassUsage != nil,
 		actor.KindBypassRelease: h.BypassRelease != nil,
+		actor.KindDedup:         h.Dedup != nil,
 	}
 	return b.eng.Subscribe(kinds, func(ev any) { deliver(&h, ev) })
 }
@@ -289,16 +304,28 @@ func (b *Bulkhead) Shutdown(ctx context.Context) (DrainResult, error) {
 // Options are those of Acquire, plus WithBorrowedDeadline, and WithMode and
 // WithShadowReasons: in Observe mode, a call its limits would turn away may
 // run without admission (RunContext.Bypass tells).
+//
+// With Config.Dedup set, a Run identical to one in flight shares that one's
+// result instead of calling fn (see DedupConfig); NoDedup and
+// WithDedupScope choose per call.
 func Run[T any](ctx context.Context, b *Bulkhead, req *Request, fn func(context.Context, *RunContext) (T, error), opts ...Option) (T, error) {
 	var zero T
 	if fn == nil {
 		return zero, invalidf("fn", "must not be nil")
 	}
 	o := resolve(opts)
+	if b.dedup != nil && !o.noDedup {
+		return runDedup(ctx, b, req, fn, &o)
+	}
 	p, err := b.acquire(ctx, req, &o, "Run")
 	if err != nil {
 		return zero, err
 	}
+	return runPermit(ctx, p, fn)
+}
+
+// runPermit calls fn for admission (or bypass) p and releases p afterwards.
+func runPermit[T any](ctx context.Context, p *Permit, fn func(context.Context, *RunContext) (T, error)) (T, error) {
 	rc := &p.run
 	rc.p = p
 	if _, expired := p.l.Deadline(); expired != nil {

@@ -43,6 +43,11 @@ type Config struct {
 	// ceilings a class may not exceed. Nil means none.
 	Classes *Classes
 
+	// Dedup turns on in-flight deduplication for Run: identical calls made
+	// while one of them is in flight share its result instead of each
+	// calling the provider. Nil means off.
+	Dedup *DedupConfig
+
 	// Clock is the time source. Nil means the wall clock; tests pass
 	// clock.NewMock().
 	Clock clock.Clock

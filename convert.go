@@ -208,6 +208,9 @@ func stats(s admission.Stats) Stats {
 		Bypassed: o.Bypassed, RaceBypassed: o.RaceBypassed, BypassedByReason: reasonCounts(o.BypassedByReason),
 		InFlight: o.InFlight, UsageReported: o.UsageReported, InputTokens: o.InputTokens, OutputTokens: o.OutputTokens,
 	}
+	if d := s.Dedup; d != nil {
+		out.Dedup = &DedupStats{Active: d.Active, Hits: d.Hits}
+	}
 	if cs := s.Classes; cs != nil {
 		out.Classes = &ClassesStats{
 			Default: cs.Default,
@@ -357,6 +360,11 @@ func deliver(h *Hooks, ev any) {
 				UsageSequence: e.UsageSequence,
 				Usage:         clonePtr((*Usage)(e.Usage)),
 			})
+		}
+	case *admission.DedupEvent:
+		if h.Dedup != nil {
+			r, tag := callOf(e.Request)
+			h.Dedup(DedupEvent{Request: r, Tag: tag, Class: e.Class, Scope: e.Scope})
 		}
 	case *admission.ReconfigureEvent:
 		if h.Reconfigure != nil {

@@ -14,6 +14,9 @@
 // snapshot the decision was made on. Invalid input is a *ConfigError, never
 // a rejection, and takes nothing.
 //
+// With Config.Dedup, identical Runs made while one of them is in flight
+// share its result instead of each calling the provider (see DedupConfig).
+//
 // Shutdown (or Close, then Drain) ends a Bulkhead: no goroutine of it
 // remains afterwards.
 package bulkhead

@@ -29,16 +29,22 @@ const (
 	Shutdown
 	// BudgetLimit: the token reservation does not fit the budget.
 	BudgetLimit
+	// UnshareableResult: the call followed an identical one in flight (see
+	// Config.Dedup), whose value is for a single consumer (a reader, a
+	// channel, an iterator, a response with a body) and cannot be shared
+	// without DedupConfig.ShareResult.
+	UnshareableResult
 	numReasons
 )
 
 var reasonNames = [...]string{
-	ConcurrencyLimit: "concurrency_limit",
-	QueueLimit:       "queue_limit",
-	Timeout:          "timeout",
-	Aborted:          "aborted",
-	Shutdown:         "shutdown",
-	BudgetLimit:      "budget_limit",
+	ConcurrencyLimit:  "concurrency_limit",
+	QueueLimit:        "queue_limit",
+	Timeout:           "timeout",
+	Aborted:           "aborted",
+	Shutdown:          "shutdown",
+	BudgetLimit:       "budget_limit",
+	UnshareableResult: "unshareable_result",
 }
 
 // String returns the reason's wire name, such as "concurrency_limit"; ""
@@ -60,21 +66,23 @@ var ErrRejected = errors.New("bulkhead: rejected")
 // One sentinel per reason: errors.Is(err, ErrBudgetLimit) is true for a
 // rejection with reason BudgetLimit.
 var (
-	ErrConcurrencyLimit = errors.New("bulkhead: rejected: concurrency_limit")
-	ErrQueueLimit       = errors.New("bulkhead: rejected: queue_limit")
-	ErrTimeout          = errors.New("bulkhead: rejected: timeout")
-	ErrAborted          = errors.New("bulkhead: rejected: aborted")
-	ErrShutdown         = errors.New("bulkhead: rejected: shutdown")
-	ErrBudgetLimit      = errors.New("bulkhead: rejected: budget_limit")
+	ErrConcurrencyLimit  = errors.New("bulkhead: rejected: concurrency_limit")
+	ErrQueueLimit        = errors.New("bulkhead: rejected: queue_limit")
+	ErrTimeout           = errors.New("bulkhead: rejected: timeout")
+	ErrAborted           = errors.New("bulkhead: rejected: aborted")
+	ErrShutdown          = errors.New("bulkhead: rejected: shutdown")
+	ErrBudgetLimit       = errors.New("bulkhead: rejected: budget_limit")
+	ErrUnshareableResult = errors.New("bulkhead: rejected: unshareable_result")
 )
 
 var sentinels = [...]error{
-	ConcurrencyLimit: ErrConcurrencyLimit,
-	QueueLimit:       ErrQueueLimit,
-	Timeout:          ErrTimeout,
-	Aborted:          ErrAborted,
-	Shutdown:         ErrShutdown,
-	BudgetLimit:      ErrBudgetLimit,
+	ConcurrencyLimit:  ErrConcurrencyLimit,
+	QueueLimit:        ErrQueueLimit,
+	Timeout:           ErrTimeout,
+	Aborted:           ErrAborted,
+	Shutdown:          ErrShutdown,
+	BudgetLimit:       ErrBudgetLimit,
+	UnshareableResult: ErrUnshareableResult,
 }
 
 // RejectedError is the error of a call the bulkhead did not admit.
@@ -160,13 +168,20 @@ func (e *RejectedError) LogValue() slog.Value {
 
 // explain says, with numbers, why detail d rejected a call for why.
 func explain(why Reason, d *RejectDetail) string {
-	switch why {
-	case Shutdown:
+	// Only a deduplicated follower's own end has no detail: it never
+	// reached admission.
+	switch {
+	case why == Shutdown:
 		return "the bulkhead is closed"
-	case Aborted:
+	case why == Aborted && d == nil:
+		return "the context ended while waiting for an identical call in flight"
+	case why == Aborted:
 		return "the context ended before admission"
-	}
-	if d == nil {
+	case why == Timeout && d == nil:
+		return "the queue timeout expired while waiting for an identical call in flight"
+	case why == UnshareableResult:
+		return "the identical call in flight returned a single-consumer value, and Config.Dedup.ShareResult is not set"
+	case d == nil:
 		return ""
 	}
 	var s string

@@ -172,6 +172,9 @@ type Hooks struct {
 	// BypassRelease is called once for every bypassed call, when its
 	// callback ends.
 	BypassRelease func(BypassReleaseEvent)
+	// Dedup is called when a Run joins an identical call in flight, to
+	// share its result (see Config.Dedup).
+	Dedup func(DedupEvent)
 }
 
 // String formats the identity with its request followed, not its address.
@@ -200,3 +203,6 @@ func (e BypassUsageEvent) String() string { return format(e) }
 
 // String formats the event with its pointers followed.
 func (e BypassReleaseEvent) String() string { return format(e) }
+
+// String formats the event with its request followed.
+func (e DedupEvent) String() string { return format(e) }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"runtime"
 	"strings"
 	"time"
 
@@ -284,4 +286,79 @@ func ExampleWithMode() {
 	// would have been rejected: concurrency_limit
 	// hello! <nil>
 	// bypassed: 1 tokens: 12 3
+}
+
+func ExampleDedupConfig() {
+	cfg := bulkhead.Interactive("gpt-4o", 4)
+	cfg.Dedup = &bulkhead.DedupConfig{} // the default key: the whole request
+	b, err := bulkhead.New(cfg)
+	if err != nil {
+		panic(err)
+	}
+	defer b.Shutdown(context.Background())
+
+	request := &bulkhead.Request{Messages: []bulkhead.Message{{Role: "user", Content: "Say hello."}}}
+	started, release := make(chan struct{}), make(chan struct{})
+	leader := make(chan string)
+	go func() {
+		reply, _ := bulkhead.Run(context.Background(), b, request, func(ctx context.Context, rc *bulkhead.RunContext) (string, error) {
+			close(started)
+			<-release // the provider takes its time
+			return "hello!", nil
+		})
+		leader <- reply
+	}()
+	<-started
+	// An identical call while the first is in flight shares its answer.
+	follower := make(chan string)
+	go func() {
+		reply, _ := bulkhead.Run(context.Background(), b, &bulkhead.Request{Messages: request.Messages},
+			func(ctx context.Context, rc *bulkhead.RunContext) (string, error) {
+				return "", errors.New("not called: it shares the first call's result")
+			})
+		follower <- reply
+	}()
+	for b.Stats().Dedup.Hits == 0 {
+		runtime.Gosched()
+	}
+	close(release)
+	fmt.Println(<-leader, <-follower)
+	st := b.Stats()
+	fmt.Println("admitted:", st.Calls.Admitted, "shared:", st.Dedup.Hits)
+	// Output:
+	// hello! hello!
+	// admitted: 1 shared: 1
+}
+
+func ExampleWithDedupScope() {
+	cfg := bulkhead.Interactive("gpt-4o", 4)
+	cfg.Dedup = &bulkhead.DedupConfig{
+		// Share only answers to the same question, whatever else differs.
+		KeyFunc: func(r *bulkhead.Request) string { return r.Messages[len(r.Messages)-1].Content },
+		// Each caller gets a stream of its own.
+		ShareResult: func(v any) (any, error) {
+			text, err := io.ReadAll(v.(io.Reader))
+			return strings.NewReader(string(text)), err
+		},
+	}
+	b, err := bulkhead.New(cfg)
+	if err != nil {
+		panic(err)
+	}
+	defer b.Shutdown(context.Background())
+
+	ask := func(tenant string) (io.Reader, error) {
+		request := &bulkhead.Request{Messages: []bulkhead.Message{{Role: "user", Content: "What is a bulkhead?"}}}
+		return bulkhead.Run(context.Background(), b, request, func(ctx context.Context, rc *bulkhead.RunContext) (io.Reader, error) {
+			return strings.NewReader("a partition that keeps a leak in one compartment"), nil
+		}, bulkhead.WithDedupScope(tenant)) // tenants never share
+	}
+	body, err := ask("tenant-a")
+	if err != nil {
+		panic(err)
+	}
+	text, _ := io.ReadAll(body)
+	fmt.Println(string(text))
+	// Output:
+	// a partition that keeps a leak in one compartment
 }

@@ -32,7 +32,10 @@ type callOptions struct {
 	shadow              []Reason
 	hasShadow           bool
 	// shadowSet is the reasons to bypass, set by validate.
-	shadowSet admission.ReasonSet
+	shadowSet     admission.ReasonSet
+	noDedup       bool
+	dedupScope    string
+	hasDedupScope bool
 }
 
 func resolve(opts []Option) callOptions {
@@ -71,6 +74,12 @@ func (o *callOptions) validate(method string, queueing bool) error {
 	}
 	if o.detail && queueing {
 		return invalidf("WithDetail", "applies to WouldAdmit only, not %s", method)
+	}
+	if o.noDedup && method != "Run" {
+		return invalidf("NoDedup", "applies to Run only, not %s", method)
+	}
+	if o.hasDedupScope && method != "Run" {
+		return invalidf("WithDedupScope", "applies to Run only, not %s", method)
 	}
 	if o.hasBorrowedDeadline {
 		if method != "Run" {

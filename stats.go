@@ -15,6 +15,8 @@ type Stats struct {
 	Classes *ClassesStats
 	// Observe counts the calls Observe mode ran without admitting them.
 	Observe ObserveStats
+	// Dedup is in-flight deduplication, nil when Config.Dedup is not set.
+	Dedup *DedupStats
 	// Events is the delivery of events to listeners.
 	Events EventStats
 	// LedgerDrift counts the times the bulkhead found its books out of

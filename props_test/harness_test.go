@@ -124,6 +124,7 @@ type eventLog struct {
 	reconfigs []bulkhead.ReconfigureEvent
 	// bypassed calls' events, in order
 	bypassOrder []any
+	dedups      []bulkhead.DedupEvent
 }
 
 func (l *eventLog) recordBypass(e any) {
@@ -151,6 +152,7 @@ func (l *eventLog) hooks() bulkhead.Hooks {
 		Bypass:        func(e bulkhead.BypassEvent) { l.recordBypass(e) },
 		BypassUsage:   func(e bulkhead.BypassUsageEvent) { l.recordBypass(e) },
 		BypassRelease: func(e bulkhead.BypassReleaseEvent) { l.recordBypass(e) },
+		Dedup:         func(e bulkhead.DedupEvent) { record(l, &l.dedups, e, -1, bulkhead.ID{}) },
 	}
 }
 
@@ -312,7 +314,7 @@ func checkCounters(st bulkhead.Stats, abandoned map[string]int64) error {
 func checkIdle(st bulkhead.Stats) error {
 	g, c := st.Gate, st.Calls
 	idle := g.InFlight == 0 && g.Pending == 0 && c.InFlight == 0 && c.Admitted == c.Released && g.Admitted == g.Released &&
-		st.Observe.InFlight == 0
+		st.Observe.InFlight == 0 && (st.Dedup == nil || st.Dedup.Active == 0)
 	if tb := st.TokenBudget; tb != nil {
 		idle = idle && tb.InFlightTokens == 0
 	}

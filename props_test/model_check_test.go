@@ -25,6 +25,9 @@ func (m *machine) wantStats() bulkhead.Stats {
 	st.Calls.InFlight = m.calls.Admitted - m.calls.Released
 	st.Observe = m.observe
 	st.Observe.BypassedByReason = maps.Clone(m.observe.BypassedByReason)
+	if m.hasDedup {
+		st.Dedup = &bulkhead.DedupStats{Active: m.activeKeys(), Hits: m.hits}
+	}
 	if m.hasBudget {
 		b := m.limits.TokenBudget
 		st.TokenBudget = &bulkhead.BudgetStats{
@@ -112,6 +115,7 @@ func limitPairs(st bulkhead.Stats) []limitPair {
 func (m *machine) check(t *rapid.T) {
 	m.steps++
 	m.seen["steps"]++
+	m.settleGroups(t)
 	raw := m.b.Stats()
 	if err := checkDeadlines(raw); err != nil {
 		t.Fatalf("after %s: %v", m.descr, err)
@@ -264,6 +268,7 @@ func (m *machine) finish(t *rapid.T) {
 	}
 	m.checkEvents(t, st)
 	m.checkBypassEvents(t, st)
+	m.checkDedupEvents(t, st)
 }
 
 func (m *machine) checkEvents(t *rapid.T, st bulkhead.Stats) {
@@ -337,6 +342,13 @@ func (m *machine) checkEvents(t *rapid.T, st bulkhead.Stats) {
 			t.Fatalf("unexpected or repeated reject event %+v", e)
 		}
 		seen[e.Request] = true
+		if want.follower {
+			// A follower's own end: no detail, no timing (I9).
+			if e.Detail != nil || e.Admission != want.ev.Admission || e.Reason != want.ev.Reason || e.Timing != (bulkhead.Timing{}) {
+				t.Fatalf("follower reject event\n got %+v\nwant %+v", e, want.ev)
+			}
+			continue
+		}
 		if e.Detail == nil || e.Detail.LimitRevision != e.LimitRevision || (m.hasClasses && (e.Detail.Class == nil || e.Detail.Class.Name != e.Class)) {
 			t.Fatalf("reject event %+v with detail %s", e, fmtDetail(e.Detail))
 		}

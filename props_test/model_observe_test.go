@@ -248,10 +248,12 @@ func (m *machine) finishBypass(t *rapid.T, b *bypassRun, fail bool, usage *bulkh
 	m.seen[fmt.Sprintf("finish bypassed fail=%v usage=%v", fail, final != nil)]++
 }
 
-// capacityOf is st without what bypassed work may change: the observe
-// statistics (and the event backlog, which moves on its own).
+// capacityOf is st without what bypassed work and dedup followers may
+// change: the observe and dedup statistics (and the event backlog, which
+// moves on its own).
 func capacityOf(st bulkhead.Stats) bulkhead.Stats {
 	st.Observe = bulkhead.ObserveStats{}
+	st.Dedup = nil // followers hold nothing either
 	st.Events.Backlog = 0
 	return st
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"reflect"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,7 +17,7 @@ import (
 // TestModel drives the public engine with random sequences of calls and
 // checks it, after every step, against a model of the SPEC that predicts
 // the whole of Stats, every outcome and every rejection's detail, and
-// against the invariants of SPEC section I (I1-I6, I8, I10, I11) read from
+// against the invariants of SPEC section I (I1-I6, I8-I11) read from
 // Stats alone; at the end of each sequence, against every event it emitted
 // (I2, I3, F30, F31).
 //
@@ -30,7 +31,10 @@ import (
 // usage, without, invalid, twice), AbandonBorrowedConcurrency, cancelling a
 // waiter, moving the clock past queue timeouts and deadlines, ApplyLimits
 // (valid, stale, invalid), SetBudget, WouldAdmit, invalid calls, Drain with
-// an ended context, Close, and, with classes, a probe of the floors.
+// an ended context, Close, and, with classes, a probe of the floors. In
+// half the runs deduplication is on: Runs leading a key of their own,
+// followers joining them (queued or running), cancelled or timed out on
+// their own, and sharing the leader's outcome however it ends (I9).
 //
 // Everything that blocks runs on its own goroutine and is tracked as a
 // waiter; every step waits until the outcomes it causes have arrived, so
@@ -87,12 +91,18 @@ func (m *machine) actions() map[string]func(*rapid.T) {
 		{"Invalid", 1, 1, m.invalid},
 		{"DrainDoneCtx", 1, 1, m.drainDoneCtx},
 		{"Close", 1, 1, m.closeLate},
+		{"DedupLead", 2, 2, m.dedupLead},
+		{"DedupFollow", 5, 5, m.dedupFollow},
+		{"DedupCancel", 2, 2, m.dedupCancel},
 	}
 	actions := map[string]func(*rapid.T){"": m.check}
 	for _, a := range weighted {
 		n := a.plain
 		if m.hasClasses {
 			n = a.classes
+		}
+		if !m.hasDedup && len(a.name) > 5 && a.name[:5] == "Dedup" {
+			n = 0
 		}
 		for range n {
 			actions[fmt.Sprintf("%02d %s", len(actions), a.name)] = func(t *rapid.T) {
@@ -126,9 +136,11 @@ type waiter struct {
 	prio     bulkhead.Priority
 	res      bulkhead.Reservation // zero without a budget
 	deadline time.Duration        // Run's borrowed-slot deadline, 0 for none
-	timeout  time.Duration        // its queue timeout, 0 for none
-	observe  bool                 // an observe-mode Run
-	shadow   reasonSet            // its shadow reasons
+	// last is what Run returned, stored before it is sent on run.done.
+	last     atomic.Pointer[runDone]
+	timeout  time.Duration // its queue timeout, 0 for none
+	observe  bool          // an observe-mode Run
+	shadow   reasonSet     // its shadow reasons
 	enqueued time.Time
 	expires  time.Time // when its queue timeout fires; zero: none
 	cancel   context.CancelFunc
@@ -174,6 +186,8 @@ type expect struct {
 // and when several fire in one clock move the detail's Pending may count
 // the others still queued.
 type rejectWant struct {
+	// follower marks a dedup follower's own end: no detail, no timing.
+	follower     bool
 	ev           bulkhead.RejectEvent
 	waitUnknown  bool
 	pendingSlack int
@@ -236,6 +250,15 @@ type machine struct {
 	// Observe mode: every bypassed call, and the statistics.
 	bypassed []*bypassRun
 	observe  bulkhead.ObserveStats
+
+	// Deduplication, when hasDedup: the keys of the dedup steps' requests,
+	// every leader with its followers, and the followers that joined.
+	hasDedup    bool
+	keys        dedupKeys
+	groups      []*dedupGroup
+	nextKey     int
+	hits        int64
+	dedupEvents []bulkhead.DedupEvent
 
 	// What the events must show.
 	ev         *eventLog
@@ -318,6 +341,9 @@ func newMachine(t *rapid.T, classes bool, seen map[string]int) *machine {
 		m.cls[name] = &classModel{}
 	}
 	m.exactUsage = rapid.Bool().Draw(t, "exactUsage")
+	if m.hasDedup = rapid.Bool().Draw(t, "dedup"); m.hasDedup {
+		cfg.Dedup = &bulkhead.DedupConfig{KeyFunc: m.keys.keyFunc}
+	}
 	b, err := bulkhead.New(cfg)
 	if err != nil {
 		t.Fatalf("New(%s): %v", fmtLimits(m.limits), err)

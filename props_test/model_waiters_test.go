@@ -117,7 +117,9 @@ func (m *machine) start(c call, run bool) *waiter {
 		w.run = newCallback()
 		go func() {
 			v, err := bulkhead.Run(ctx, m.b, w.req, w.run.fn, c.opts...)
-			w.run.done <- runDone{v, err}
+			d := runDone{v, err}
+			w.last.Store(&d)
+			w.run.done <- d
 		}()
 	} else {
 		w.ch = make(chan outcome, 1)

@@ -30,6 +30,7 @@ import (
 	"github.com/llmbulkhead/bulkhead/clock"
 	"github.com/llmbulkhead/bulkhead/internal/admission"
 	"github.com/llmbulkhead/bulkhead/internal/classes"
+	"github.com/llmbulkhead/bulkhead/internal/dedup"
 )
 
 // Config is what the engine needs to start.
@@ -40,6 +41,8 @@ type Config struct {
 	Clock clock.Clock
 	// Logger receives the actor system's own logging; nil discards it.
 	Logger *slog.Logger
+	// Dedup starts the dedup actor, a child of the admission actor.
+	Dedup bool
 }
 
 // ErrInternal wraps a panic recovered inside the admission actor.
@@ -57,7 +60,9 @@ type Engine struct {
 	root   *actor.RootContext
 	pid    *actor.PID
 	events *actor.PID
-	clk    clock.Clock
+	// dedup is the dedup actor, nil when deduplication is off.
+	dedup *actor.PID
+	clk   clock.Clock
 
 	// stopMu guards the shutdown of event delivery, and is never held
 	// while waiting for it: flushed is closed once every event emitted
@@ -79,6 +84,7 @@ type Engine struct {
 	requests           sync.Pool
 	usageRequests      sync.Pool
 	wouldAdmitRequests sync.Pool
+	joins              sync.Pool
 
 	// classes is the class table, for lookups only: Lookup reads what the
 	// table fixed at construction, so it is safe off the actor.
@@ -106,10 +112,11 @@ func Start(cfg Config) (*Engine, error) {
 	e.requests.New = func() any { return newAcquireRequest(make(chan struct{}, 1), false) }
 	e.usageRequests.New = func() any { return &usageRequest{done: make(chan struct{}, 1)} }
 	e.wouldAdmitRequests.New = func() any { return &wouldAdmitRequest{done: make(chan struct{}, 1)} }
+	e.joins.New = func() any { return dedup.NewJoin() }
 	ev := &eventsActor{engine: e}
 	e.events = e.root.Spawn(actor.PropsFromProducer(func() actor.Actor { return ev },
 		actor.WithMailbox(newMailbox)))
-	adm := &admissionActor{engine: e}
+	adm := &admissionActor{engine: e, withDedup: cfg.Dedup}
 	var seed [32]byte
 	_, _ = rand.Read(seed[:])
 	st, err := newState(cfg.Limits, adm, seed)
@@ -298,12 +305,74 @@ func (e *Engine) WouldAdmit(c classes.Class, p admission.Priority, res admission
 	return d
 }
 
-// Stats returns a copy of the statistics.
+// Stats returns a copy of the statistics. With deduplication on, the
+// dedup actor's are read first, behind every join, settlement and leave
+// sent before.
 func (e *Engine) Stats() admission.Stats {
+	var d *admission.DedupStats
+	if e.dedup != nil {
+		dq := dedup.NewStatsRequest()
+		e.root.Send(e.dedup, dq)
+		dq.Await()
+		d = &admission.DedupStats{Active: dq.Active, Hits: dq.Hits}
+	}
 	q := &statsRequest{done: make(chan struct{}, 1)}
 	e.call(q, q.done)
+	q.result.Dedup = d
 	return q.result
 }
+
+// Dedup reports whether deduplication is on.
+func (e *Engine) Dedup() bool { return e.dedup != nil }
+
+// ClassName returns the name of class c, "" for None. It reads the class
+// table fixed at construction, so it is safe off the actor.
+func (e *Engine) ClassName(c classes.Class) string { return e.classes.Name(c) }
+
+// NewJoin takes a dedup join from the pool.
+func (e *Engine) NewJoin() *dedup.Join { return e.joins.Get().(*dedup.Join) }
+
+// PutJoin returns a join to the pool once its last answer has been read
+// (for a leader, once it has settled). A follower that left is not put
+// back: its leave message may still be on its way (see Follow).
+func (e *Engine) PutJoin(j *dedup.Join) {
+	j.Reset()
+	e.joins.Put(j)
+}
+
+// Join places a deduplicated call (see package dedup) and returns once its
+// role is known.
+func (e *Engine) Join(j *dedup.Join) {
+	e.root.Send(e.dedup, j)
+	j.AwaitRole()
+}
+
+// Follow waits for follower j's final answer: its leader's outcome, or its
+// own end. When ctx ends first, j leaves (and may still get the outcome,
+// when the leader settled in the meantime): each follower ends exactly one
+// way. ctx's methods are called on this goroutine only. It reports
+// whether j may go back to the pool once read: not when it left, nor when
+// it had a wait bound (its timer's message may still be on its way).
+func (e *Engine) Follow(ctx context.Context, j *dedup.Join) (reusable bool) {
+	done := ctx.Done()
+	select {
+	case <-j.Answered():
+		return j.Wait == 0
+	case <-done:
+	}
+	select {
+	case <-j.Answered(): // answered before the context ended
+		return j.Wait == 0
+	default:
+	}
+	e.root.Send(e.dedup, j.Leave(contextCause(ctx)))
+	<-j.Answered()
+	return false
+}
+
+// Settle ends leader j's entry: its followers get outcome. It does not
+// wait: every later join is ordered behind it.
+func (e *Engine) Settle(j *dedup.Join, outcome any) { e.root.Send(e.dedup, j.Settle(outcome)) }
 
 // Limits returns the current limits snapshot.
 func (e *Engine) Limits() admission.Limits {
@@ -425,6 +494,8 @@ type admissionActor struct {
 	telemetry []*classes.Telemetry
 	// eventsOff is set once event delivery has stopped for good.
 	eventsOff bool
+	// withDedup says to start the dedup actor.
+	withDedup bool
 }
 
 func (a *admissionActor) now() time.Time { return a.engine.clk.Now() }
@@ -479,8 +550,14 @@ func (a *admissionActor) external() external {
 	return ext
 }
 
-// spawnChildren starts one child actor per class.
+// spawnChildren starts one child actor per class, and the dedup actor.
+// The dedup actor is never stopped: like the admission actor it owns no
+// goroutine, and answers every join for the Engine's life.
 func (a *admissionActor) spawnChildren(ctx actor.Context) {
+	if a.withDedup {
+		props := dedup.NewActor(a.engine.clk, a.engine.logger).Configure(actor.WithMailbox(newMailbox))
+		a.engine.dedup = ctx.Spawn(props)
+	}
 	tab := a.state.tab
 	for i := range tab.Len() {
 		name := tab.Name(classes.Class(i + 1))
@@ -515,6 +592,8 @@ func (a *admissionActor) Receive(ctx actor.Context) {
 		m.done <- struct{}{}
 	case *classes.DeadlineExpired[*Lease]:
 		s.abandon(m.Lease, admission.AbandonDeadline)
+	case *dedup.Joined:
+		s.dedupJoined(m)
 	case *actor.Started:
 		a.spawnChildren(ctx)
 	case *cancelMsg:

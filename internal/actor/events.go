@@ -24,6 +24,7 @@ const (
 	KindBypass
 	KindBypassUsage
 	KindBypassRelease
+	KindDedup
 	NumKinds
 )
 
@@ -131,6 +132,8 @@ func kindOf(ev any) (Kind, bool) {
 		return KindBypassUsage, true
 	case *admission.BypassReleaseEvent:
 		return KindBypassRelease, true
+	case *admission.DedupEvent:
+		return KindDedup, true
 	}
 	return 0, false
 }

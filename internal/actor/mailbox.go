@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 
 	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/llmbulkhead/bulkhead/internal/mpsc"
 )
 
 // mailbox is a protoactor Mailbox that allocates nothing per message.
@@ -51,12 +53,12 @@ func newMailbox() actor.Mailbox {
 
 func (m *mailbox) PostUserMessage(msg any) {
 	var n *mpscNode
-	if q, ok := msg.(queued); ok {
-		n = q.mailboxNode()
+	if q, ok := msg.(mpsc.Queued); ok {
+		n = q.MailboxNode()
 	} else {
 		n = new(mpscNode)
 	}
-	n.msg = msg
+	n.Msg = msg
 	m.user.push(n)
 	m.schedule()
 }
@@ -80,7 +82,7 @@ func (m *mailbox) Start() {}
 // are: the queue keeps no count, so that posting takes no shared counter.
 // Only protoactor's optional mailbox-length metric reads it.
 func (m *mailbox) UserMessageCount() int {
-	if m.user.head.Load() == &m.user.stub && m.user.stub.next.Load() == nil {
+	if m.user.head.Load() == &m.user.stub && m.user.stub.Next.Load() == nil {
 		return 0
 	}
 	return 1

@@ -45,6 +45,15 @@ type AcquireRequest struct {
 	// A call refused for one of them is answered with a bypass (Err nil,
 	// Lease.Bypass set) that holds nothing. Empty for every other call.
 	Shadow admission.ReasonSet
+	// Follower, when set, makes the request the end of a dedup follower
+	// rather than an admission attempt: its own wait ended (Aborted, with
+	// FollowerCause, or Timeout) or its leader's value cannot be shared
+	// (UnshareableResult). It is counted as a rejection of that reason,
+	// with a reject event and no detail, and answered with it; or, when it
+	// timed out in observe mode with Timeout shadowed and its context alive,
+	// bypassed.
+	Follower      admission.Reason
+	FollowerCause error
 
 	// Err is the rejection, nil when admitted. Set by the engine.
 	Err error
@@ -93,9 +102,10 @@ func (r *AcquireRequest) reset() {
 	r.Priority, r.Reservation, r.QueueTimeout = 0, admission.Reservation{}, 0
 	r.Start, r.answered = time.Time{}, false
 	r.Class, r.BorrowedDeadline, r.Shadow = classes.None, 0, 0
+	r.Follower, r.FollowerCause = admission.NoReason, nil
 }
 
-func (r *AcquireRequest) mailboxNode() *mpscNode { return &r.node }
+func (r *AcquireRequest) MailboxNode() *mpscNode { return &r.node }
 
 // ctxEnded reports whether the request's context has ended, from its Done
 // channel alone.
@@ -116,7 +126,7 @@ type cancelMsg struct {
 	node  mpscNode
 }
 
-func (c *cancelMsg) mailboxNode() *mpscNode { return &c.node }
+func (c *cancelMsg) MailboxNode() *mpscNode { return &c.node }
 
 // timeoutMsg is a queue timeout firing for generation gen of r.
 type timeoutMsg struct {
@@ -219,7 +229,7 @@ type releaseMsg struct {
 	node     mpscNode
 }
 
-func (m *releaseMsg) mailboxNode() *mpscNode { return &m.node }
+func (m *releaseMsg) MailboxNode() *mpscNode { return &m.node }
 
 // usageCopy returns a copy of m's usage for an event (the whole struct:
 // the breakdown reaches the event), nil when it has none.
@@ -355,5 +365,5 @@ func (q *eventsOffRequest) fail(error) chan struct{}  { return q.done }
 
 // The pooled requests carry their own queue node: each is posted at most
 // once per use, and reused only after its answer.
-func (q *wouldAdmitRequest) mailboxNode() *mpscNode { return &q.node }
-func (q *usageRequest) mailboxNode() *mpscNode      { return &q.node }
+func (q *wouldAdmitRequest) MailboxNode() *mpscNode { return &q.node }
+func (q *usageRequest) MailboxNode() *mpscNode      { return &q.node }

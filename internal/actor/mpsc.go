@@ -1,19 +1,15 @@
 package actor
 
-import "sync/atomic"
+import (
+	"sync/atomic"
+
+	"github.com/llmbulkhead/bulkhead/internal/mpsc"
+)
 
 // mpscNode links one message into an mpscQueue. Messages on the hot path
-// embed their own node (see queued), so posting them allocates nothing.
-type mpscNode struct {
-	next atomic.Pointer[mpscNode]
-	msg  any
-}
-
-// queued is implemented by messages that carry their own mpscNode. Such a
-// message must not be posted again before it has been received.
-type queued interface {
-	mailboxNode() *mpscNode
-}
+// embed their own node (see mpsc.Queued), so posting them allocates
+// nothing.
+type mpscNode = mpsc.Node
 
 // mpscQueue is an intrusive multi-producer, single-consumer FIFO queue
 // (Dmitry Vyukov's node-based design). Push is wait-free: one atomic swap
@@ -32,23 +28,23 @@ func (q *mpscQueue) init() {
 }
 
 func (q *mpscQueue) push(n *mpscNode) {
-	n.next.Store(nil)
+	n.Next.Store(nil)
 	prev := q.head.Swap(n)
-	prev.next.Store(n)
+	prev.Next.Store(n)
 }
 
 // pop returns the oldest message, or nil when the queue is empty or a push
 // is halfway done (the caller tries again later).
 func (q *mpscQueue) pop() any {
 	tail := q.tail
-	next := tail.next.Load()
+	next := tail.Next.Load()
 	if tail == &q.stub {
 		if next == nil {
 			return nil
 		}
 		q.tail = next
 		tail = next
-		next = next.next.Load()
+		next = next.Next.Load()
 	}
 	if next != nil {
 		q.tail = next
@@ -58,7 +54,7 @@ func (q *mpscQueue) pop() any {
 		return nil // a producer has swapped head but not linked yet
 	}
 	q.push(&q.stub)
-	if next = tail.next.Load(); next != nil {
+	if next = tail.Next.Load(); next != nil {
 		q.tail = next
 		return q.take(tail)
 	}
@@ -68,11 +64,11 @@ func (q *mpscQueue) pop() any {
 // empty reports whether the queue holds nothing, not even a push halfway
 // done. Consumer only.
 func (q *mpscQueue) empty() bool {
-	return q.tail.next.Load() == nil && q.head.Load() == q.tail
+	return q.tail.Next.Load() == nil && q.head.Load() == q.tail
 }
 
 func (q *mpscQueue) take(n *mpscNode) any {
-	msg := n.msg
-	n.msg = nil
+	msg := n.Msg
+	n.Msg = nil
 	return msg
 }

@@ -14,7 +14,7 @@ type testMsg struct {
 	node          mpscNode
 }
 
-func (m *testMsg) mailboxNode() *mpscNode { return &m.node }
+func (m *testMsg) MailboxNode() *mpscNode { return &m.node }
 
 // TestMPSCQueueKeepsEveryMessageInProducerOrder pushes from many
 // goroutines while one consumer pops, and checks that nothing is lost or
@@ -30,7 +30,7 @@ func TestMPSCQueueKeepsEveryMessageInProducerOrder(t *testing.T) {
 			defer wg.Done()
 			for i := range perProducer {
 				m := &testMsg{producer: p, seq: i}
-				m.node.msg = m
+				m.node.Msg = m
 				q.push(&m.node)
 			}
 		}()
@@ -76,7 +76,7 @@ func TestMPSCNodeReuse(t *testing.T) {
 	m := &testMsg{}
 	for i := range 100 {
 		m.seq = i
-		m.node.msg = m
+		m.node.Msg = m
 		q.push(&m.node)
 		if v := q.pop(); v != m {
 			t.Fatalf("round %d: popped %v", i, v)

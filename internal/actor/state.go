@@ -208,6 +208,9 @@ func (s *state) detail(p admission.Priority, reserved int64, c classes.Class, co
 // acquire decides a new request: admit, queue or reject.
 func (s *state) acquire(r *AcquireRequest) {
 	switch {
+	case r.Follower != admission.NoReason:
+		s.rejectFollower(r)
+		return
 	case s.closed:
 		s.reject(r, admission.Shutdown, true, nil, "")
 		return

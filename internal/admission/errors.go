@@ -10,13 +10,14 @@ type Reason uint8
 
 // The rejection reasons. The zero value, NoReason, means "admitted".
 const (
-	NoReason         Reason = iota
-	ConcurrencyLimit        // every slot is taken and the call may not wait
-	QueueLimit              // every slot and every queue position is taken
-	Timeout                 // the call waited its whole queue timeout
-	Aborted                 // the caller's context ended first
-	Shutdown                // the bulkhead is closed
-	BudgetLimit             // the token reservation does not fit the budget
+	NoReason          Reason = iota
+	ConcurrencyLimit         // every slot is taken and the call may not wait
+	QueueLimit               // every slot and every queue position is taken
+	Timeout                  // the call waited its whole queue timeout
+	Aborted                  // the caller's context ended first
+	Shutdown                 // the bulkhead is closed
+	BudgetLimit              // the token reservation does not fit the budget
+	UnshareableResult        // a dedup follower cannot share its leader's value
 	numReasons
 )
 
@@ -25,13 +26,14 @@ const (
 const NumReasons = int(numReasons)
 
 var reasonNames = [...]string{
-	NoReason:         "",
-	ConcurrencyLimit: "concurrency_limit",
-	QueueLimit:       "queue_limit",
-	Timeout:          "timeout",
-	Aborted:          "aborted",
-	Shutdown:         "shutdown",
-	BudgetLimit:      "budget_limit",
+	NoReason:          "",
+	ConcurrencyLimit:  "concurrency_limit",
+	QueueLimit:        "queue_limit",
+	Timeout:           "timeout",
+	Aborted:           "aborted",
+	Shutdown:          "shutdown",
+	BudgetLimit:       "budget_limit",
+	UnshareableResult: "unshareable_result",
 }
 
 // String returns the reason's wire name, such as "concurrency_limit".

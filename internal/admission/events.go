@@ -61,3 +61,11 @@ type ReconfigureEvent struct {
 	Previous Limits
 	Current  Limits
 }
+
+// DedupEvent is the engine's form of bulkhead.DedupEvent; the facade
+// converts it, and the root type documents the fields.
+type DedupEvent struct {
+	Request any
+	Class   string
+	Scope   string
+}

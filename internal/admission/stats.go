@@ -9,6 +9,7 @@ type Stats struct {
 	TokenBudget    *BudgetStats
 	Classes        *ClassesStats
 	Observe        ObserveStats
+	Dedup          *DedupStats
 	ListenerPanics int64
 	LedgerDrift    int64
 }
@@ -53,4 +54,11 @@ type BudgetStats struct {
 	TotalConsumed       int64
 	TotalRefunded       int64
 	TotalOverrun        int64
+}
+
+// DedupStats is the engine's form of bulkhead.DedupStats; the facade
+// converts it, and the root type documents the fields.
+type DedupStats struct {
+	Active int64
+	Hits   int64
 }

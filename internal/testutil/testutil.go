@@ -45,12 +45,13 @@ func WaitFor(tb testing.TB, what string, cond func() bool) {
 
 // Sentinel is each reason's sentinel error.
 var Sentinel = map[bulkhead.Reason]error{
-	bulkhead.ConcurrencyLimit: bulkhead.ErrConcurrencyLimit,
-	bulkhead.QueueLimit:       bulkhead.ErrQueueLimit,
-	bulkhead.Timeout:          bulkhead.ErrTimeout,
-	bulkhead.Aborted:          bulkhead.ErrAborted,
-	bulkhead.Shutdown:         bulkhead.ErrShutdown,
-	bulkhead.BudgetLimit:      bulkhead.ErrBudgetLimit,
+	bulkhead.ConcurrencyLimit:  bulkhead.ErrConcurrencyLimit,
+	bulkhead.QueueLimit:        bulkhead.ErrQueueLimit,
+	bulkhead.Timeout:           bulkhead.ErrTimeout,
+	bulkhead.Aborted:           bulkhead.ErrAborted,
+	bulkhead.Shutdown:          bulkhead.ErrShutdown,
+	bulkhead.BudgetLimit:       bulkhead.ErrBudgetLimit,
+	bulkhead.UnshareableResult: bulkhead.ErrUnshareableResult,
 }
 
 // Fataler is what WantReason needs of a *testing.T or a *rapid.T.

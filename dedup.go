@@ -1,0 +1,423 @@
+package bulkhead
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"reflect"
+	"sync"
+
+	"github.com/llmbulkhead/bulkhead/internal/actor"
+	"github.com/llmbulkhead/bulkhead/internal/admission"
+	"github.com/llmbulkhead/bulkhead/internal/dedup"
+)
+
+// DedupConfig configures in-flight deduplication (Config.Dedup).
+//
+// With it, identical Runs made while one of them is in flight share one
+// execution: the first of a key is the leader and is admitted and runs as
+// usual; a Run with the same key made before the leader has returned is a
+// follower. A follower never calls its fn, holds no capacity (no slot, no
+// tokens, no queue position) and has no admit or release event: it waits
+// for the leader and returns the leader's value, or its error (a rejection
+// of the leader included, with the follower's own tag). Followers may join
+// while the leader waits in the queue. The leader's entry goes when its Run
+// returns, however it returns: a later identical Run leads anew.
+//
+// A follower waits as long as its own context allows and, when it sets one
+// with WithQueueTimeout, its own queue timeout; Config.QueueTimeout does not
+// apply to it. When either ends first it is rejected Aborted or Timeout:
+// counted in Stats, with a RejectEvent without detail. Its leader goes on,
+// and so do the other followers. In Observe mode (see WithMode) a follower
+// whose own queue timeout expires, with Timeout among its shadow reasons,
+// runs its fn bypassed instead. When the leader's fn panics or calls
+// runtime.Goexit, the followers get an error matching ErrLeaderPanicked
+// (the panic goes on in the leader); when its borrowed-slot deadline
+// expires, they get its *BorrowedDeadlineError.
+//
+// Only Run deduplicates, and only calls in the same scope (WithDedupScope)
+// and, with admission classes, the same class. NoDedup opts a call out. A
+// call whose context has already ended is rejected Aborted without joining
+// anything. Acquire never deduplicates.
+//
+// Keys are kept as a seeded 64-bit digest (xxhash64, seeded at random when
+// the process starts), and the full key is compared when two digests
+// match: a collision never hands a caller another call's result (the
+// newcomer runs on its own). The key is stored until the leader returns,
+// never logged or sent anywhere.
+type DedupConfig struct {
+	// KeyFunc returns a call's key: two calls with equal keys are
+	// identical. An empty key opts the call out. Nil means the default
+	// key, a canonical encoding of every field of the Request (model,
+	// system prompt, messages and their blocks, MaxTokens,
+	// ExtraInputTokens): only requests equal in every field share. A
+	// KeyFunc that panics opts the call out too; the panic is logged
+	// (Config.Logger) and the call runs on its own.
+	KeyFunc func(*Request) string
+
+	// ShareResult, when set, gives each follower its own copy of the
+	// leader's value: it is called once per follower (on the follower's
+	// goroutine) with the leader's value, and the follower gets what it
+	// returns, which must have the type of the follower's Run (or be nil
+	// for an interface type). Its error fails that follower alone, with
+	// that error; a panic in it goes on in that follower's Run, as fn's
+	// would. The leader always gets the original value.
+	//
+	// Without it, followers share the leader's value itself, except a
+	// value for a single consumer, which a follower cannot use: an
+	// io.Reader, a channel, a *http.Response with a Body other than
+	// http.NoBody, or an iterator (a function of the shape of iter.Seq or
+	// iter.Seq2). A follower then gets a rejection UnshareableResult. Only
+	// the value itself is inspected, not what it contains.
+	ShareResult func(any) (any, error)
+}
+
+// DedupStats is in-flight deduplication's part of the statistics.
+type DedupStats struct {
+	// Active is the number of distinct keys in flight: leaders not yet
+	// returned.
+	Active int64
+	// Hits counts the Runs that joined a leader as followers.
+	Hits int64
+}
+
+// DedupEvent is emitted when a Run joins an identical call in flight as a
+// follower (see DedupConfig). A follower has no other event, unless it
+// ends on its own (a RejectEvent without detail) or runs bypassed.
+type DedupEvent struct {
+	// Request is the follower's request, as the caller passed it.
+	Request *Request
+	// Tag is the follower's tag (see WithTag), "" for none.
+	Tag string
+	// Class is its admission class, "" without classes.
+	Class string
+	// Scope is its dedup scope (see WithDedupScope), "" for none.
+	Scope string
+}
+
+// ErrLeaderPanicked matches the error of a deduplicated follower whose
+// leader's fn panicked or called runtime.Goexit, so that no result came.
+// The message carries the panic value.
+var ErrLeaderPanicked = errors.New("bulkhead: the identical call in flight panicked")
+
+type noDedupOption struct{}
+
+func (noDedupOption) apply(o callOptions) callOptions {
+	o.noDedup = true
+	return o
+}
+
+// NoDedup makes a Run neither join an identical call in flight nor let
+// others join it: it runs on its own. It changes nothing without
+// Config.Dedup. Run only.
+func NoDedup() Option { return noDedupOption{} }
+
+type dedupScopeOption string
+
+func (s dedupScopeOption) apply(o callOptions) callOptions {
+	o.dedupScope, o.hasDedupScope = string(s), true
+	return o
+}
+
+// WithDedupScope puts a Run in dedup scope scope: it shares results only
+// with Runs of the same scope (a tenant, say), however identical their
+// requests. The default scope is "". Run only, with Config.Dedup set.
+func WithDedupScope(scope string) Option { return dedupScopeOption(scope) }
+
+// deduper is a bulkhead's deduplication: its configuration and its key
+// buffers. The table is the dedup actor's.
+type deduper struct {
+	keyFunc func(*Request) string
+	share   func(any) (any, error)
+	hash    dedup.Hash
+	bufs    sync.Pool
+}
+
+func newDeduper(cfg DedupConfig) *deduper {
+	d := &deduper{keyFunc: cfg.KeyFunc, share: cfg.ShareResult, hash: dedup.DefaultHash}
+	d.bufs.New = func() any { return new([]byte) }
+	return d
+}
+
+// maxPooledKey is the largest key buffer kept for reuse: a huge request
+// does not pin its buffer.
+const maxPooledKey = 64 << 10
+
+// key returns req's key and, for the default key, the pooled buffer the
+// key is a view of, to be put back once the key is no longer read.
+func (d *deduper) key(b *Bulkhead, req *Request) (string, *[]byte) {
+	if d.keyFunc != nil {
+		return d.userKey(b, req), nil
+	}
+	buf := d.bufs.Get().(*[]byte)
+	*buf = appendCanonical((*buf)[:0], req)
+	return dedup.View(*buf), buf
+}
+
+func (d *deduper) putBuffer(buf *[]byte) {
+	if buf != nil && cap(*buf) <= maxPooledKey {
+		d.bufs.Put(buf)
+	}
+}
+
+// userKey calls KeyFunc; a panic is logged and opts the call out.
+func (d *deduper) userKey(b *Bulkhead, req *Request) (key string) {
+	defer func() {
+		if p := recover(); p != nil {
+			b.eng.LogError("bulkhead: Config.Dedup.KeyFunc panicked; the call runs without deduplication", "panic", p)
+			key = ""
+		}
+	}()
+	return d.keyFunc(req)
+}
+
+// appendCanonical appends the default key of r to buf: every field of the
+// request, in a fixed order, strings length-prefixed and integers as
+// varints, so that two requests have equal keys exactly when they are equal
+// field by field. (A test checks that it covers every field.)
+func appendCanonical(buf []byte, r *Request) []byte {
+	buf = append(buf, 1) // the encoding's version
+	buf = appendString(buf, r.Model)
+	buf = appendString(buf, r.System)
+	buf = appendBlocks(buf, r.SystemBlocks)
+	buf = binary.AppendUvarint(buf, uint64(len(r.Messages)))
+	for i := range r.Messages {
+		m := &r.Messages[i]
+		buf = appendString(buf, m.Role)
+		buf = appendString(buf, m.Content)
+		buf = appendBlocks(buf, m.Blocks)
+	}
+	buf = binary.AppendVarint(buf, r.MaxTokens)
+	return binary.AppendVarint(buf, r.ExtraInputTokens)
+}
+
+func appendString(buf []byte, s string) []byte {
+	buf = binary.AppendUvarint(buf, uint64(len(s)))
+	return append(buf, s...)
+}
+
+func appendBlocks(buf []byte, bs []Block) []byte {
+	buf = binary.AppendUvarint(buf, uint64(len(bs)))
+	for i := range bs {
+		buf = appendString(buf, bs[i].Type)
+		buf = appendString(buf, bs[i].Text)
+	}
+	return buf
+}
+
+// shared is a leader's outcome, as its followers get it.
+type shared struct {
+	v   any
+	err error
+	// typ is the type of the leader's Run.
+	typ reflect.Type
+	// failed says fn panicked (with panicValue) or called runtime.Goexit
+	// (panicValue nil).
+	failed     bool
+	panicValue any
+}
+
+// join places a deduplicated Run prepared as r: nil when it does not take
+// part (an empty key, or a context already ended, which admission rejects
+// at once), else its Join, with its role.
+func (b *Bulkhead) join(ctx context.Context, req *Request, r *actor.AcquireRequest, o *callOptions) *dedup.Join {
+	if done := ctx.Done(); done != nil {
+		select {
+		case <-done:
+			return nil
+		default:
+		}
+	}
+	d := b.dedup
+	key, buf := d.key(b, req)
+	defer d.putBuffer(buf)
+	if key == "" {
+		return nil
+	}
+	j := b.eng.NewJoin()
+	j.Key = dedup.Key{Scope: o.dedupScope, Class: b.eng.ClassName(r.Class), Canon: key}
+	j.Digest = d.hash(j.Key)
+	j.Call = r.Request
+	if o.hasQueueTimeout {
+		j.Wait = o.queueTimeout
+	}
+	b.eng.Join(j)
+	return j
+}
+
+// runDedup is Run with deduplication on.
+func runDedup[T any](ctx context.Context, b *Bulkhead, req *Request, fn func(context.Context, *RunContext) (T, error), o *callOptions) (T, error) {
+	var zero T
+	r, p, err := b.prepare(ctx, req, o, "Run", b.eng.NewRequest)
+	if err != nil {
+		return zero, err
+	}
+	j := b.join(ctx, req, r, o)
+	switch {
+	case j != nil && j.Role == dedup.Leader:
+		return lead(ctx, b, r, p, o, fn, j)
+	case j != nil && j.Role == dedup.Follower:
+		return follow(ctx, b, r, p, o, fn, j)
+	case j != nil:
+		b.eng.PutJoin(j) // alone: the actor is done with it
+	}
+	if p, err = b.send(r, p, o.tag); err != nil {
+		return zero, err
+	}
+	return runPermit(ctx, p, fn)
+}
+
+// lead runs a leader, and settles its entry with its outcome however its
+// Run returns: with a value or an error (a rejection included), a panic
+// (which goes on) or runtime.Goexit.
+func lead[T any](ctx context.Context, b *Bulkhead, r *actor.AcquireRequest, p *Permit, o *callOptions, fn func(context.Context, *RunContext) (T, error), j *dedup.Join) (v T, err error) {
+	returned := false
+	defer func() {
+		out := &shared{typ: reflect.TypeFor[T]()}
+		if returned {
+			out.v, out.err = v, err
+			b.eng.Settle(j, out)
+			b.eng.PutJoin(j)
+			return
+		}
+		pv := recover()
+		out.failed, out.panicValue = true, pv
+		b.eng.Settle(j, out)
+		b.eng.PutJoin(j)
+		if pv != nil {
+			panic(pv)
+		}
+	}()
+	p, err = b.send(r, p, o.tag)
+	if err == nil {
+		v, err = runPermit(ctx, p, fn)
+	}
+	returned = true
+	return v, err
+}
+
+// follow waits for a follower's outcome and returns it as the follower's
+// own: the leader's value (or ShareResult's copy of it), or error.
+func follow[T any](ctx context.Context, b *Bulkhead, r *actor.AcquireRequest, p *Permit, o *callOptions, fn func(context.Context, *RunContext) (T, error), j *dedup.Join) (T, error) {
+	var zero T
+	reusable := b.eng.Follow(ctx, j)
+	left, cause, outcome := j.Left, j.Cause, j.Outcome
+	if reusable {
+		b.eng.PutJoin(j)
+	}
+	if left != admission.NoReason {
+		return followerEnd(ctx, b, r, p, o, fn, left, cause)
+	}
+	s := outcome.(*shared)
+	want := reflect.TypeFor[T]()
+	switch {
+	case s.failed:
+		b.unused(r, p)
+		if s.panicValue == nil {
+			return zero, fmt.Errorf("%w: it called runtime.Goexit", ErrLeaderPanicked)
+		}
+		return zero, fmt.Errorf("%w: %v", ErrLeaderPanicked, s.panicValue)
+	case s.err != nil:
+		b.unused(r, p)
+		return zero, sharedError(s.err, o.tag)
+	case s.typ != want:
+		b.unused(r, p)
+		return zero, invalidf("Run", "an identical call in flight returns %v, this one %v: give them different keys or scopes", s.typ, want)
+	}
+	if b.dedup.share != nil {
+		b.unused(r, p)
+		x, err := b.dedup.share(s.v)
+		if err != nil {
+			return zero, err
+		}
+		v, ok := as[T](x)
+		if !ok {
+			return zero, invalidf("Config.Dedup.ShareResult", "returned %T for a Run of %v", x, want)
+		}
+		return v, nil
+	}
+	if unshareable(s.v) {
+		return followerEnd(ctx, b, r, p, o, fn, admission.UnshareableResult, nil)
+	}
+	b.unused(r, p)
+	v, _ := as[T](s.v)
+	return v, nil
+}
+
+// followerEnd ends a follower on its own, for why: a rejection, counted
+// and emitted, or in observe mode a bypass, after which fn runs.
+func followerEnd[T any](ctx context.Context, b *Bulkhead, r *actor.AcquireRequest, p *Permit, o *callOptions, fn func(context.Context, *RunContext) (T, error), why admission.Reason, cause error) (T, error) {
+	r.Follower, r.FollowerCause = why, cause
+	p, err := b.send(r, p, o.tag)
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	return runPermit(ctx, p, fn)
+}
+
+// unused gives back the request a follower did not send, with its permit.
+func (b *Bulkhead) unused(r *actor.AcquireRequest, p *Permit) {
+	r.Spare = p
+	b.eng.PutRequest(r)
+}
+
+// as returns x as a T: x's own value, or the zero T for a nil x when T is
+// an interface type.
+func as[T any](x any) (T, bool) {
+	v, ok := x.(T)
+	if !ok && x == nil && reflect.TypeFor[T]().Kind() == reflect.Interface {
+		return v, true
+	}
+	return v, ok
+}
+
+// sharedError is a leader's error as a follower gets it: a rejection or a
+// deadline error copied with the follower's own tag, anything else as is.
+func sharedError(err error, tag string) error {
+	switch e := err.(type) {
+	case *RejectedError:
+		c := *e
+		c.Tag = tag
+		return &c
+	case *BorrowedDeadlineError:
+		c := *e
+		c.Tag = tag
+		return &c
+	}
+	return err
+}
+
+// unshareable reports whether v is for a single consumer: an io.Reader, a
+// channel, a *http.Response with a body, or an iterator function.
+func unshareable(v any) bool {
+	switch x := v.(type) {
+	case nil:
+		return false
+	case *http.Response:
+		return x != nil && x.Body != nil && x.Body != http.NoBody
+	case io.Reader:
+		return true
+	}
+	t := reflect.TypeOf(v)
+	switch t.Kind() {
+	case reflect.Chan:
+		return true
+	case reflect.Func:
+		return isIterator(t)
+	}
+	return false
+}
+
+// isIterator reports whether t has the shape of iter.Seq or iter.Seq2:
+// func(yield func(...) bool), yield taking one or two values.
+func isIterator(t reflect.Type) bool {
+	if t.NumIn() != 1 || t.NumOut() != 0 {
+		return false
+	}
+	y := t.In(0)
+	return y.Kind() == reflect.Func && (y.NumIn() == 1 || y.NumIn() == 2) && y.NumOut() == 1 && y.Out(0).Kind() == reflect.Bool
+}

@@ -1,0 +1,22 @@
+package bulkhead
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/llmbulkhead/bulkhead/internal/dedup"
+)
+
+// BenchmarkDedupKey is the default dedup key alone, as a Run builds it: the
+// canonical encoding of the benchmarks' request (one user message of 224
+// characters, MaxTokens 256) into a pooled buffer, and its seeded xxhash64.
+func BenchmarkDedupKey(b *testing.B) {
+	r := &Request{Messages: []Message{{Role: "user", Content: strings.Repeat("abcdefgh", 28)}}, MaxTokens: 256}
+	d := newDeduper(DedupConfig{})
+	b.ReportAllocs()
+	for b.Loop() {
+		k, buf := d.key(nil, r)
+		_ = d.hash(dedup.Key{Canon: k})
+		d.putBuffer(buf)
+	}
+}

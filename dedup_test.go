@@ -1,0 +1,656 @@
+package bulkhead_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"iter"
+	"net/http"
+	"reflect"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/llmbulkhead/bulkhead"
+	"github.com/llmbulkhead/bulkhead/clock"
+	"github.com/llmbulkhead/bulkhead/internal/testutil"
+)
+
+func dedupConfig(maxConcurrent int) bulkhead.Config {
+	cfg := bulkhead.Batch("gpt-4o", maxConcurrent)
+	cfg.Dedup = &bulkhead.DedupConfig{}
+	return cfg
+}
+
+// gate is a Run callback held until released, which counts its calls.
+type gate struct {
+	mu      sync.Mutex
+	calls   int
+	started chan struct{}
+	release chan struct{}
+}
+
+func newGate() *gate { return &gate{started: make(chan struct{}, 100), release: make(chan struct{})} }
+
+func (g *gate) fn(v string, err error) func(context.Context, *bulkhead.RunContext) (string, error) {
+	return func(ctx context.Context, rc *bulkhead.RunContext) (string, error) {
+		g.mu.Lock()
+		g.calls++
+		g.mu.Unlock()
+		g.started <- struct{}{}
+		<-g.release
+		return v, err
+	}
+}
+
+func (g *gate) count() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.calls
+}
+
+type runOut struct {
+	v   string
+	err error
+}
+
+func runAsync(ctx context.Context, b *bulkhead.Bulkhead, r *bulkhead.Request, fn func(context.Context, *bulkhead.RunContext) (string, error), opts ...bulkhead.Option) <-chan runOut {
+	ch := make(chan runOut, 1)
+	go func() {
+		v, err := bulkhead.Run(ctx, b, r, fn, opts...)
+		ch <- runOut{v, err}
+	}()
+	return ch
+}
+
+// mockDedup builds a dedup bulkhead on a mock clock, with edit applied to
+// its config.
+func mockDedup(t *testing.T, maxConcurrent int, edit func(*bulkhead.Config)) (*bulkhead.Bulkhead, *clock.Mock) {
+	t.Helper()
+	clk := clock.NewMock()
+	cfg := dedupConfig(maxConcurrent)
+	cfg.Clock = clk
+	if edit != nil {
+		edit(&cfg)
+	}
+	return newBulkhead(t, cfg), clk
+}
+
+// recordRejects subscribes to b's reject events and returns what has been
+// seen so far, once n have.
+func recordRejects(t *testing.T, b *bulkhead.Bulkhead) func(n int) []bulkhead.RejectEvent {
+	var mu sync.Mutex
+	var rejects []bulkhead.RejectEvent
+	b.Subscribe(bulkhead.Hooks{Reject: func(e bulkhead.RejectEvent) { mu.Lock(); rejects = append(rejects, e); mu.Unlock() }})
+	return func(n int) []bulkhead.RejectEvent {
+		t.Helper()
+		testutil.WaitFor(t, "reject events", func() bool { mu.Lock(); defer mu.Unlock(); return len(rejects) == n })
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]bulkhead.RejectEvent(nil), rejects...)
+	}
+}
+
+func waitHits(t *testing.T, b *bulkhead.Bulkhead, n int64) {
+	t.Helper()
+	testutil.WaitFor(t, "dedup hits", func() bool { return b.Stats().Dedup.Hits == n })
+}
+
+func TestDedupSharesOneExecution(t *testing.T) {
+	b := newBulkhead(t, dedupConfig(4))
+	g := newGate()
+	var events []bulkhead.DedupEvent
+	var mu sync.Mutex
+	b.Subscribe(bulkhead.Hooks{Dedup: func(e bulkhead.DedupEvent) { mu.Lock(); events = append(events, e); mu.Unlock() }})
+	ctx := context.Background()
+	leader := runAsync(ctx, b, req("hello", 10), g.fn("answer", nil))
+	<-g.started
+	const n = 5
+	var followers []<-chan runOut
+	for range n {
+		followers = append(followers, runAsync(ctx, b, req("hello", 10), g.fn("wrong", nil)))
+	}
+	waitHits(t, b, n)
+	if st := b.Stats(); st.Dedup.Active != 1 || st.Calls.Admitted != 1 || st.Gate.InFlight != 1 {
+		t.Fatalf("stats while shared: %+v %+v", st.Dedup, st.Calls)
+	}
+	close(g.release)
+	for _, ch := range append(followers, leader) {
+		if o := <-ch; o.v != "answer" || o.err != nil {
+			t.Fatalf("got %q, %v", o.v, o.err)
+		}
+	}
+	if g.count() != 1 {
+		t.Fatalf("fn ran %d times", g.count())
+	}
+	st := b.Stats()
+	if *st.Dedup != (bulkhead.DedupStats{Active: 0, Hits: n}) || st.Calls.Admitted != 1 || st.Calls.Released != 1 {
+		t.Fatalf("stats after: %+v %+v", st.Dedup, st.Calls)
+	}
+	testutil.WaitFor(t, "dedup events", func() bool { mu.Lock(); defer mu.Unlock(); return len(events) == n })
+}
+
+// leaderAndFollowers starts a leader held by g and n followers of the same
+// request and options, and waits until all have joined.
+func leaderAndFollowers(t *testing.T, b *bulkhead.Bulkhead, g *gate, r *bulkhead.Request, n int, opts ...bulkhead.Option) (<-chan runOut, []<-chan runOut) {
+	t.Helper()
+	hits := b.Stats().Dedup.Hits
+	leader := runAsync(context.Background(), b, r, g.fn("answer", nil), opts...)
+	<-g.started
+	var fs []<-chan runOut
+	for range n {
+		fs = append(fs, runAsync(context.Background(), b, r, g.fn("wrong", nil), opts...))
+	}
+	waitHits(t, b, hits+int64(n))
+	return leader, fs
+}
+
+func wantIdle(t *testing.T, b *bulkhead.Bulkhead) {
+	t.Helper()
+	st := b.Stats()
+	if st.Dedup.Active != 0 || st.Calls.InFlight != 0 || st.Gate.InFlight != 0 || st.Gate.Pending != 0 {
+		t.Fatalf("not idle: dedup %+v calls %+v gate %+v", st.Dedup, st.Calls, st.Gate)
+	}
+}
+
+func TestDedupScopesAndClassesIsolate(t *testing.T) {
+	cfg := dedupConfig(8)
+	cfg.Classes = &bulkhead.Classes{Default: "a", Limits: map[string]bulkhead.ClassLimits{"a": {}, "b": {}}}
+	b := newBulkhead(t, cfg)
+	g := newGate()
+	var outs []<-chan runOut
+	for _, opts := range [][]bulkhead.Option{
+		nil,
+		{bulkhead.WithDedupScope("tenant-1")},
+		{bulkhead.WithDedupScope("tenant-2")},
+		{bulkhead.WithClass("b")},
+		{bulkhead.WithClass("b"), bulkhead.WithDedupScope("tenant-1")},
+	} {
+		outs = append(outs, runAsync(context.Background(), b, req("same", 10), g.fn("v", nil), opts...))
+		<-g.started
+	}
+	if st := b.Stats(); st.Dedup.Active != 5 || st.Dedup.Hits != 0 || st.Calls.Admitted != 5 {
+		t.Fatalf("stats %+v %+v", st.Dedup, st.Calls)
+	}
+	// The default class named explicitly is the same partition.
+	f := runAsync(context.Background(), b, req("same", 10), g.fn("wrong", nil), bulkhead.WithClass("a"))
+	waitHits(t, b, 1)
+	close(g.release)
+	for _, ch := range append(outs, f) {
+		if o := <-ch; o.v != "v" || o.err != nil {
+			t.Fatalf("got %q, %v", o.v, o.err)
+		}
+	}
+	if g.count() != 5 {
+		t.Fatalf("fn ran %d times, want 5", g.count())
+	}
+	wantIdle(t, b)
+}
+
+func TestDedupOptOut(t *testing.T) {
+	keys := map[string]string{"hello": "k"} // "other" has no key
+	var panicked bool
+	cfg := dedupConfig(8)
+	cfg.Dedup.KeyFunc = func(r *bulkhead.Request) string {
+		if r.Messages[0].Content == "boom" {
+			panicked = true
+			panic("key func bug")
+		}
+		return keys[r.Messages[0].Content]
+	}
+	b := newBulkhead(t, cfg)
+	g := newGate()
+	runs := []struct {
+		text string
+		opts []bulkhead.Option
+	}{
+		{"hello", nil}, // the leader
+		{"hello", []bulkhead.Option{bulkhead.NoDedup()}},
+		{"other", nil}, {"other", nil}, // empty key
+		{"boom", nil}, {"boom", nil}, // a panicking KeyFunc
+	}
+	var outs []<-chan runOut
+	for _, r := range runs {
+		outs = append(outs, runAsync(context.Background(), b, req(r.text, 10), g.fn("v", nil), r.opts...))
+		<-g.started
+	}
+	if st := b.Stats(); st.Dedup.Active != 1 || st.Dedup.Hits != 0 || st.Calls.Admitted != int64(len(runs)) || !panicked {
+		t.Fatalf("stats %+v %+v", st.Dedup, st.Calls)
+	}
+	close(g.release)
+	for _, ch := range outs {
+		if o := <-ch; o.err != nil {
+			t.Fatal(o.err)
+		}
+	}
+	// NoDedup without Config.Dedup changes nothing.
+	plain := newBulkhead(t, bulkhead.Interactive("gpt-4o", 1))
+	if _, err := bulkhead.Run(context.Background(), plain, req("x", 1), func(context.Context, *bulkhead.RunContext) (int, error) { return 1, nil }, bulkhead.NoDedup()); err != nil {
+		t.Fatal(err)
+	}
+	if plain.Stats().Dedup != nil {
+		t.Fatal("Stats().Dedup without Config.Dedup")
+	}
+}
+
+func TestDedupFollowerCancelIsolated(t *testing.T) {
+	b := newBulkhead(t, dedupConfig(2))
+	rejects := recordRejects(t, b)
+	g := newGate()
+	leader, fs := leaderAndFollowers(t, b, g, req("q", 10), 2)
+	ctx, cancel := context.WithCancel(context.Background())
+	quitter := runAsync(ctx, b, req("q", 10), g.fn("wrong", nil), bulkhead.WithTag("quitter"))
+	waitHits(t, b, 3)
+	cancel()
+	o := <-quitter
+	rej := wantReason(t, o.err, bulkhead.Aborted)
+	if rej.Detail != nil || rej.Tag != "quitter" || !errors.Is(o.err, context.Canceled) {
+		t.Fatalf("aborted follower: %+v (%v)", rej, o.err)
+	}
+	if st := b.Stats(); st.Calls.Rejected != 1 || st.Calls.RejectedByReason[bulkhead.Aborted] != 1 || st.Gate.Rejected != 0 || st.Calls.InFlight != 1 {
+		t.Fatalf("stats %+v %+v", st.Calls, st.Gate)
+	}
+	close(g.release)
+	for _, ch := range append(fs, leader) {
+		if o := <-ch; o.v != "answer" || o.err != nil {
+			t.Fatalf("got %q, %v", o.v, o.err)
+		}
+	}
+	if e := rejects(1)[0]; e.Reason != bulkhead.Aborted || e.Detail != nil || e.Tag != "quitter" || e.Request.Messages[0].Content != "q" {
+		t.Fatalf("reject event %v", e)
+	}
+	wantIdle(t, b)
+}
+
+func TestDedupFollowerQueueTimeout(t *testing.T) {
+	b, clk := mockDedup(t, 2, func(cfg *bulkhead.Config) { cfg.QueueTimeout = time.Millisecond }) // not applied to followers
+	g := newGate()
+	leader, fs := leaderAndFollowers(t, b, g, req("q", 10), 1)
+	short := runAsync(context.Background(), b, req("q", 10), g.fn("wrong", nil), bulkhead.WithQueueTimeout(20*time.Millisecond))
+	waitHits(t, b, 2)
+	clk.Add(10 * time.Millisecond)
+	select {
+	case o := <-short:
+		t.Fatalf("timed out early: %v", o.err)
+	default:
+	}
+	clk.Add(10 * time.Millisecond)
+	rej := wantReason(t, (<-short).err, bulkhead.Timeout)
+	if rej.Detail != nil {
+		t.Fatalf("detail %v", rej.Detail)
+	}
+	clk.Add(time.Hour) // the other follower has no bound of its own
+	close(g.release)
+	for _, ch := range append(fs, leader) {
+		if o := <-ch; o.v != "answer" || o.err != nil {
+			t.Fatalf("got %q, %v", o.v, o.err)
+		}
+	}
+	if st := b.Stats(); st.Calls.RejectedByReason[bulkhead.Timeout] != 1 || st.Gate.TimedOut != 0 {
+		t.Fatalf("stats %+v", st.Calls)
+	}
+	wantIdle(t, b)
+}
+
+func TestDedupLeaderPanics(t *testing.T) {
+	b := newBulkhead(t, dedupConfig(2))
+	started, release := make(chan struct{}), make(chan struct{})
+	leaderPanic := make(chan any, 1)
+	go func() {
+		defer func() { leaderPanic <- recover() }()
+		_, _ = bulkhead.Run(context.Background(), b, req("p", 1), func(context.Context, *bulkhead.RunContext) (string, error) {
+			close(started)
+			<-release
+			panic("leader bug")
+		})
+	}()
+	<-started
+	g := newGate()
+	f := runAsync(context.Background(), b, req("p", 1), g.fn("wrong", nil))
+	waitHits(t, b, 1)
+	close(release)
+	if p := <-leaderPanic; p != "leader bug" {
+		t.Fatalf("leader panic %v", p)
+	}
+	o := <-f
+	if !errors.Is(o.err, bulkhead.ErrLeaderPanicked) || !strings.Contains(o.err.Error(), "leader bug") || g.count() != 0 {
+		t.Fatalf("follower: %v (fn ran %d)", o.err, g.count())
+	}
+	wantIdle(t, b)
+
+	// runtime.Goexit, likewise.
+	started, release = make(chan struct{}), make(chan struct{})
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		_, _ = bulkhead.Run(context.Background(), b, req("p", 1), func(context.Context, *bulkhead.RunContext) (string, error) {
+			close(started)
+			<-release
+			runtime.Goexit()
+			return "", nil
+		})
+	}()
+	<-started
+	f = runAsync(context.Background(), b, req("p", 1), g.fn("wrong", nil))
+	waitHits(t, b, 2)
+	close(release)
+	<-exited
+	if o := <-f; !errors.Is(o.err, bulkhead.ErrLeaderPanicked) || !strings.Contains(o.err.Error(), "Goexit") {
+		t.Fatalf("follower of a Goexit: %v", o.err)
+	}
+	wantIdle(t, b)
+}
+
+func TestDedupFollowersJoinQueuedLeaderAndShareItsRejection(t *testing.T) {
+	b, clk := mockDedup(t, 1, func(cfg *bulkhead.Config) { cfg.QueueTimeout = 30 * time.Millisecond })
+	hold := mustAcquire(t, b, req("hold", 1))
+	g := newGate()
+	leader := runAsync(context.Background(), b, req("q", 1), g.fn("answer", nil), bulkhead.WithTag("leader"))
+	testutil.WaitFor(t, "the leader queued", pending(b))
+	f := runAsync(context.Background(), b, req("q", 1), g.fn("wrong", nil), bulkhead.WithTag("follower"))
+	waitHits(t, b, 1)
+	clk.Add(30 * time.Millisecond)
+	lr := wantReason(t, (<-leader).err, bulkhead.Timeout)
+	fr := wantReason(t, (<-f).err, bulkhead.Timeout)
+	if lr.Tag != "leader" || fr.Tag != "follower" || fr.Detail == nil || g.count() != 0 {
+		t.Fatalf("leader %+v, follower %+v", lr, fr)
+	}
+	if st := b.Stats(); st.Calls.Rejected != 1 {
+		t.Fatalf("the shared rejection counted %d times", st.Calls.Rejected)
+	}
+	_ = hold.Release(nil)
+
+	// Joined while queued, and admitted with it.
+	hold = mustAcquire(t, b, req("hold", 1))
+	leader = runAsync(context.Background(), b, req("q", 1), g.fn("answer", nil))
+	testutil.WaitFor(t, "the leader queued", pending(b))
+	f = runAsync(context.Background(), b, req("q", 1), g.fn("wrong", nil))
+	waitHits(t, b, 2)
+	_ = hold.Release(nil)
+	<-g.started
+	close(g.release)
+	if o, p := <-leader, <-f; o.v != "answer" || p.v != "answer" || o.err != nil || p.err != nil {
+		t.Fatalf("leader %v, follower %v", o, p)
+	}
+	wantIdle(t, b)
+}
+
+func TestDedupCollisionSharesNothing(t *testing.T) {
+	b := newBulkhead(t, dedupConfig(4))
+	bulkhead.SetDedupHash(b, func(string, string, string) uint64 { return 42 })
+	g := newGate()
+	a := runAsync(context.Background(), b, req("a", 1), g.fn("A", nil))
+	<-g.started
+	c := runAsync(context.Background(), b, req("c", 1), g.fn("C", nil))
+	<-g.started
+	if st := b.Stats(); st.Dedup.Active != 1 || st.Dedup.Hits != 0 || st.Calls.Admitted != 2 {
+		t.Fatalf("stats %+v %+v", st.Dedup, st.Calls)
+	}
+	// The same key still shares.
+	f := runAsync(context.Background(), b, req("a", 1), g.fn("wrong", nil))
+	waitHits(t, b, 1)
+	close(g.release)
+	if x, y, z := <-a, <-c, <-f; x.v != "A" || y.v != "C" || z.v != "A" {
+		t.Fatalf("results %v %v %v", x, y, z)
+	}
+	wantIdle(t, b)
+}
+
+// share runs a leader returning v, held until one follower of type T has
+// joined, and returns both outcomes.
+func share[T any](t *testing.T, b *bulkhead.Bulkhead, v any) (leader any, follower T, err error) {
+	t.Helper()
+	started, release := make(chan struct{}), make(chan struct{})
+	lch := make(chan any, 1)
+	go func() {
+		got, err := bulkhead.Run(context.Background(), b, req("s", 1), func(context.Context, *bulkhead.RunContext) (any, error) {
+			close(started)
+			<-release
+			return v, nil
+		})
+		if err != nil {
+			t.Error(err)
+		}
+		lch <- got
+	}()
+	<-started
+	hits := b.Stats().Dedup.Hits
+	type out struct {
+		v   T
+		err error
+	}
+	fch := make(chan out, 1)
+	go func() {
+		got, err := bulkhead.Run(context.Background(), b, req("s", 1), func(context.Context, *bulkhead.RunContext) (T, error) {
+			t.Error("a follower's fn ran")
+			var zero T
+			return zero, nil
+		})
+		fch <- out{got, err}
+	}()
+	waitHits(t, b, hits+1)
+	close(release)
+	leader = <-lch
+	o := <-fch
+	return leader, o.v, o.err
+}
+
+func TestDedupUnshareable(t *testing.T) {
+	b := newBulkhead(t, dedupConfig(2))
+	rejects := recordRejects(t, b)
+	body := &http.Response{Body: io.NopCloser(strings.NewReader("x"))}
+	seq := func(yield func(int) bool) {}
+	seq2 := func(yield func(int, string) bool) {}
+	for _, v := range []any{strings.NewReader("x"), make(chan int), body, iter.Seq[int](seq), seq2} {
+		leader, _, err := share[any](t, b, v)
+		if reflect.ValueOf(leader).Pointer() != reflect.ValueOf(v).Pointer() {
+			t.Fatalf("%T: the leader got %v", v, leader)
+		}
+		rej := wantReason(t, err, bulkhead.UnshareableResult)
+		if rej.Detail != nil || !strings.Contains(err.Error(), "single-consumer") {
+			t.Fatalf("%T: %v", v, err)
+		}
+	}
+	for _, v := range []any{"text", 3, &http.Response{}, &http.Response{Body: http.NoBody}, func() {}, func(func(int) int) {}, []byte("x")} {
+		if bulkhead.Unshareable(v) {
+			t.Fatalf("%T is shareable", v)
+		}
+	}
+	if st := b.Stats(); st.Calls.RejectedByReason[bulkhead.UnshareableResult] != 5 {
+		t.Fatalf("stats %+v", st.Calls)
+	}
+	if e := rejects(5)[0]; e.Reason != bulkhead.UnshareableResult || e.Detail != nil {
+		t.Fatalf("reject event %v", e)
+	}
+	wantIdle(t, b)
+}
+
+func TestDedupShareResult(t *testing.T) {
+	cfg := dedupConfig(2)
+	var calls int
+	cfg.Dedup.ShareResult = func(v any) (any, error) {
+		calls++
+		switch x := v.(type) {
+		case *strings.Reader:
+			s, _ := io.ReadAll(x)
+			return strings.NewReader(string(s)), nil
+		case string:
+			return x + " (copy)", nil
+		case int:
+			return "not an int", nil
+		}
+		return nil, errors.New("cannot copy")
+	}
+	b := newBulkhead(t, cfg)
+	r := strings.NewReader("body")
+	leader, f, err := share[any](t, b, r)
+	if err != nil || leader != r || f == r {
+		t.Fatalf("reader: leader %v follower %v %v", leader, f, err)
+	}
+	if s, _ := io.ReadAll(f.(io.Reader)); string(s) != "body" {
+		t.Fatalf("the follower's copy reads %q", s)
+	}
+	if _, s, err := share[any](t, b, "v"); s != "v (copy)" || err != nil {
+		t.Fatalf("string: %v %v", s, err)
+	}
+	if _, _, err := share[any](t, b, 1.5); err == nil || err.Error() != "cannot copy" {
+		t.Fatalf("the hook's error: %v", err)
+	}
+	if calls != 3 {
+		t.Fatalf("ShareResult called %d times", calls)
+	}
+	if st := b.Stats(); st.Calls.Rejected != 0 {
+		t.Fatalf("a hook error counted as a rejection: %+v", st.Calls)
+	}
+}
+
+func TestDedupTypeMismatch(t *testing.T) {
+	b := newBulkhead(t, dedupConfig(2))
+	// The leader's Run is of any, the follower's of int.
+	_, v, err := share[int](t, b, 3)
+	if !errors.Is(err, bulkhead.ErrInvalid) || v != 0 || !strings.Contains(err.Error(), "int") {
+		t.Fatalf("follower of another type: %v, %v", v, err)
+	}
+	// A nil value of an interface type is shared as nil.
+	if l, f, err := share[any](t, b, nil); l != nil || f != nil || err != nil {
+		t.Fatalf("nil: %v %v %v", l, f, err)
+	}
+	cfg := dedupConfig(2)
+	cfg.Dedup.ShareResult = func(v any) (any, error) { return 7, nil }
+	b2 := newBulkhead(t, cfg)
+	if _, f, err := share[string](t, b2, "x"); err == nil || f != "" {
+		t.Fatalf("ShareResult of the wrong type: %q %v", f, err)
+	}
+}
+
+func TestDedupObserveFollowerBypass(t *testing.T) {
+	b, clk := mockDedup(t, 2, nil)
+	g := newGate()
+	leader, _ := leaderAndFollowers(t, b, g, req("q", 1), 0)
+	bypassed := make(chan *bulkhead.Bypass, 1)
+	f := runAsync(context.Background(), b, req("q", 1), func(ctx context.Context, rc *bulkhead.RunContext) (string, error) {
+		bypassed <- rc.Bypass()
+		return "own", nil
+	}, bulkhead.WithMode(bulkhead.Observe), bulkhead.WithQueueTimeout(10*time.Millisecond))
+	waitHits(t, b, 1)
+	clk.Add(10 * time.Millisecond)
+	if o := <-f; o.v != "own" || o.err != nil {
+		t.Fatalf("bypassed follower: %v", o)
+	}
+	if bp := <-bypassed; bp == nil || bp.Reason != bulkhead.Timeout || !bp.Race || bp.Detail != nil {
+		t.Fatalf("bypass %+v", bp)
+	}
+	// Not shadowed: rejected.
+	f = runAsync(context.Background(), b, req("q", 1), g.fn("wrong", nil), bulkhead.WithMode(bulkhead.Observe),
+		bulkhead.WithShadowReasons(bulkhead.BudgetLimit), bulkhead.WithQueueTimeout(10*time.Millisecond))
+	waitHits(t, b, 2)
+	clk.Add(10 * time.Millisecond)
+	wantReason(t, (<-f).err, bulkhead.Timeout)
+	st := b.Stats()
+	if st.Observe.Bypassed != 1 || st.Observe.RaceBypassed != 1 || st.Calls.RejectedByReason[bulkhead.Timeout] != 2 {
+		t.Fatalf("stats %+v %+v", st.Observe, st.Calls)
+	}
+	close(g.release)
+	if o := <-leader; o.v != "answer" {
+		t.Fatalf("leader %v", o)
+	}
+	wantIdle(t, b)
+}
+
+func TestDedupBorrowedDeadlineReachesFollowers(t *testing.T) {
+	b, clk := mockDedup(t, 2, func(cfg *bulkhead.Config) {
+		cfg.Classes = &bulkhead.Classes{Default: "a", Limits: map[string]bulkhead.ClassLimits{"a": {}}} // no floor: every slot borrowed
+	})
+	g := newGate()
+	leader, fs := leaderAndFollowers(t, b, g, req("d", 1), 1, bulkhead.WithBorrowedDeadline(time.Second), bulkhead.WithTag("t"))
+	testutil.WaitFor(t, "the deadline armed", func() bool { return b.Stats().Classes.Classes["a"].Deadlines.Active == 1 })
+	clk.Add(time.Second)
+	var le, fe *bulkhead.BorrowedDeadlineError
+	if o := <-leader; !errors.As(o.err, &le) {
+		t.Fatalf("leader: %v", o.err)
+	}
+	if o := <-fs[0]; !errors.As(o.err, &fe) || fe.AdmissionID != le.AdmissionID {
+		t.Fatalf("follower: %v", o.err)
+	}
+	close(g.release)
+	testutil.WaitFor(t, "the late release", func() bool { return b.Stats().Calls.Released == 1 })
+	wantIdle(t, b)
+}
+
+func TestDedupOptionsAndInput(t *testing.T) {
+	b := newBulkhead(t, dedupConfig(1))
+	ctx := context.Background()
+	for name, err := range map[string]error{
+		"Acquire NoDedup":            func() error { _, err := b.Acquire(ctx, req("x", 1), bulkhead.NoDedup()); return err }(),
+		"Acquire WithDedupScope":     func() error { _, err := b.Acquire(ctx, req("x", 1), bulkhead.WithDedupScope("s")); return err }(),
+		"AcquireAsync NoDedup":       func() error { _, err := b.AcquireAsync(ctx, req("x", 1), bulkhead.NoDedup()).Result(); return err }(),
+		"WouldAdmit WithDedupScope":  func() error { _, err := b.WouldAdmit(req("x", 1), bulkhead.WithDedupScope("s")); return err }(),
+		"Run with an invalid option": func() error { _, err := bulkhead.Run(ctx, b, req("x", -1), okFn); return err }(),
+	} {
+		if !errors.Is(err, bulkhead.ErrInvalid) {
+			t.Errorf("%s: %v, want invalid input", name, err)
+		}
+	}
+	plain := newBulkhead(t, bulkhead.Interactive("gpt-4o", 1))
+	if _, err := bulkhead.Run(ctx, plain, req("x", 1), okFn, bulkhead.WithDedupScope("s")); !errors.Is(err, bulkhead.ErrInvalid) {
+		t.Errorf("WithDedupScope without Config.Dedup: %v", err)
+	}
+	// A done context is rejected at once, with its detail, joining nothing.
+	done, cancel := context.WithCancel(ctx)
+	cancel()
+	if rej := wantReason(t, func() error { _, err := bulkhead.Run(done, b, req("x", 1), okFn); return err }(), bulkhead.Aborted); rej.Detail == nil {
+		t.Fatal("no detail")
+	}
+	if st := b.Stats(); st.Dedup.Hits != 0 || st.Dedup.Active != 0 {
+		t.Fatalf("stats %+v", st.Dedup)
+	}
+}
+
+func okFn(context.Context, *bulkhead.RunContext) (int, error) { return 1, nil }
+
+// TestCanonicalKeyCoversEveryField: the default key tells apart requests
+// that differ in any one field, and a new field of Request, Message or
+// Block fails here until the key covers it.
+func TestCanonicalKeyCoversEveryField(t *testing.T) {
+	for typ, n := range map[reflect.Type]int{
+		reflect.TypeFor[bulkhead.Request](): 6, reflect.TypeFor[bulkhead.Message](): 3, reflect.TypeFor[bulkhead.Block](): 2,
+	} {
+		if typ.NumField() != n {
+			t.Fatalf("%v has %d fields, the canonical key covers %d: extend appendCanonical", typ, typ.NumField(), n)
+		}
+	}
+	base := func() *bulkhead.Request {
+		return &bulkhead.Request{Model: "m", System: "s", SystemBlocks: []bulkhead.Block{{Type: "text", Text: "t"}},
+			Messages: []bulkhead.Message{{Role: "user", Content: "c", Blocks: []bulkhead.Block{{Type: "image"}}}}, MaxTokens: 5, ExtraInputTokens: 2}
+	}
+	edits := map[string]func(*bulkhead.Request){
+		"Model":             func(r *bulkhead.Request) { r.Model = "n" },
+		"System":            func(r *bulkhead.Request) { r.System = "" },
+		"SystemBlocks.Type": func(r *bulkhead.Request) { r.SystemBlocks[0].Type = "image" },
+		"SystemBlocks.Text": func(r *bulkhead.Request) { r.SystemBlocks[0].Text = "u" },
+		"SystemBlocks":      func(r *bulkhead.Request) { r.SystemBlocks = nil },
+		"Messages":          func(r *bulkhead.Request) { r.Messages = append(r.Messages, bulkhead.Message{}) },
+		"Role":              func(r *bulkhead.Request) { r.Messages[0].Role = "assistant" },
+		"Content":           func(r *bulkhead.Request) { r.Messages[0].Content = "d" },
+		"Blocks":            func(r *bulkhead.Request) { r.Messages[0].Blocks = nil },
+		"MaxTokens":         func(r *bulkhead.Request) { r.MaxTokens = 6 },
+		"ExtraInputTokens":  func(r *bulkhead.Request) { r.ExtraInputTokens = 0 },
+		// Moving text across a boundary changes the key too.
+		"System into Model": func(r *bulkhead.Request) { r.Model, r.System = "ms", "" },
+	}
+	seen := map[string]string{bulkhead.CanonicalKey(base()): "base"}
+	for name, edit := range edits {
+		r := base()
+		edit(r)
+		k := bulkhead.CanonicalKey(r)
+		if other, dup := seen[k]; dup {
+			t.Fatalf("%s has the key of %s", name, other)
+		}
+		seen[k] = name
+	}
+	if a, b := bulkhead.CanonicalKey(base()), bulkhead.CanonicalKey(base()); a != b {
+		t.Fatal("not stable")
+	}
+}

@@ -1,0 +1,14 @@
+package bulkhead
+
+import "github.com/llmbulkhead/bulkhead/internal/dedup"
+
+// SetDedupHash replaces b's dedup digest, for tests that force collisions.
+func SetDedupHash(b *Bulkhead, h func(scope, class, key string) uint64) {
+	b.dedup.hash = func(k dedup.Key) uint64 { return h(k.Scope, k.Class, k.Canon) }
+}
+
+// CanonicalKey is the default dedup key of r.
+func CanonicalKey(r *Request) string { return string(appendCanonical(nil, r)) }
+
+// Unshareable reports whether followers cannot share v without ShareResult.
+func Unshareable(v any) bool { return unshareable(v) }
