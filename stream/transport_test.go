@@ -1,0 +1,253 @@
+package stream
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/llmbulkhead/bulkhead"
+)
+
+// fakeUpstream is a RoundTripper that answers every request with resp (or
+// err) and records what it was sent.
+type fakeUpstream struct {
+	mu     sync.Mutex
+	sent   []*http.Request
+	bodies [][]byte
+	answer func(*http.Request) (*http.Response, error)
+}
+
+func (f *fakeUpstream) RoundTrip(r *http.Request) (*http.Response, error) {
+	var body []byte
+	if r.Body != nil {
+		body, _ = io.ReadAll(r.Body)
+		r.Body.Close()
+	}
+	f.mu.Lock()
+	f.sent = append(f.sent, r)
+	f.bodies = append(f.bodies, body)
+	f.mu.Unlock()
+	return f.answer(r)
+}
+
+func (f *fakeUpstream) count() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.sent)
+}
+
+func respond(status int, contentType, body string) func(*http.Request) (*http.Response, error) {
+	return func(r *http.Request) (*http.Response, error) {
+		return &http.Response{
+			StatusCode: status,
+			Header:     http.Header{"Content-Type": {contentType}},
+			Body:       io.NopCloser(strings.NewReader(body)),
+			Request:    r,
+		}, nil
+	}
+}
+
+const chatBody = `{"model":"gpt-4o","max_tokens":200,"messages":[{"role":"user","content":"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"}]}`
+
+func post(t *testing.T, rt http.RoundTripper, path, body string, header ...string) (*http.Response, error) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(context.Background(), http.MethodPost, "http://provider.test"+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	return rt.RoundTrip(req)
+}
+
+func TestTransportPlainJSON(t *testing.T) {
+	ev := &events{}
+	b := newBudgetBulkhead(t, ev)
+	up := &fakeUpstream{answer: respond(200, "application/json",
+		`{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"}}],"usage":{"prompt_tokens":12,"completion_tokens":3}}`)}
+	var gotCall *Call
+	tr := &Transport{Bulkhead: b, Base: up, Options: func(r *http.Request, c *Call) []bulkhead.Option {
+		gotCall = c
+		return []bulkhead.Option{bulkhead.WithTag(r.Header.Get("X-Tag"))}
+	}}
+	resp, err := post(t, tr, "/v1/chat/completions", chatBody, "X-Tag", "t-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := b.Stats(); s.Calls.InFlight != 1 {
+		t.Errorf("in flight before the body is read: %d, want 1", s.Calls.InFlight)
+	}
+	out, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(out), `"content":"hi"`) {
+		t.Errorf("body = %s", out)
+	}
+	if gotCall == nil || gotCall.Format != OpenAIChat || gotCall.Request.MaxTokens != 200 {
+		t.Errorf("Options saw %+v", gotCall)
+	}
+	if !bytes.Equal(up.bodies[0], []byte(chatBody)) {
+		t.Errorf("upstream body = %s, want the caller's", up.bodies[0])
+	}
+	_, releases := ev.wait(t, 1)
+	checkSettled(t, b, releases, bulkhead.Usage{Input: 12, Output: 3})
+	if releases[0].Tag != "t-1" || releases[0].Reserved != testReserved {
+		t.Errorf("release %v, want tag t-1 and %d reserved", releases[0], testReserved)
+	}
+}
+
+func TestTransportIncludeUsage(t *testing.T) {
+	stream := strings.Join([]string{
+		`data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"Hello"},"finish_reason":"stop"}]}`,
+		`data: {"id":"c","object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":12,"completion_tokens":2}}`,
+		`data: [DONE]`, ``, ``}, "\n\n")
+	withoutUsage := strings.Replace(stream, `data: {"id":"c","object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":12,"completion_tokens":2}}`+"\n\n", "", 1)
+	streamBody := strings.Replace(chatBody, `{"model"`, `{"stream":true,"model"`, 1)
+	asked := strings.Replace(chatBody, `{"model"`, `{"stream":true,"stream_options":{"include_usage":true},"model"`, 1)
+	for _, c := range []struct {
+		name      string
+		body      string
+		keep      bool
+		upUsage   bool   // upstream was asked for usage
+		wantOut   string // what the caller reads
+		wantUsage bulkhead.Usage
+	}{
+		{"added and stripped", streamBody, false, true, withoutUsage, bulkhead.Usage{Input: 12, Output: 2}},
+		{"asked by the caller", asked, false, true, stream, bulkhead.Usage{Input: 12, Output: 2}},
+		{"kept as written", streamBody, true, false, stream, bulkhead.Usage{Input: 12, Output: 2}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ev := &events{}
+			b := newBudgetBulkhead(t, ev)
+			up := &fakeUpstream{answer: respond(200, "text/event-stream", stream)}
+			tr := &Transport{Bulkhead: b, Base: up, KeepStreamOptions: c.keep}
+			resp, err := post(t, tr, "/v1/chat/completions", c.body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err != nil || string(out) != c.wantOut {
+				t.Errorf("read %q, %v; want %q", out, err, c.wantOut)
+			}
+			var sent map[string]any
+			if err := json.Unmarshal(up.bodies[0], &sent); err != nil {
+				t.Fatal(err)
+			}
+			so, _ := sent["stream_options"].(map[string]any)
+			if got := so["include_usage"] == true; got != c.upUsage {
+				t.Errorf("upstream include_usage = %v, want %v (body %s)", got, c.upUsage, up.bodies[0])
+			}
+			if cl := up.sent[0].ContentLength; cl != int64(len(up.bodies[0])) {
+				t.Errorf("ContentLength %d for a %d-byte body", cl, len(up.bodies[0]))
+			}
+			_, releases := ev.wait(t, 1)
+			checkSettled(t, b, releases, c.wantUsage)
+		})
+	}
+}
+
+func TestTransportRejection(t *testing.T) {
+	cfg := bulkhead.Interactive("gpt-4o", 0) // no slot
+	b, err := bulkhead.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Shutdown(context.Background())
+	up := &fakeUpstream{answer: respond(200, "application/json", `{}`)}
+	body := &closeCounter{Reader: strings.NewReader(chatBody)}
+	req, _ := http.NewRequest(http.MethodPost, "http://provider.test/v1/chat/completions", body)
+	_, err = (&Transport{Bulkhead: b, Base: up}).RoundTrip(req)
+	var rej *bulkhead.RejectedError
+	if !errors.As(err, &rej) || rej.Reason != bulkhead.ConcurrencyLimit {
+		t.Fatalf("err = %v, want a concurrency_limit rejection", err)
+	}
+	if up.count() != 0 {
+		t.Error("a rejected call was sent upstream")
+	}
+	if body.closes != 1 {
+		t.Errorf("request body closed %d times, want 1", body.closes)
+	}
+}
+
+func TestTransportErrors(t *testing.T) {
+	ev := &events{}
+	b := newBudgetBulkhead(t, ev)
+	sendErr := errors.New("connection refused")
+	up := &fakeUpstream{answer: func(*http.Request) (*http.Response, error) { return nil, sendErr }}
+	tr := &Transport{Bulkhead: b, Base: up, MaxBodyBytes: 1 << 10}
+
+	if _, err := post(t, tr, "/v1/chat/completions", chatBody); !errors.Is(err, sendErr) {
+		t.Errorf("send error = %v", err)
+	}
+	_, releases := ev.wait(t, 1)
+	if releases[0].Usage != nil {
+		t.Errorf("a failed send released with usage %v, want none known", releases[0].Usage)
+	}
+
+	var be *BodyError
+	if _, err := post(t, tr, "/v1/chat/completions", `{"messages":7}`); !errors.As(err, &be) || be.Field != "messages" {
+		t.Errorf("bad body: %v", err)
+	}
+	if _, err := post(t, tr, "/v1/chat/completions", strings.Repeat(" ", 2<<10)); !errors.Is(err, ErrBodyTooLarge) {
+		t.Errorf("large body: %v", err)
+	}
+	if up.count() != 1 {
+		t.Errorf("%d requests sent, want only the first", up.count())
+	}
+	if _, err := post(t, &Transport{}, "/v1/messages", `{}`); !errors.Is(err, ErrNoBulkhead) {
+		t.Errorf("no bulkhead: %v", err)
+	}
+	if s := b.Stats(); s.Calls.InFlight != 0 || s.Calls.Admitted != 1 {
+		t.Errorf("stats %+v", s.Calls)
+	}
+}
+
+func TestTransportPassThrough(t *testing.T) {
+	b := newBudgetBulkhead(t, nil)
+	up := &fakeUpstream{answer: respond(200, "application/json", `{"data":[]}`)}
+	tr := &Transport{Bulkhead: b, Base: up}
+	for _, c := range []struct{ method, path string }{
+		{http.MethodGet, "/v1/models"},
+		{http.MethodPost, "/v1/embeddings"},
+		{http.MethodGet, "/v1/chat/completions"},
+		{http.MethodPost, "/v1/messages/count_tokens"},
+	} {
+		req, _ := http.NewRequest(c.method, "http://provider.test"+c.path, strings.NewReader(`{}`))
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			t.Fatalf("%s %s: %v", c.method, c.path, err)
+		}
+		resp.Body.Close()
+	}
+	if s := b.Stats(); s.Calls.Admitted != 0 || up.count() != 4 {
+		t.Errorf("admitted %d, sent %d; want 0 and 4", s.Calls.Admitted, up.count())
+	}
+}
+
+func TestTransportErrorStatus(t *testing.T) {
+	ev := &events{}
+	b := newBudgetBulkhead(t, ev)
+	up := &fakeUpstream{answer: respond(529, "application/json", `{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}`)}
+	tr := &Transport{Bulkhead: b, Base: up}
+	resp, err := post(t, tr, "/v1/messages", `{"model":"claude-sonnet-4-5","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != 529 {
+		t.Errorf("status %d", resp.StatusCode)
+	}
+	out, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(out), "overloaded_error") {
+		t.Errorf("body = %s, want the provider's error", out)
+	}
+	_, releases := ev.wait(t, 1)
+	checkSettled(t, b, releases, bulkhead.Usage{})
+}
