@@ -161,6 +161,9 @@ func (b *Bulkhead) check(req *Request, o *callOptions, method string, queueing b
 	if o.hasDedupScope && b.dedup == nil {
 		return classes.None, Reservation{}, invalidf("WithDedupScope", "applies only with Config.Dedup set")
 	}
+	if o.hasDedupKey && b.dedup == nil {
+		return classes.None, Reservation{}, invalidf("WithDedupKey", "applies only with Config.Dedup set")
+	}
 	class, err := b.eng.LookupClass(o.class)
 	if err != nil {
 		return classes.None, Reservation{}, publicError(err)

@@ -50,7 +50,10 @@ import (
 // never logged or sent anywhere.
 type DedupConfig struct {
 	// KeyFunc returns a call's key: two calls with equal keys are
-	// identical. An empty key opts the call out. Nil means the default
+	// identical. A Request does not carry provider parameters
+	// (temperature, tools, a response format...): when calls that differ
+	// only in those may be in flight at once, the key must cover them,
+	// here or per call with WithDedupKey. An empty key opts the call out. Nil means the default
 	// key, a canonical encoding of every field of the Request (model,
 	// system prompt, messages and their blocks, MaxTokens,
 	// ExtraInputTokens): only requests equal in every field share. A
@@ -126,6 +129,22 @@ func (s dedupScopeOption) apply(o callOptions) callOptions {
 // with Runs of the same scope (a tenant, say), however identical their
 // requests. The default scope is "". Run only, with Config.Dedup set.
 func WithDedupScope(scope string) Option { return dedupScopeOption(scope) }
+
+type dedupKeyOption string
+
+func (k dedupKeyOption) apply(o callOptions) callOptions {
+	o.dedupKey, o.hasDedupKey = string(k), true
+	return o
+}
+
+// WithDedupKey gives a Run its dedup key, in place of Config.Dedup.KeyFunc
+// or the default key: Runs with equal keys (in the same scope and class)
+// share one execution, and an empty key opts the call out. Use it when what
+// makes two calls identical is not all in the Request, such as provider
+// parameters (temperature, tools, a response format): the Key of a call
+// read with package stream covers every field of the provider request.
+// Run only, with Config.Dedup set.
+func WithDedupKey(key string) Option { return dedupKeyOption(key) }
 
 // deduper is a bulkhead's deduplication: its configuration and its key
 // buffers. The table is the dedup actor's.
@@ -232,8 +251,11 @@ func (b *Bulkhead) join(ctx context.Context, req *Request, r *actor.AcquireReque
 		}
 	}
 	d := b.dedup
-	key, buf := d.key(b, req)
-	defer d.putBuffer(buf)
+	key, buf := o.dedupKey, (*[]byte)(nil)
+	if !o.hasDedupKey {
+		key, buf = d.key(b, req)
+		defer d.putBuffer(buf)
+	}
 	if key == "" {
 		return nil
 	}

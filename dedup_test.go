@@ -235,6 +235,44 @@ func TestDedupOptOut(t *testing.T) {
 	}
 }
 
+// TestDedupKeyOption: a per-call key wins over the request: calls with
+// equal requests but different keys (say, temperatures) run apart, calls with
+// different requests but one key share, and an empty key opts out.
+func TestDedupKeyOption(t *testing.T) {
+	b := newBulkhead(t, dedupConfig(8))
+	g := newGate()
+	runs := []struct {
+		text, key string
+	}{
+		{"hello", "t=0.2"}, // a leader
+		{"hello", "t=0.9"}, // the same request, another key: a leader
+		{"other", "t=0.2"}, // another request, the first key: a follower
+		{"hello", ""},      // an empty key: on its own
+	}
+	var outs []<-chan runOut
+	for i, r := range runs {
+		outs = append(outs, runAsync(context.Background(), b, req(r.text, 10), g.fn("v", nil), bulkhead.WithDedupKey(r.key)))
+		if i == 2 {
+			waitHits(t, b, 1)
+		} else {
+			<-g.started
+		}
+	}
+	if st := b.Stats(); st.Dedup.Active != 2 || st.Dedup.Hits != 1 || st.Calls.Admitted != 3 {
+		t.Fatalf("stats %+v %+v", st.Dedup, st.Calls)
+	}
+	close(g.release)
+	for _, ch := range outs {
+		if o := <-ch; o.err != nil || o.v != "v" {
+			t.Fatal(o.v, o.err)
+		}
+	}
+	if g.count() != 3 {
+		t.Errorf("fn ran %d times, want 3", g.count())
+	}
+	wantIdle(t, b)
+}
+
 func TestDedupFollowerCancelIsolated(t *testing.T) {
 	b := newBulkhead(t, dedupConfig(2))
 	rejects := recordRejects(t, b)
@@ -587,6 +625,7 @@ func TestDedupOptionsAndInput(t *testing.T) {
 		"Acquire WithDedupScope":     func() error { _, err := b.Acquire(ctx, req("x", 1), bulkhead.WithDedupScope("s")); return err }(),
 		"AcquireAsync NoDedup":       func() error { _, err := b.AcquireAsync(ctx, req("x", 1), bulkhead.NoDedup()).Result(); return err }(),
 		"WouldAdmit WithDedupScope":  func() error { _, err := b.WouldAdmit(req("x", 1), bulkhead.WithDedupScope("s")); return err }(),
+		"Acquire WithDedupKey":       func() error { _, err := b.Acquire(ctx, req("x", 1), bulkhead.WithDedupKey("k")); return err }(),
 		"Run with an invalid option": func() error { _, err := bulkhead.Run(ctx, b, req("x", -1), okFn); return err }(),
 	} {
 		if !errors.Is(err, bulkhead.ErrInvalid) {
@@ -596,6 +635,9 @@ func TestDedupOptionsAndInput(t *testing.T) {
 	plain := newBulkhead(t, bulkhead.Interactive("gpt-4o", 1))
 	if _, err := bulkhead.Run(ctx, plain, req("x", 1), okFn, bulkhead.WithDedupScope("s")); !errors.Is(err, bulkhead.ErrInvalid) {
 		t.Errorf("WithDedupScope without Config.Dedup: %v", err)
+	}
+	if _, err := bulkhead.Run(ctx, plain, req("x", 1), okFn, bulkhead.WithDedupKey("k")); !errors.Is(err, bulkhead.ErrInvalid) {
+		t.Errorf("WithDedupKey without Config.Dedup: %v", err)
 	}
 	// A done context is rejected at once, with its detail, joining nothing.
 	done, cancel := context.WithCancel(ctx)

@@ -36,6 +36,8 @@ type callOptions struct {
 	noDedup       bool
 	dedupScope    string
 	hasDedupScope bool
+	dedupKey      string
+	hasDedupKey   bool
 }
 
 func resolve(opts []Option) callOptions {
@@ -80,6 +82,9 @@ func (o *callOptions) validate(method string, queueing bool) error {
 	}
 	if o.hasDedupScope && method != "Run" {
 		return invalidf("WithDedupScope", "applies to Run only, not %s", method)
+	}
+	if o.hasDedupKey && method != "Run" {
+		return invalidf("WithDedupKey", "applies to Run only, not %s", method)
 	}
 	if o.hasBorrowedDeadline {
 		if method != "Run" {
