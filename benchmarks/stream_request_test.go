@@ -33,20 +33,35 @@ var chatBody400KB = func() []byte {
 	return []byte(sb.String())
 }()
 
-var sinkCall *stream.Call
+var (
+	sinkCall *stream.Call
+	sinkKey  string
+)
 
 // BenchmarkParseRequest400KB reads a 400 KB chat body into a Call: the
-// request with every message, and the canonical deduplication key.
+// request with every message. Its "key" case also builds the canonical
+// deduplication key, which only a deduplicating caller asks for.
 func BenchmarkParseRequest400KB(b *testing.B) {
 	body := chatBody400KB
-	b.SetBytes(int64(len(body)))
-	b.ReportAllocs()
-	for b.Loop() {
-		c, err := stream.ParseRequest(stream.OpenAIChat, body)
-		if err != nil {
-			b.Fatal(err)
+	for _, key := range []bool{false, true} {
+		name := "request"
+		if key {
+			name = "key"
 		}
-		sinkCall = c
+		b.Run(name, func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				c, err := stream.ParseRequest(stream.OpenAIChat, body)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if key {
+					sinkKey = c.Key()
+				}
+				sinkCall = c
+			}
+		})
 	}
 }
 

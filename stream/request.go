@@ -47,16 +47,34 @@ type Call struct {
 	// stream_options.include_usage (always false for other formats).
 	IncludeUsage bool
 
-	// Key is the call's canonical key for deduplication: two bodies that are
-	// equal as JSON values up to the order of object members and whitespace
-	// get the same key; any other difference, provider parameters such as
-	// temperature included, gives a different key. Strings and numbers are
-	// compared as written, so "\u0061" and "a" differ. The key starts with
-	// the format's name and, for a Gemini request read by ReadRequest, the
-	// model and method of its URL (and its alt parameter), so equal bodies
-	// sent to different Gemini models differ. It holds the whole body:
-	// compare it, do not log it.
-	Key string
+	// body is the request body, which the strings of Request are views of,
+	// and route the part of the URL that goes into the key.
+	body  []byte
+	route string
+}
+
+// Key returns the call's canonical key for deduplication (see
+// bulkhead.WithDedupKey): two bodies that are equal as JSON values up to the
+// order of object members and whitespace get the same key; any other
+// difference, provider parameters such as temperature included, gives a
+// different key. Strings and numbers are compared as written, so "\u0061" and
+// "a" differ. The key starts with the format's name and, for a Gemini request
+// read by ReadRequest, the model and method of its URL (and its alt
+// parameter), so equal bodies sent to different Gemini models differ.
+//
+// The key holds the whole body: compare it, do not log it. It is built on
+// each call, at about the cost of parsing the body again, so that a call that
+// never deduplicates does not pay for it. The zero Call's key is "".
+func (c *Call) Key() string {
+	if c == nil || c.body == nil {
+		return ""
+	}
+	d := getDoc()
+	defer putDoc(d)
+	if err := jsondom.Parse(d, c.body); err != nil {
+		return "" // unreachable: the body parsed before, and nobody writes it
+	}
+	return canonicalKey(c.Format, c.route, d.Root(), len(c.body))
 }
 
 // ParseRequest reads the request body of one call in format f.
@@ -213,7 +231,7 @@ func parse(f Format, body []byte, route string) (*Call, error) {
 	if verr := c.Request.Validate(); verr != nil { // unreachable: counts are checked as read
 		return nil, &BodyError{Format: f, Offset: -1, Problem: verr.Error()}
 	}
-	c.Key = canonicalKey(f, route, root, len(body))
+	c.body, c.route = body, route
 	return c, nil
 }
 

@@ -457,11 +457,11 @@ func TestParseDoesNotKeepBody(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	key := call.Key
+	key := call.Key()
 	for i := range body {
 		body[i] = ' '
 	}
-	if call.Request.Model != "gpt-4o" || call.Request.Messages[0].Content != "hello" || call.Key != key {
+	if call.Request.Model != "gpt-4o" || call.Request.Messages[0].Content != "hello" || call.Key() != key {
 		t.Errorf("the call changed with the body: %+v", call)
 	}
 }
@@ -473,7 +473,7 @@ func TestKey(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return call.Key
+		return call.Key()
 	}
 	base := key(OpenAIChat, `{"model":"gpt-4o","temperature":0.5,"messages":[{"role":"user","content":"hi"}],"stream_options":{"include_usage":true,"x":1}}`)
 	same := key(OpenAIChat, "{\n  \"stream_options\": {\"x\": 1, \"include_usage\": true},\n  \"messages\": [ {\"content\": \"hi\", \"role\": \"user\"} ],\n\t\"temperature\": 0.5, \"model\": \"gpt-4o\"\n}\n")
@@ -628,16 +628,16 @@ func TestReadRequestGemini(t *testing.T) {
 		t.Errorf("streamGenerateContent: %+v", streamed)
 	}
 	sse := read("/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse&key=secret")
-	if !strings.HasPrefix(sse.Key, "gemini\x00gemini-2.5-flash:streamGenerateContent?alt=sse\x00{") {
-		t.Errorf("key = %q", sse.Key)
+	if !strings.HasPrefix(sse.Key(), "gemini\x00gemini-2.5-flash:streamGenerateContent?alt=sse\x00{") {
+		t.Errorf("key = %q", sse.Key())
 	}
-	keys := map[string]bool{plain.Key: true, streamed.Key: true, sse.Key: true,
-		read("/v1beta/models/gemini-2.5-pro:generateContent").Key: true}
+	keys := map[string]bool{plain.Key(): true, streamed.Key(): true, sse.Key(): true,
+		read("/v1beta/models/gemini-2.5-pro:generateContent").Key(): true}
 	if len(keys) != 4 {
 		t.Errorf("%d distinct keys for four models, methods or alt parameters, want 4", len(keys))
 	}
-	if again := read("/v1/models/gemini-2.5-flash:generateContent/"); again.Key != plain.Key {
-		t.Errorf("the key depends on the API version: %q, %q", again.Key, plain.Key)
+	if again := read("/v1/models/gemini-2.5-flash:generateContent/"); again.Key() != plain.Key() {
+		t.Errorf("the key depends on the API version: %q, %q", again.Key(), plain.Key())
 	}
 }
 
