@@ -330,7 +330,7 @@ func (m *Meter) ended(err error) error {
 	if err == io.EOF && m.metering && m.sse {
 		m.sc.finish()
 	}
-	m.settle()
+	m.cutShort()
 	if err == io.EOF && m.perr != nil {
 		return m.perr
 	}
@@ -466,6 +466,16 @@ func (m *Meter) oversized(n int) {
 
 // end is the jsonSink's: the end of the body's JSON. mu is held.
 func (m *Meter) end() { m.settle() }
+
+// cutShort settles a body that ended (or was closed) before its end: the
+// part of a plain JSON document that arrived counts by its size, as a
+// document too large to keep does. mu is held.
+func (m *Meter) cutShort() {
+	if !m.settled && !m.sse && m.metering && m.js.inValue && !m.js.over && len(m.js.buf) > 0 {
+		m.oversized(len(m.js.buf))
+	}
+	m.settle()
+}
 
 // apply takes in what one event said. mu is held.
 func (m *Meter) apply(e *eventInfo) {
@@ -632,7 +642,7 @@ func (m *Meter) finalReport() {
 // while a Read is blocked on the body, which closing the body unblocks.
 func (m *Meter) Close() error {
 	m.mu.Lock()
-	m.settle()
+	m.cutShort()
 	first := !m.closed
 	m.closed = true
 	m.mu.Unlock()

@@ -932,7 +932,7 @@ func TestMeterJSONShapes(t *testing.T) {
 		{`  {"candidates":[{"content":{"parts":[{"text":"abcd}{]["}]}}]}  trailing`, Gemini, bulkhead.Usage{Output: 2}, true},
 		{`[{"candidates":[{"content":{"parts":[{"text":"a\"bc"}]}}]}, 7, "x]", [1], {"candidates":[]}]`, Gemini, bulkhead.Usage{Output: 1}, true},
 		{`<html>502 Bad Gateway</html>`, Gemini, bulkhead.Usage{}, false},
-		{`{"candidates":[{"content":{"parts":[{"text":"abcd"}]}}]`, Gemini, bulkhead.Usage{}, false}, // cut off
+		{`{"candidates":[{"content":{"parts":[{"text":"abcd"}]}}]`, Gemini, bulkhead.Usage{Output: 14}, false}, // cut off: counted by its 55 bytes
 		{`[{"error":{"code":429,"message":"quota","status":"RESOURCE_EXHAUSTED"}}]`, Gemini, bulkhead.Usage{}, true},
 		{`{"id":"resp_1","status":"failed","error":{"code":"server_error","message":"overloaded"},"output":[],"usage":null}`, OpenAIResponses, bulkhead.Usage{}, true},
 	} {
@@ -1017,4 +1017,25 @@ func formatOfFile(name string) Format {
 		return AnthropicMessages
 	}
 	return Gemini
+}
+
+// TestMeterTruncatedJSON: a plain JSON response cut short settles with an
+// estimate of what arrived, not with no output.
+func TestMeterTruncatedJSON(t *testing.T) {
+	ev := &events{}
+	b := newBudgetBulkhead(t, ev)
+	p := acquire(t, b)
+	body := `{"id":"c","choices":[{"index":0,"message":{"role":"assistant","content":"` + strings.Repeat("word ", 400) + `"}}],"usage":{"prompt_tokens":12,"completion_tokens":300}`
+	r := io.MultiReader(strings.NewReader(body), iotest.ErrReader(errors.New("connection reset")))
+	m, err := NewMeter(io.NopCloser(r), p, MeterOptions{Format: OpenAIChat, CharsPerToken: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadAll(m); err == nil || err.Error() != "connection reset" {
+		t.Fatalf("read error = %v", err)
+	}
+	_, releases := ev.wait(t, 1)
+	if u := releases[0].Usage; u == nil || u.Output < 400*5/4 {
+		t.Errorf("released with %v, want an output estimate of at least the 2000 characters that arrived", u)
+	}
 }

@@ -139,9 +139,15 @@ func ReadRequest(r *http.Request, maxBytes int64) (*Call, error) {
 	}
 	path = strings.TrimSuffix(path, "/")
 	model, streaming, _ := geminiMethod(path)
-	route := path[strings.LastIndex(path, "/models/")+len("/models/"):] // model:method
-	if alt := r.URL.Query().Get("alt"); alt != "" {
-		route += "?alt=" + alt
+	// The model, the method and the framing, each length-prefixed so that no
+	// two URLs share a route.
+	method := "generateContent"
+	if streaming {
+		method = "streamGenerateContent"
+	}
+	var route string
+	for _, f := range []string{model, method, r.URL.Query().Get("alt")} {
+		route += strconv.Itoa(len(f)) + ":" + f
 	}
 	c, err := parse(f, body, route)
 	if err != nil {
@@ -462,9 +468,9 @@ func (r *reader) appendPart(dst *[]bulkhead.Block, p jsondom.Value, f Format, ex
 	switch {
 	case typ == "text",
 		(typ == "input_text" || typ == "output_text") && f == OpenAIResponses:
-		*dst = append(*dst, r.textBlock(p.Get("text")))
+		return r.appendText(dst, p, "text")
 	case typ == "refusal" && f != AnthropicMessages:
-		*dst = append(*dst, r.textBlock(p.Get("refusal")))
+		return r.appendText(dst, p, "refusal")
 	case typ == "tool_result" && f == AnthropicMessages && expand:
 		switch c := p.Get("content"); c.Kind() {
 		case jsondom.Missing, jsondom.Null:
@@ -483,6 +489,17 @@ func (r *reader) appendPart(dst *[]bulkhead.Block, p jsondom.Value, f Format, ex
 	default:
 		*dst = append(*dst, bulkhead.Block{Type: typ})
 	}
+	return nil
+}
+
+// appendText appends the text block of part p's member key: an error when
+// it is there but not a string, a malformed block when it is missing.
+func (r *reader) appendText(dst *[]bulkhead.Block, p jsondom.Value, key string) *BodyError {
+	v := p.Get(key)
+	if !v.IsNull() && v.Kind() != jsondom.String {
+		return mistyped(v, "want a string").under(key)
+	}
+	*dst = append(*dst, r.textBlock(v))
 	return nil
 }
 

@@ -134,7 +134,7 @@ func TestParseOpenAIChat(t *testing.T) {
 		},
 		{
 			name: "malformed parts",
-			body: `{"messages":[{"role":"user","content":[{"type":5},{"text":"no type"},"bare",{"type":"text","text":7},{"type":"text"},{"type":"","x":1}]}]}`,
+			body: `{"messages":[{"role":"user","content":[{"type":5},{"text":"no type"},"bare",{"type":"text","text":null},{"type":"text"},{"type":"","x":1}]}]}`,
 			want: bulkhead.Request{Messages: convo{{Role: "user", Blocks: []blk{{}, {}, {}, {}, {}, {}}}}},
 		},
 		{
@@ -376,6 +376,10 @@ func TestParseErrors(t *testing.T) {
 		{OpenAIChat, `{"max_tokens":1.5}`, "max_tokens", "want a non-negative integer, got 1.5"},
 		{OpenAIChat, `{"max_tokens":"5"}`, "max_tokens", "want a non-negative integer, got a string"},
 		{OpenAIChat, `{"max_tokens":1e30}`, "max_tokens", "want a non-negative integer, got 1e30"},
+		{OpenAIChat, `{"max_tokens":1e-400}`, "max_tokens", "want a non-negative integer, got 1e-400"},
+		{OpenAIChat, `{"max_tokens":1.0000000000000000001}`, "max_tokens", "want a non-negative integer, got 1.0000000000000000001"},
+		{OpenAIChat, `{"messages":[{"role":"user","content":[{"type":"text","text":7}]}]}`, "messages[0].content[0].text", "want a string, got a number"},
+		{AnthropicMessages, `{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":{}}]}]}`, "messages[0].content[1].text", "want a string, got an object"},
 		{OpenAIChat, `{"max_tokens":10,"max_completion_tokens":true}`, "max_completion_tokens", "want a non-negative integer, got a boolean"},
 		{OpenAIChat, `{"stream":"yes"}`, "stream", "want a boolean, got a string"},
 		{OpenAIChat, `{"stream_options":true}`, "stream_options", "want an object, got a boolean"},
@@ -628,7 +632,7 @@ func TestReadRequestGemini(t *testing.T) {
 		t.Errorf("streamGenerateContent: %+v", streamed)
 	}
 	sse := read("/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse&key=secret")
-	if !strings.HasPrefix(sse.Key(), "gemini\x00gemini-2.5-flash:streamGenerateContent?alt=sse\x00{") {
+	if !strings.HasPrefix(sse.Key(), "gemini\x0016:gemini-2.5-flash21:streamGenerateContent3:sse\x00{") {
 		t.Errorf("key = %q", sse.Key())
 	}
 	keys := map[string]bool{plain.Key(): true, streamed.Key(): true, sse.Key(): true,
@@ -787,5 +791,36 @@ func TestAddIncludeUsageKeepsBytes(t *testing.T) {
 	var d jsondom.Doc
 	if err := jsondom.Parse(&d, got); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestKeyNoCollisions: bodies or Gemini URLs that differ never share a key.
+func TestKeyNoCollisions(t *testing.T) {
+	for _, pair := range [][2]string{
+		{`{"messages":[],"x":{"\ud800":1}}`, `{"messages":[],"x":{"\udc00":1}}`},
+		{`{"messages":[],"x":{"\ud800":1}}`, `{"messages":[],"x":{"` + "\ufffd" + `":1}}`},
+		{`{"messages":[],"x":{"a` + "\xff" + `":1}}`, `{"messages":[],"x":{"a` + "\xfe" + `":1}}`},
+	} {
+		a, errA := ParseRequest(OpenAIChat, []byte(pair[0]))
+		b, errB := ParseRequest(OpenAIChat, []byte(pair[1]))
+		if errA != nil || errB != nil {
+			t.Fatal(errA, errB)
+		}
+		if a.Key() == b.Key() {
+			t.Errorf("%s and %s share a key", pair[0], pair[1])
+		}
+	}
+	read := func(url string) string {
+		req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(`{"contents":[]}`))
+		c, err := ReadRequest(req, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.Key()
+	}
+	a := read("http://x/v1beta/models/m:generateContent?alt=x:generateContent?alt=y")
+	b := read("http://x/v1beta/models/m:generateContent%3Falt=x:generateContent?alt=y")
+	if a == b {
+		t.Error("two Gemini models share a key")
 	}
 }

@@ -33,6 +33,11 @@ import (
 // once. A body the transport cannot read (malformed JSON, over MaxBodyBytes)
 // fails the same way with a *BodyError or a *TooLargeError.
 //
+// The transport removes an admitted request's Accept-Encoding header, so that
+// the base transport (an *http.Transport) negotiates compression itself and
+// hands back a decompressed body, which the meter can read. Invalid Meter
+// options fail every admitted call before anything is sent.
+//
 // A Transport is safe for concurrent use. Its fields must not change once it
 // is in use.
 type Transport struct {
@@ -80,6 +85,12 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		req.Body.Close()
 		return nil, ErrNoBulkhead
 	}
+	check := t.Meter
+	check.Format, check.StripUsageChunk = OpenAIChat, false // set per call
+	if err := validate(check); err != nil {
+		req.Body.Close()
+		return nil, err
+	}
 
 	out := req.Clone(req.Context())
 	call, err := ReadRequest(out, t.MaxBodyBytes) // closes req.Body
@@ -108,13 +119,15 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if t.Options != nil {
 		opts = t.Options(req, call)
 	}
+	// Let the base transport negotiate compression and decompress, so the
+	// meter reads the body as the caller will.
+	out.Header.Del("Accept-Encoding")
 	permit, err := t.Bulkhead.Acquire(req.Context(), &call.Request, opts...)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := base.RoundTrip(out)
+	resp, err := sendReleasing(base, out, permit)
 	if err != nil {
-		permit.Release(nil) // nothing is known of what the provider did
 		return nil, err
 	}
 	mo := t.Meter
@@ -122,6 +135,26 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if _, err := MeterResponse(resp, permit, mo); err != nil {
 		resp.Body.Close()
 		permit.Release(nil)
+		return nil, err
+	}
+	return resp, nil
+}
+
+// sendReleasing sends out, releasing permit when sending fails or panics
+// (nothing is then known of what the provider did); the panic goes on.
+func sendReleasing(base http.RoundTripper, out *http.Request, permit *bulkhead.Permit) (resp *http.Response, err error) {
+	sent := false
+	defer func() {
+		if !sent || err != nil {
+			permit.Release(nil)
+		}
+	}()
+	resp, err = base.RoundTrip(out)
+	sent = true
+	if err != nil && resp != nil && resp.Body != nil {
+		resp.Body.Close() // a response beside an error is not used
+	}
+	if err != nil {
 		return nil, err
 	}
 	return resp, nil

@@ -251,3 +251,53 @@ func TestTransportErrorStatus(t *testing.T) {
 	_, releases := ev.wait(t, 1)
 	checkSettled(t, b, releases, bulkhead.Usage{})
 }
+
+func TestTransportBadMeterOptionsSendNothing(t *testing.T) {
+	b := newBudgetBulkhead(t, nil)
+	up := &fakeUpstream{answer: respond(200, "application/json", `{}`)}
+	tr := &Transport{Bulkhead: b, Base: up, Meter: MeterOptions{ReportEvery: -1}}
+	_, err := post(t, tr, "/v1/chat/completions", chatBody)
+	var ce *bulkhead.ConfigError
+	if !errors.As(err, &ce) || ce.Field != "MeterOptions.ReportEvery" {
+		t.Fatalf("err = %v, want the options' *ConfigError", err)
+	}
+	if up.count() != 0 || b.Stats().Calls.Admitted != 0 {
+		t.Errorf("sent %d, admitted %d; want nothing", up.count(), b.Stats().Calls.Admitted)
+	}
+}
+
+type panicking struct{}
+
+func (panicking) RoundTrip(*http.Request) (*http.Response, error) { panic("base transport bug") }
+
+func TestTransportBasePanicReleases(t *testing.T) {
+	ev := &events{}
+	b := newBudgetBulkhead(t, ev)
+	tr := &Transport{Bulkhead: b, Base: panicking{}}
+	func() {
+		defer func() {
+			if p := recover(); p != "base transport bug" {
+				t.Errorf("recovered %v, want the base's panic", p)
+			}
+		}()
+		post(t, tr, "/v1/chat/completions", chatBody)
+	}()
+	ev.wait(t, 1)
+	if s := b.Stats(); s.Calls.InFlight != 0 {
+		t.Errorf("%d in flight after a panic", s.Calls.InFlight)
+	}
+}
+
+func TestTransportLetsBaseDecompress(t *testing.T) {
+	b := newBudgetBulkhead(t, nil)
+	up := &fakeUpstream{answer: respond(200, "application/json", `{}`)}
+	tr := &Transport{Bulkhead: b, Base: up}
+	resp, err := post(t, tr, "/v1/chat/completions", chatBody, "Accept-Encoding", "gzip")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if ae := up.sent[0].Header.Get("Accept-Encoding"); ae != "" {
+		t.Errorf("sent Accept-Encoding %q, want it left to the base transport", ae)
+	}
+}

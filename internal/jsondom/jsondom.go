@@ -10,11 +10,11 @@ package jsondom
 import (
 	"bytes"
 	"encoding/binary"
-	"encoding/json"
 	"fmt"
 	"math/bits"
 	"slices"
 	"strconv"
+	"strings"
 	"unicode/utf16"
 	"unicode/utf8"
 	"unsafe"
@@ -737,11 +737,43 @@ func (v Value) Int() (int64, bool) {
 	if n, err := strconv.ParseInt(string(raw), 10, 64); err == nil {
 		return n, true
 	}
-	f, err := strconv.ParseFloat(string(raw), 64)
-	if err != nil || f != float64(int64(f)) || f >= 1<<63 || f < -(1<<63) {
+	return exactInt(string(raw))
+}
+
+// exactInt returns the JSON number s when it is exactly an integer in int64
+// range, written with a fraction or an exponent (1e3, 100.0): decided on
+// its digits, not through a float64, so 1e-400 and 1.0000000000000000001
+// are not integers.
+func exactInt(s string) (int64, bool) {
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	mant, exp := s, 0
+	if i := strings.IndexAny(s, "eE"); i >= 0 {
+		e, err := strconv.Atoi(s[i+1:])
+		if err != nil || e > 1000 || e < -1000 {
+			return 0, false
+		}
+		mant, exp = s[:i], e
+	}
+	whole, frac, _ := strings.Cut(mant, ".")
+	digits := strings.TrimLeft(whole+frac, "0")
+	exp -= len(frac)
+	for len(digits) > 0 && digits[len(digits)-1] == '0' {
+		digits = digits[:len(digits)-1]
+		exp++
+	}
+	if digits == "" {
+		return 0, true
+	}
+	if exp < 0 || len(digits)+exp > 19 {
 		return 0, false
 	}
-	return int64(f), true
+	digits += strings.Repeat("0", exp)
+	if neg {
+		digits = "-" + digits
+	}
+	n, err := strconv.ParseInt(digits, 10, 64)
+	return n, err == nil
 }
 
 // unescape decodes the body of a JSON string that has escapes. Invalid
@@ -885,8 +917,11 @@ func appendKey(dst []byte, m Value) []byte {
 		dst = append(dst, m.d.src[nd.keyStart:nd.keyEnd]...)
 		return append(dst, '"')
 	}
-	b, _ := json.Marshal(m.Key()) // a string always marshals
-	return append(dst, b...)
+	// As written: decoding and re-encoding would merge keys that differ
+	// (lone surrogates and invalid bytes all decode to U+FFFD).
+	dst = append(dst, '"')
+	dst = append(dst, m.d.src[nd.keyStart:nd.keyEnd]...)
+	return append(dst, '"')
 }
 
 // ScanString reads the JSON string b starts with (no whitespace before

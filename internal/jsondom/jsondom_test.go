@@ -89,10 +89,24 @@ func TestErrorsNamePath(t *testing.T) {
 	}
 }
 
+func TestIntExact(t *testing.T) {
+	for src, want := range map[string]int64{"3": 3, "-7": -7, "1e3": 1000, "100.0": 100, "1.5e1": 15, "0.0": 0, "-0": 0,
+		"9223372036854775807": 1<<63 - 1, "-9223372036854775808": -1 << 63, "92233720368547758.07e2": 1<<63 - 1} {
+		if n, ok := parse(t, src).Int(); !ok || n != want {
+			t.Errorf("Int(%s) = %d, %v; want %d", src, n, ok, want)
+		}
+	}
+	for _, src := range []string{"1.5", "1e-400", "1.0000000000000000001", "9223372036854775808", "1e19", "1e999999", "\"1\""} {
+		if n, ok := parse(t, src).Int(); ok {
+			t.Errorf("Int(%s) = %d, want not an integer", src, n)
+		}
+	}
+}
+
 func TestCanonical(t *testing.T) {
 	a := parse(t, `{ "b" : [ 1 , {"z":1,"a":2} ], "a":"x" , "\u0061b":null}`)
 	got := string(a.AppendCanonical(nil))
-	want := `{"a":"x","ab":null,"b":[1,{"a":2,"z":1}]}`
+	want := `{"a":"x","\u0061b":null,"b":[1,{"a":2,"z":1}]}` // keys as written, sorted as decoded
 	if got != want {
 		t.Errorf("canonical = %s, want %s", got, want)
 	}
