@@ -43,8 +43,8 @@ func (f Format) MarshalText() ([]byte, error) { return []byte(f.String()), nil }
 // endpoint: a path ending in /chat/completions, /responses or /messages, or a
 // Gemini model method :generateContent or :streamGenerateContent. Prefixes
 // (a version, an Azure deployment, a gateway's mount point) do not matter.
-// Other endpoints (models, embeddings, batches, token counting) are not
-// recognised.
+// Other endpoints (models, embeddings, batches, token counting, messages
+// added to an OpenAI Assistants thread) are not recognised.
 func FormatOf(path string) (Format, bool) {
 	path = strings.TrimSuffix(path, "/")
 	switch {
@@ -52,7 +52,8 @@ func FormatOf(path string) (Format, bool) {
 		return OpenAIChat, true
 	case strings.HasSuffix(path, "/responses"):
 		return OpenAIResponses, true
-	case strings.HasSuffix(path, "/messages"):
+	case strings.HasSuffix(path, "/messages") && !strings.Contains(path, "/threads/"):
+		// (OpenAI's Assistants API adds messages to threads, not a call.)
 		return AnthropicMessages, true
 	}
 	if _, _, ok := geminiMethod(path); ok {

@@ -824,3 +824,19 @@ func TestKeyNoCollisions(t *testing.T) {
 		t.Error("two Gemini models share a key")
 	}
 }
+
+func TestFormatOf(t *testing.T) {
+	for path, want := range map[string]Format{
+		"/v1/chat/completions": OpenAIChat, "/openai/deployments/d/chat/completions": OpenAIChat,
+		"/v1/responses": OpenAIResponses, "/v1/messages": AnthropicMessages, "/anthropic/v1/messages/": AnthropicMessages,
+		"/v1beta/models/gemini-2.5-flash:generateContent":       Gemini,
+		"/v1beta/models/gemini-2.5-flash:streamGenerateContent": Gemini,
+		"/v1/threads/thread_1/messages": 0, "/v1/messages/count_tokens": 0, "/v1/models": 0,
+		"/v1/embeddings": 0, "/v1beta/models/:generateContent": 0, "/v1beta/models/m:countTokens": 0,
+	} {
+		f, ok := FormatOf(path)
+		if f != want || ok != (want != 0) {
+			t.Errorf("FormatOf(%q) = %v, %v; want %v", path, f, ok, want)
+		}
+	}
+}
