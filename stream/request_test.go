@@ -831,7 +831,7 @@ func TestFormatOf(t *testing.T) {
 		"/v1/responses": OpenAIResponses, "/v1/messages": AnthropicMessages, "/anthropic/v1/messages/": AnthropicMessages,
 		"/v1beta/models/gemini-2.5-flash:generateContent":       Gemini,
 		"/v1beta/models/gemini-2.5-flash:streamGenerateContent": Gemini,
-		"/v1/threads/thread_1/messages": 0, "/v1/messages/count_tokens": 0, "/v1/models": 0,
+		"/v1/threads/thread_1/messages":                         0, "/v1/messages/count_tokens": 0, "/v1/models": 0,
 		"/v1/embeddings": 0, "/v1beta/models/:generateContent": 0, "/v1beta/models/m:countTokens": 0,
 	} {
 		f, ok := FormatOf(path)
