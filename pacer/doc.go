@@ -76,9 +76,13 @@
 //
 // The decision command is never retried by go-redis, whatever the client's
 // MaxRetries: a script whose reply was lost may have run, and running it
-// again would book the call twice. Configure the client with short timeouts
-// (or ContextTimeoutEnabled and a context deadline), so that an outage costs
-// milliseconds.
+// again would book the call twice. Each decision spends at most
+// RedisOptions.Timeout (50 ms by default) on Redis: a server that is down,
+// paused or too slow costs a call that much, not the client's seconds of
+// dial retries and read timeouts, and the failure policy decides the call.
+// Configure the client with ContextTimeoutEnabled and short timeouts as well
+// (the README shows a configuration), so that it abandons the command at the
+// same moment.
 //
 // # Failures and invalid input
 //
@@ -89,8 +93,11 @@
 // writes state. A call whose context is already done fails with the
 // context's cause and records nothing.
 //
-// A Redis failure is an error matching ErrUnavailable (and wrapping the
-// client's error). A caller that wants a decision anyway sets
+// A Redis failure (an error, or no answer within RedisOptions.Timeout) is an
+// error matching ErrUnavailable (and wrapping the client's error, if any).
+// A caller whose own context ends before the store's timeout gets the
+// context's error instead, and no policy applies. A caller that wants a
+// decision anyway sets
 // RedisOptions.OnFailure: FailOpen lets calls go, FailClosed makes RateLimit
 // reject with RedisOptions.FailureDelay as retry-after (and Pace fail); the
 // outcome's Fallback then carries the error, for logs and metrics.

@@ -42,6 +42,11 @@ const DefaultPrefix = "bulkhead:pacer:"
 // rejects, when RedisOptions.FailureDelay is zero.
 const DefaultFailureDelay = time.Second
 
+// DefaultTimeout bounds the Redis time of one decision when
+// RedisOptions.Timeout is zero. A decision on a healthy server takes well
+// under a millisecond, even across availability zones.
+const DefaultTimeout = 50 * time.Millisecond
+
 // RedisClient is what the Redis store needs from a go-redis client.
 // *redis.Client, *redis.ClusterClient, *redis.Ring and redis.UniversalClient
 // all satisfy it.
@@ -109,6 +114,22 @@ type RedisOptions struct {
 	// FailureDelay is the retry-after of a call that FailClosed rejects.
 	// Zero means DefaultFailureDelay; it must not be negative.
 	FailureDelay time.Duration
+
+	// Timeout bounds the time one decision spends on Redis (connecting,
+	// sending, waiting for the reply, resending the script when the server
+	// lacks it). When Redis has not answered by then, the call is a failure
+	// and OnFailure decides it, whatever the client's own timeouts and
+	// however long the caller's context would have let it wait. Only a
+	// caller's context that ends before Timeout makes the call fail with the
+	// context's error instead. Zero means DefaultTimeout (50 ms); it must
+	// not be negative.
+	//
+	// When the client honours context deadlines (ContextTimeoutEnabled on a
+	// *redis.Client, *redis.ClusterClient or *redis.Ring), the client itself
+	// gives up at Timeout. With any other client, the store stops waiting at
+	// Timeout but the command runs on in the background, holding a pooled
+	// connection, until the client's own read or write timeout ends it.
+	Timeout time.Duration
 }
 
 // Redis is the Store shared by many processes through Redis.
@@ -146,9 +167,11 @@ type RedisOptions struct {
 // The decision command is never retried by the client: a script whose reply
 // was lost may have run, and running it again would book the call twice. The
 // store marks the command as not retryable, whatever the client's MaxRetries;
-// a failure is returned (or handled by OnFailure) instead. Give the client a
-// short timeout (or ContextTimeoutEnabled and a context deadline) so an
-// outage costs milliseconds, not the default seconds.
+// a failure is returned (or handled by OnFailure) instead. Each decision
+// spends at most RedisOptions.Timeout (50 ms by default) on Redis, so an
+// outage costs milliseconds per call. Give the client ContextTimeoutEnabled
+// and short dial, read, write and pool timeouts too, so that it also
+// abandons the command then instead of holding a connection for seconds.
 //
 // Redis 5.0 or later is needed (a script that reads TIME and then writes
 // relies on effects replication, the default since 5.0); it is tested with
@@ -160,6 +183,8 @@ type Redis struct {
 	waitClk      clock.Clock
 	onFailure    FailurePolicy
 	failureDelay time.Duration
+	timeout      time.Duration
+	inline       bool // the client gives up at the context's deadline itself
 }
 
 // NewRedis returns a store that keeps pacer state in Redis through client.
@@ -185,6 +210,13 @@ func NewRedis(client RedisClient, opts RedisOptions) (*Redis, error) {
 	if delay == 0 {
 		delay = DefaultFailureDelay
 	}
+	timeout := opts.Timeout
+	if timeout < 0 {
+		return nil, invalidf("RedisOptions.Timeout", "must be >= 0, got %v", timeout)
+	}
+	if timeout == 0 {
+		timeout = DefaultTimeout
+	}
 	return &Redis{
 		client:       client,
 		prefix:       prefix,
@@ -192,6 +224,8 @@ func NewRedis(client RedisClient, opts RedisOptions) (*Redis, error) {
 		waitClk:      clock.OrReal(opts.Clock),
 		onFailure:    opts.OnFailure,
 		failureDelay: delay,
+		timeout:      timeout,
+		inline:       honoursDeadline(client),
 	}, nil
 }
 
@@ -243,12 +277,7 @@ func (r *Redis) decide(ctx context.Context, reqs []request, out []stepResult) (b
 		args = append(args, fmtFloat(p.weight), fmtFloat(p.qps), fmtFloat(p.burst), fmtFloat(p.factor),
 			strconv.FormatInt(p.maxWaitUs, 10))
 	}
-	cmd := r.run(ctx, args)
-	if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		args[0], args[1] = "eval", luaSource
-		cmd = r.run(ctx, args)
-	}
-	vals, err := cmd.Slice()
+	vals, err := r.call(ctx, args)
 	if err != nil {
 		return false, err
 	}
@@ -277,6 +306,69 @@ func (r *Redis) decide(ctx context.Context, reqs []request, out []stepResult) (b
 		}
 	}
 	return commit, nil
+}
+
+// call runs the decision script with args, bounded by r.timeout: when Redis
+// has not answered by then, it returns an error saying so (and the caller's
+// context error instead when that context ended first).
+func (r *Redis) call(ctx context.Context, args []any) ([]any, error) {
+	rctx, cancel := context.WithTimeout(ctx, r.timeout)
+	defer cancel()
+	if r.inline {
+		vals, err := r.eval(rctx, args)
+		switch {
+		case err == nil:
+		case ctx.Err() != nil:
+			err = fmt.Errorf("%w: %w", context.Cause(ctx), err)
+		case rctx.Err() != nil:
+			// Not wrapped: the client's error is the store's context
+			// deadline, which must not pass for the caller's.
+			err = fmt.Errorf("pacer: Redis did not answer within %v (%v)", r.timeout, err)
+		}
+		return vals, err
+	}
+	type reply struct {
+		vals []any
+		err  error
+	}
+	done := make(chan reply, 1)
+	go func() {
+		vals, err := r.eval(rctx, args)
+		done <- reply{vals, err}
+	}()
+	select {
+	case rep := <-done:
+		return rep.vals, rep.err
+	case <-rctx.Done():
+		if ctx.Err() != nil {
+			return nil, context.Cause(ctx)
+		}
+		return nil, fmt.Errorf("pacer: Redis did not answer within %v", r.timeout)
+	}
+}
+
+// eval runs the script by its digest, and in full when the server lacks it.
+func (r *Redis) eval(ctx context.Context, args []any) ([]any, error) {
+	cmd := r.run(ctx, args)
+	if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		args[0], args[1] = "eval", luaSource
+		cmd = r.run(ctx, args)
+	}
+	return cmd.Slice()
+}
+
+// honoursDeadline reports whether client gives up a command at its
+// context's deadline, on the socket as well as when dialing.
+func honoursDeadline(client RedisClient) bool {
+	switch c := client.(type) {
+	case *redis.Client:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.Ring:
+		return c.Options().ContextTimeoutEnabled
+	}
+	return false
 }
 
 func (r *Redis) run(ctx context.Context, args []any) *redis.Cmd {

@@ -66,6 +66,8 @@ func TestNewRedisValidation(t *testing.T) {
 	wantInvalid(t, err, "RedisOptions.OnFailure")
 	_, err = NewRedis(client, RedisOptions{FailureDelay: -1})
 	wantInvalid(t, err, "RedisOptions.FailureDelay")
+	_, err = NewRedis(client, RedisOptions{Timeout: -1})
+	wantInvalid(t, err, "RedisOptions.Timeout")
 }
 
 // TestCallValidation checks that bad weights and keys are errors that write
