@@ -221,7 +221,7 @@ func TestRedisTimeoutKilled(t *testing.T) {
 	for _, ctxTimeout := range []bool{false, true} {
 		client := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: ctxTimeout})
 		defer client.Close()
-		s := newRedisStore(t, client, RedisOptions{OnFailure: FailClosed})
+		s := newRedisStore(t, client, RedisOptions{OnFailure: FailClosed, Timeout: DefaultTimeout})
 		p := mustNew(t, s, Options{Name: "rpm", QPS: 10})
 		if _, err := p.RateLimit(bg, "k", 1); err != nil {
 			t.Fatal(err)

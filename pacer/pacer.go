@@ -283,7 +283,7 @@ func (p *Pacer) decide(ctx context.Context, key string, weight float64, m mode, 
 // fallback turns a store failure into the result the store's policy asks
 // for. A failure caused by the caller's own context is returned as it is.
 func fallback(ctx context.Context, s Store, out Outcome, m mode, err error) (Outcome, error) {
-	if ctx.Err() != nil {
+	if ended(ctx) {
 		return out, fmt.Errorf("pacer: %w", err)
 	}
 	err = unavailable(err)

@@ -151,6 +151,11 @@ type RedisOptions struct {
 // microseconds less than a hash, in a decision meant to cost little more
 // than a PING.
 //
+// A key that holds anything else (a list or a hash, a string of another
+// length, numbers no decision writes) counts as absent: the call is decided
+// as on a fresh key, and the first call recorded replaces the value with a
+// state and its TTL. A damaged key thus never fails calls.
+//
 // The call key is the key's Redis Cluster hash tag: a pacer key is a
 // single key that Redis Cluster routes to one node,
 // different call keys spread over the cluster, and all pacers of one call key
@@ -281,7 +286,7 @@ func (r *Redis) decide(ctx context.Context, reqs []request, out []stepResult) (b
 	if err != nil {
 		return false, err
 	}
-	bad := func() (bool, error) { return false, fmt.Errorf("%w: %q", errReply, vals) }
+	bad := func() (bool, error) { return false, fmt.Errorf("%w: %s", errReply, formatReply(vals)) }
 	if len(vals) != 1+2*n {
 		return bad()
 	}
@@ -314,37 +319,63 @@ func (r *Redis) decide(ctx context.Context, reqs []request, out []stepResult) (b
 func (r *Redis) call(ctx context.Context, args []any) ([]any, error) {
 	rctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
+	var vals []any
+	var err error
 	if r.inline {
-		vals, err := r.eval(rctx, args)
-		switch {
-		case err == nil:
-		case ctx.Err() != nil:
-			err = fmt.Errorf("%w: %w", context.Cause(ctx), err)
-		case rctx.Err() != nil:
-			// Not wrapped: the client's error is the store's context
-			// deadline, which must not pass for the caller's.
-			err = fmt.Errorf("pacer: Redis did not answer within %v (%v)", r.timeout, err)
+		vals, err = r.eval(rctx, args)
+	} else {
+		type reply struct {
+			vals []any
+			err  error
 		}
-		return vals, err
-	}
-	type reply struct {
-		vals []any
-		err  error
-	}
-	done := make(chan reply, 1)
-	go func() {
-		vals, err := r.eval(rctx, args)
-		done <- reply{vals, err}
-	}()
-	select {
-	case rep := <-done:
-		return rep.vals, rep.err
-	case <-rctx.Done():
-		if ctx.Err() != nil {
-			return nil, context.Cause(ctx)
+		done := make(chan reply, 1)
+		go func() {
+			vals, err := r.eval(rctx, args)
+			done <- reply{vals, err}
+		}()
+		select {
+		case rep := <-done:
+			vals, err = rep.vals, rep.err
+		case <-rctx.Done():
+			err = errNoAnswer
 		}
-		return nil, fmt.Errorf("pacer: Redis did not answer within %v", r.timeout)
 	}
+	switch {
+	case err == nil:
+	case ended(ctx):
+		err = fmt.Errorf("%w: %w", callerErr(ctx), err)
+	case err == errNoAnswer:
+		err = fmt.Errorf("pacer: Redis did not answer within %v", r.timeout)
+	case ended(rctx):
+		// Not wrapped: the client's error is then the store's context
+		// deadline, which must not pass for the caller's.
+		err = fmt.Errorf("pacer: Redis did not answer within %v (%v)", r.timeout, err)
+	}
+	return vals, err
+}
+
+// errNoAnswer is the client's error when the store stops waiting for it.
+var errNoAnswer = errors.New("pacer: Redis did not answer")
+
+// ended reports whether ctx is done or its deadline has passed. (A client
+// that sets its socket deadlines from the context's can fail a moment before
+// the context itself reports the deadline.)
+func ended(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	dl, ok := ctx.Deadline()
+	return ok && !time.Now().Before(dl)
+}
+
+// callerErr is the error of a caller's context that has ended: its cause, or
+// context.DeadlineExceeded when its deadline has passed but it does not say
+// so yet.
+func callerErr(ctx context.Context) error {
+	if ctx.Err() != nil {
+		return context.Cause(ctx)
+	}
+	return context.DeadlineExceeded
 }
 
 // eval runs the script by its digest, and in full when the server lacks it.
@@ -381,6 +412,32 @@ func (r *Redis) run(ctx context.Context, args []any) *redis.Cmd {
 func (r *Redis) waitClock() clock.Clock { return r.waitClk }
 
 func (r *Redis) failure() (FailurePolicy, time.Duration) { return r.onFailure, r.failureDelay }
+
+// formatReply prints a script reply readably, whatever it holds: integers in
+// decimal, strings quoted with their bytes escaped, nested arrays in
+// brackets, anything else with %#v.
+func formatReply(v any) string {
+	switch v := v.(type) {
+	case []any:
+		var b strings.Builder
+		b.WriteByte('[')
+		for i, e := range v {
+			if i > 0 {
+				b.WriteByte(' ')
+			}
+			b.WriteString(formatReply(e))
+		}
+		b.WriteByte(']')
+		return b.String()
+	case string:
+		return strconv.Quote(v)
+	case int64:
+		return strconv.FormatInt(v, 10)
+	case nil:
+		return "nil"
+	}
+	return fmt.Sprintf("%#v", v)
+}
 
 // fmtFloat formats f as the shortest decimal that Lua's tonumber reads back
 // as the same double.

@@ -68,6 +68,9 @@ func TestNewRedisValidation(t *testing.T) {
 	wantInvalid(t, err, "RedisOptions.FailureDelay")
 	_, err = NewRedis(client, RedisOptions{Timeout: -1})
 	wantInvalid(t, err, "RedisOptions.Timeout")
+	if s, err := NewRedis(client, RedisOptions{}); err != nil || s.timeout != DefaultTimeout {
+		t.Fatalf("default timeout: %v, %v", s.timeout, err)
+	}
 }
 
 // TestCallValidation checks that bad weights and keys are errors that write
