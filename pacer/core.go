@@ -33,7 +33,7 @@ type state struct {
 // interval and drain fields are derived from the others by interval and
 // drainTime; the Lua script derives them itself with the same formulas.
 type params struct {
-	weight float64 // w, > 0
+	weight float64 // w, > 0 (a weight-0 call never reaches a store)
 	qps    float64 // > 0
 	burst  float64 // maxBurst, >= 0
 	factor float64 // burst allowance factor, > 0

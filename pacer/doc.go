@@ -87,7 +87,7 @@
 // # Failures and invalid input
 //
 // Invalid input (QPS not > 0 and finite, MaxBurst or BurstFactor negative or
-// not finite, a weight not > 0 and finite, an empty key) is an
+// not finite, a weight negative or not finite, an empty key) is an
 // *ConfigError naming the field, matching bulkhead.ErrInvalid
 // (bulkhead.ErrInvalid); it is caught before the store is called, so it never
 // writes state. A call whose context is already done fails with the
@@ -107,6 +107,8 @@
 //   - Input is validated before anything is written: a bad rate, burst,
 //     weight or key is an error and never leaves state behind.
 //   - A delay below half a millisecond is no delay and is always recorded.
+//   - A call of weight 0 (say a zero-token call on a tokens-per-minute
+//     pacer) is never delayed and books nothing.
 //   - State is integer microseconds.
 //   - Redis TIME by default, not the client's clock; and time never runs
 //     backwards for a key (a client or server clock that steps back neither

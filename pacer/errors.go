@@ -66,8 +66,8 @@ func checkKey(key string) error {
 }
 
 func checkWeight(field string, w, qps float64) error {
-	if !(w > 0) || math.IsInf(w, 1) {
-		return invalidf(field, "must be > 0 and finite, got %v", w)
+	if !(w >= 0) || math.IsInf(w, 1) {
+		return invalidf(field, "must be >= 0 and finite, got %v", w)
 	}
 	if !intervalOK(w, qps) {
 		return invalidf(field, "books %v s at %v qps, more than the limit of %v s", w/qps, qps, horizonUs/1e6)

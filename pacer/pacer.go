@@ -196,9 +196,12 @@ func (o Outcome) Reason() string {
 //
 // The key must be non-empty and must not contain '{' or '}' (on Redis it
 // is the key's cluster hash tag). ctx bounds the store's work (the Redis
-// round trip), not the wait. Invalid input (a bad key, a weight that is not
-// > 0 and finite) returns an error matching bulkhead.ErrInvalid and
-// records nothing. A store failure returns an error
+// round trip), not the wait. Invalid input (a bad key, a weight that is
+// negative or not finite) returns an error matching bulkhead.ErrInvalid and
+// records nothing.
+//
+// A call of weight 0 is never delayed and books nothing: the store is not
+// asked (so the call goes even while Redis is down), and Outcome.Level is 0. A store failure returns an error
 // matching ErrUnavailable, or a decision made by the store's failure policy.
 func (p *Pacer) Pace(ctx context.Context, key string, weight float64) (Outcome, error) {
 	return p.decide(ctx, key, weight, modePace, p.maxDelayUs, false)
@@ -258,6 +261,9 @@ func (p *Pacer) decide(ctx context.Context, key string, weight float64, m mode, 
 	}
 	if err := checkWeight("weight", weight, p.opts.QPS); err != nil {
 		return out, err
+	}
+	if weight == 0 {
+		return out, nil // never delayed, books nothing: the store is not asked
 	}
 	req := p.request(key, weight, m, maxWaitUs)
 	var res stepResult

@@ -93,7 +93,6 @@ func TestCallValidation(t *testing.T) {
 			weight float64
 			field  string
 		}{
-			{"k", 0, "weight"},
 			{"k", -1, "weight"},
 			{"k", math.NaN(), "weight"},
 			{"k", math.Inf(1), "weight"},

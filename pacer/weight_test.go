@@ -1,0 +1,89 @@
+package pacer
+
+import (
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// TestZeroWeight checks that a call of weight 0 (a zero-token call in a
+// tokens-per-minute pacer) is never delayed and books nothing, on both
+// stores, alone and in a composite, even on a key whose queue is full.
+func TestZeroWeight(t *testing.T) {
+	for _, b := range backends(t, startEpoch) {
+		t.Run(b.name, func(t *testing.T) {
+			p := mustNew(t, b.store, Options{Name: "rpm", QPS: 10})
+			// The same state under a larger bucket: a level above p's
+			// MaxBurst of 0.
+			wide := mustNew(t, b.store, Options{Name: "rpm", QPS: 10, MaxBurst: 5})
+			tpm := mustNew(t, b.store, Options{Name: "tpm", QPS: 100})
+			comp, err := NewComposite(p, tpm)
+			if err != nil {
+				t.Fatal(err)
+			}
+			zero := func(what string, out Outcome, err error) {
+				t.Helper()
+				if err != nil || out.Delay != 0 || out.Fallback != nil {
+					t.Fatalf("%s: %+v, %v; want no delay", what, out, err)
+				}
+			}
+
+			// A fresh key: nothing is stored.
+			out, err := p.Pace(bg, "fresh", 0)
+			zero("Pace fresh", out, err)
+			if got := out.Reason(); got != "watermark=0.00/0 + weight=0, delayMs=0" {
+				t.Errorf("reason %q", got)
+			}
+			out, err = p.RateLimit(bg, "fresh", 0)
+			zero("RateLimit fresh", out, err)
+			out, err = p.PaceWait(bg, "fresh", 0)
+			zero("PaceWait fresh", out, err)
+			cout, err := comp.Pace(bg, "fresh", 0, 0)
+			zero("composite fresh", cout.Outcome, err)
+			if cout.Pacer != nil || len(cout.Members) != 2 || cout.Reason() != "no delay" {
+				t.Fatalf("composite fresh: %+v", cout)
+			}
+			if l, ok := b.store.(*Local); ok && l.Len() != 0 {
+				t.Fatalf("local store holds %d keys", l.Len())
+			}
+			if r, ok := b.store.(*Redis); ok {
+				c := r.client.(*redis.Client)
+				if n := c.Exists(bg, r.Key("rpm", "fresh"), r.Key("tpm", "fresh")).Val(); n != 0 {
+					t.Fatalf("redis holds %d keys", n)
+				}
+			}
+
+			// A busy key: five calls fill wide's bucket, the sixth books the
+			// next 100 ms.
+			for i := 0; i < 6; i++ {
+				if _, err := wide.Pace(bg, "busy", 1); err != nil {
+					t.Fatal(err)
+				}
+			}
+			out, err = p.Pace(bg, "busy", 0)
+			zero("Pace busy", out, err)
+			out, err = p.RateLimit(bg, "busy", 0)
+			zero("RateLimit busy", out, err)
+			out, err = p.PaceWait(bg, "busy", 0)
+			zero("PaceWait busy", out, err)
+			// Weight 0 for rpm, 1 for tpm: only tpm is asked and books.
+			cout, err = comp.Pace(bg, "busy", 0, 1)
+			zero("composite busy", cout.Outcome, err)
+			if cout.Members[0].Delay != 0 || cout.Members[0].Weight != 0 || cout.Members[1].Weight != 1 {
+				t.Fatalf("composite busy: %+v", cout)
+			}
+			// Nothing was booked in rpm: its next call still gets the slot
+			// the sixth call booked, 100 ms ahead; tpm's next call gets the
+			// slot after the composite's.
+			out, err = p.Pace(bg, "busy", 1)
+			if err != nil || out.Delay != 100*time.Millisecond {
+				t.Fatalf("after zero-weight calls: %+v, %v; want 100 ms", out, err)
+			}
+			out, err = tpm.Pace(bg, "busy", 1)
+			if err != nil || out.Delay != 10*time.Millisecond {
+				t.Fatalf("tpm: %+v, %v; want 10 ms", out, err)
+			}
+		})
+	}
+}
