@@ -86,10 +86,10 @@
 //
 // # Failures and invalid input
 //
-// Invalid input (QPS not > 0 and finite, MaxBurst or BurstFactor negative or
-// not finite, a weight negative or not finite, an empty key) is an
-// *ConfigError naming the field, matching bulkhead.ErrInvalid
-// (bulkhead.ErrInvalid); it is caught before the store is called, so it never
+// Invalid input (QPS not > 0 or above MaxQPS, a weight so small that it
+// books less than half a microsecond, MaxBurst or BurstFactor negative or
+// not finite, a weight negative or not finite, an empty key) is a
+// *ConfigError naming the field, matching bulkhead.ErrInvalid; it is caught before the store is called, so it never
 // writes state. A call whose context is already done fails with the
 // context's cause and records nothing.
 //

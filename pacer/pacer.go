@@ -16,6 +16,11 @@ const (
 	DefaultRateLimitFactor = 1.0 // RateLimit
 )
 
+// MaxQPS is the highest Options.QPS: pacer state is kept in whole
+// microseconds, so a weight-1 call must book at least one. For higher rates,
+// count in larger units (thousands of tokens, say).
+const MaxQPS = 1e6
+
 // Horizon is the longest delay Pace and PaceWait ever record, and the most
 // that one call may book (weight/QPS seconds): 1e8 seconds, a little over
 // three years. It keeps every time the algorithm handles exact.
@@ -47,8 +52,10 @@ type Options struct {
 	Name string
 
 	// QPS is the target rate in weight units per second (a weight-1 call per
-	// 1/QPS seconds). It must be > 0 and finite. For a per-minute limit L,
-	// use L/60.
+	// 1/QPS seconds). It must be > 0 and at most MaxQPS (1e6). For a
+	// per-minute limit L, use L/60. State is kept in whole microseconds, so
+	// each call books weight/QPS seconds rounded to the microsecond: exact
+	// to a thousandth when a call books a millisecond or more.
 	QPS float64
 
 	// MaxBurst is the volume of the bucket: the weight that may go at once
@@ -113,6 +120,9 @@ func New(store Store, opts Options) (*Pacer, error) {
 	}
 	if !(opts.QPS > 0) || math.IsInf(opts.QPS, 1) {
 		return nil, invalidf("Options.QPS", "must be > 0 and finite, got %v", opts.QPS)
+	}
+	if opts.QPS > MaxQPS {
+		return nil, invalidf("Options.QPS", "must be at most %g (a weight-1 call books at least a microsecond), got %v; count in larger units for higher rates", float64(MaxQPS), opts.QPS)
 	}
 	if !(opts.MaxBurst >= 0) || math.IsInf(opts.MaxBurst, 1) {
 		return nil, invalidf("Options.MaxBurst", "must be >= 0 and finite, got %v", opts.MaxBurst)

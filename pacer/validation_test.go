@@ -36,6 +36,7 @@ func TestNewValidation(t *testing.T) {
 		{"qps < 0", Options{Name: "p", QPS: -1}, "Options.QPS"},
 		{"qps NaN", Options{Name: "p", QPS: nan}, "Options.QPS"},
 		{"qps Inf", Options{Name: "p", QPS: inf}, "Options.QPS"},
+		{"qps above MaxQPS", Options{Name: "p", QPS: 2e6}, "Options.QPS"},
 		{"burst < 0", Options{Name: "p", QPS: 1, MaxBurst: -1}, "Options.MaxBurst"},
 		{"burst NaN", Options{Name: "p", QPS: 1, MaxBurst: nan}, "Options.MaxBurst"},
 		{"burst Inf", Options{Name: "p", QPS: 1, MaxBurst: inf}, "Options.MaxBurst"},
@@ -97,6 +98,7 @@ func TestCallValidation(t *testing.T) {
 			{"k", math.NaN(), "weight"},
 			{"k", math.Inf(1), "weight"},
 			{"k", 1e9 + 1, "weight"}, // books more than the horizon at 10 QPS
+			{"k", 1e-7, "weight"},    // books less than half a microsecond
 			{"", 1, "key"},
 			{"a}", 1, "key"},
 			{"{a", 1, "key"},

@@ -1,6 +1,7 @@
 package pacer
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -83,6 +84,33 @@ func TestZeroWeight(t *testing.T) {
 			out, err = tpm.Pace(bg, "busy", 1)
 			if err != nil || out.Delay != 10*time.Millisecond {
 				t.Fatalf("tpm: %+v, %v; want 10 ms", out, err)
+			}
+		})
+	}
+}
+
+// TestMaxQPS checks that the highest rate still paces, a microsecond per
+// weight-1 call, on both stores, and that a higher rate is refused by name.
+func TestMaxQPS(t *testing.T) {
+	if _, err := New(NewLocal(LocalOptions{}), Options{Name: "p", QPS: MaxQPS * 1.5}); err == nil ||
+		!strings.Contains(err.Error(), "Options.QPS") || !strings.Contains(err.Error(), "at most 1e+06") {
+		t.Fatalf("QPS above MaxQPS: %v", err)
+	}
+	for _, b := range backends(t, startEpoch) {
+		t.Run(b.name, func(t *testing.T) {
+			p := mustNew(t, b.store, Options{Name: "fast", QPS: MaxQPS})
+			// Simultaneous calls are spaced 1 µs apart: the 1000th waits
+			// 999 µs. (Delays below 500 µs are reported as none.)
+			var last Outcome
+			for i := 0; i < 1000; i++ {
+				out, err := p.Pace(bg, "k", 1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				last = out
+			}
+			if last.Delay != 999*time.Microsecond {
+				t.Fatalf("1000th call: %+v, want a delay of 999 µs", last)
 			}
 		})
 	}
