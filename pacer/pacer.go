@@ -186,13 +186,27 @@ func (o Outcome) DelayMs() int64 {
 }
 
 // Reason explains the outcome in words, for example
-// "watermark=1.00/2 + weight=1, delayMs=0".
+// "watermark=1.00/2 + weight=1, delayMs=0": the level the call found with
+// two decimals (rounded half up, so 0.125 prints as 0.13), the bucket volume
+// and the weight in their shortest decimal form, and DelayMs. When the
+// failure policy decided, it is "store failed, delayMs=<n>: <error>".
 func (o Outcome) Reason() string {
 	if o.Fallback != nil {
 		return fmt.Sprintf("store failed, delayMs=%d: %v", o.DelayMs(), o.Fallback)
 	}
-	return fmt.Sprintf("watermark=%.2f/%s + weight=%s, delayMs=%d",
-		o.Level, strconv.FormatFloat(o.MaxBurst, 'f', -1, 64), strconv.FormatFloat(o.Weight, 'f', -1, 64), o.DelayMs())
+	return "watermark=" + fixed2(o.Level) + "/" + strconv.FormatFloat(o.MaxBurst, 'f', -1, 64) +
+		" + weight=" + strconv.FormatFloat(o.Weight, 'f', -1, 64) + ", delayMs=" + strconv.FormatInt(o.DelayMs(), 10)
+}
+
+// fixed2 formats x with two decimals, rounding its exact value half up
+// (towards +Inf). strconv rounds an exact tie to even instead; a double is
+// exactly halfway between two hundredths only when it is an odd multiple of
+// 1/8 (0.125, 0.375, ...), and those are rounded up here.
+func fixed2(x float64) string {
+	if t := x * 8; t == math.Trunc(t) && math.Mod(t, 2) != 0 {
+		x = math.Ceil(x*100) / 100
+	}
+	return strconv.FormatFloat(x, 'f', 2, 64)
 }
 
 // Pace decides when a call of the given weight on key may go, and books it:

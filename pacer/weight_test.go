@@ -115,3 +115,24 @@ func TestMaxQPS(t *testing.T) {
 		})
 	}
 }
+
+// TestReasonRounding checks that the level in a reason is rounded half up,
+// whatever strconv does with exact ties.
+func TestReasonRounding(t *testing.T) {
+	for _, c := range []struct {
+		level float64
+		want  string
+	}{
+		{0, "0.00"}, {1, "1.00"}, {0.125, "0.13"}, {0.375, "0.38"}, {0.625, "0.63"}, {0.875, "0.88"},
+		{2.125, "2.13"}, {0.25, "0.25"}, {0.5, "0.50"},
+		{1.005, "1.00"}, {2.675, "2.67"}, // just below the half in binary
+		{0.115, "0.12"}, {0.994999, "0.99"}, {0.995, "0.99"}, {0.9951, "1.00"},
+		{4.4999990463257, "4.50"}, {1e20, "100000000000000000000.00"},
+	} {
+		o := Outcome{Level: c.level, MaxBurst: 2, Weight: 1}
+		want := "watermark=" + c.want + "/2 + weight=1, delayMs=0"
+		if got := o.Reason(); got != want {
+			t.Errorf("level %v: %q, want %q", c.level, got, want)
+		}
+	}
+}
