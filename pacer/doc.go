@@ -58,7 +58,8 @@
 //
 // NewLocal keeps state in this process: sharded maps under mutexes, a
 // decision in about a hundred nanoseconds without allocation, idle state
-// dropped as it expires.
+// dropped as it expires and its memory given back, a few entries per
+// decision.
 //
 // NewRedis keeps state in Redis through a go-redis client (*redis.Client,
 // *redis.ClusterClient, *redis.Ring), so every process that uses the same

@@ -165,11 +165,11 @@ func localState(l *Local, name, key string) (state, bool) {
 	s := &l.shards[l.shardOf(&k)]
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	st, ok := s.m[k]
-	if !ok {
+	i := s.find(k)
+	if i < 0 {
 		return state{}, false
 	}
-	return *st, true
+	return s.ents[i].st, true
 }
 
 // redisState returns the state stored in the Redis key.
