@@ -58,11 +58,12 @@ type LocalOptions struct {
 // as it holds keys, and shards without traffic are swept in turn, every two
 // minutes or so, by decisions on the others. When a shard holds fewer than
 // a quarter of the entries it has room for, it moves them to storage sized
-// for the keys in use (Go maps never shrink by themselves), again a few
-// entries per decision. The memory held thus follows the keys in use, no
-// decision walks a whole shard, and there is no background goroutine and
-// nothing to close. (A store that makes no decisions at all sweeps nothing;
-// call Sweep if that matters.)
+// for the keys in use (Go maps never shrink by themselves): one decision
+// copies the shard's remaining entries, a single memory copy, and the
+// index moves to a new map a few entries per decision. The memory held
+// thus follows the keys in use, no decision walks a whole shard's map, and
+// there is no background goroutine and nothing to close. (A store that
+// makes no decisions at all sweeps nothing; call Sweep if that matters.)
 //
 // Time is the clock's monotonic time anchored to its wall time at
 // construction, so wall-clock steps do not disturb the pacing of a process.
