@@ -113,7 +113,10 @@
 //   - State is integer microseconds.
 //   - Redis TIME by default, not the client's clock; and time never runs
 //     backwards for a key (a client or server clock that steps back neither
-//     refills the bucket nor moves the queue).
+//     refills the bucket nor moves the queue): until the clock is back at
+//     the key's last call, time stands still for the key, Pace delays count
+//     from that call, and a RateLimit rejection's retry-after includes the
+//     time the clock needs to get back, so a retry after it goes.
 //   - A rejected RateLimit writes nothing at all.
 //   - A Composite records all or nothing, atomically.
 //   - Pace books at most Options.MaxDelay (three years by default) ahead,

@@ -71,7 +71,11 @@ for i = 1, #KEYS do
       level, last, nxt = 0, t, 0
     end
   end
-  if t < last then t = last end
+  local behind = 0
+  if t < last then
+    behind = last - t
+    t = last
+  end
   if nxt < t then nxt = t end
   if nxt <= t then
     level = level - (t - last) / 1000000 * qps * factor
@@ -86,7 +90,10 @@ for i = 1, #KEYS do
     level = burst
   end
   if delay < ROUND then delay = 0 end
-  if delay > maxWait then commit = false end
+  if delay > maxWait then
+    commit = false
+    if maxWait == 0 then delay = delay + behind end
+  end
   local ttl = nxt - t
   if burst > 0 then
     local drain = math.ceil(burst / (qps * factor) * 1000000)

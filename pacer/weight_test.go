@@ -136,3 +136,41 @@ func TestReasonRounding(t *testing.T) {
 		}
 	}
 }
+
+// TestClockStepBackRetryAfter checks that after the clock steps back behind
+// a key's last call, a RateLimit rejection's retry-after is the time until
+// the call can go on the stepped-back clock, on both stores: a retry sooner
+// is rejected again, and a retry at the retry-after goes.
+func TestClockStepBackRetryAfter(t *testing.T) {
+	ms := time.Millisecond
+	for _, b := range backends(t, startEpoch) {
+		t.Run(b.name, func(t *testing.T) {
+			p := mustNew(t, b.store, Options{Name: "rl", QPS: 10})
+			if out, err := p.RateLimit(bg, "k", 1); err != nil || out.Delay != 0 {
+				t.Fatalf("first call: %+v, %v", out, err)
+			}
+			b.clk.Add(-10 * time.Second)
+			out, err := p.RateLimit(bg, "k", 1)
+			if err != nil || out.Delay != 10*time.Second+100*ms {
+				t.Fatalf("after the step back: %+v, %v; want a retry-after of 10.1 s", out, err)
+			}
+			b.clk.Add(100 * ms)
+			out, err = p.RateLimit(bg, "k", 1)
+			if err != nil || out.Delay != 10*time.Second {
+				t.Fatalf("100 ms later: %+v, %v; want 10 s", out, err)
+			}
+			b.clk.Add(out.Delay)
+			out, err = p.RateLimit(bg, "k", 1)
+			if err != nil || out.Delay != 0 {
+				t.Fatalf("at the retry-after: %+v, %v; want admitted", out, err)
+			}
+			// Pace still counts from the key's last call: time stands still
+			// for the key, so the pacer neither refills nor over-admits.
+			b.clk.Add(-5 * time.Second)
+			out, err = p.Pace(bg, "k", 1)
+			if err != nil || out.Delay != 100*ms {
+				t.Fatalf("Pace after a step back: %+v, %v; want 100 ms", out, err)
+			}
+		})
+	}
+}
