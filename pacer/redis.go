@@ -43,8 +43,9 @@ const DefaultPrefix = "bulkhead:pacer:"
 const DefaultFailureDelay = time.Second
 
 // DefaultTimeout bounds the Redis time of one decision when
-// RedisOptions.Timeout is zero. A decision on a healthy server takes well
-// under a millisecond, even across availability zones.
+// RedisOptions.Timeout is zero. A decision on a healthy server takes about
+// one network round trip: well under a millisecond within a zone, a few
+// milliseconds across zones.
 const DefaultTimeout = 50 * time.Millisecond
 
 // RedisClient is what the Redis store needs from a go-redis client.
