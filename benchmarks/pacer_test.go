@@ -20,11 +20,11 @@ func BenchmarkPacerLocal(b *testing.B) {
 	store := pacer.NewLocal(pacer.LocalOptions{})
 	// A high rate and a deep bucket: every call is admitted and recorded,
 	// the common case.
-	p, err := pacer.New(store, pacer.Options{Name: "bench", QPS: 1e9, MaxBurst: 1e6})
+	p, err := pacer.New(store, pacer.Options{Name: "bench", QPS: pacer.MaxQPS, MaxBurst: 1e12})
 	if err != nil {
 		b.Fatal(err)
 	}
-	tokens, err := pacer.New(store, pacer.Options{Name: "bench-tokens", QPS: 1e12, MaxBurst: 1e9})
+	tokens, err := pacer.New(store, pacer.Options{Name: "bench-tokens", QPS: pacer.MaxQPS, MaxBurst: 1e15})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -105,11 +105,11 @@ func BenchmarkPacerRedis(b *testing.B) {
 	if err := store.Preload(ctx); err != nil {
 		b.Fatal(err)
 	}
-	p, err := pacer.New(store, pacer.Options{Name: "bench", QPS: 1e9, MaxBurst: 1e6})
+	p, err := pacer.New(store, pacer.Options{Name: "bench", QPS: pacer.MaxQPS, MaxBurst: 1e12})
 	if err != nil {
 		b.Fatal(err)
 	}
-	tokens, err := pacer.New(store, pacer.Options{Name: "bench-tokens", QPS: 1e12, MaxBurst: 1e9})
+	tokens, err := pacer.New(store, pacer.Options{Name: "bench-tokens", QPS: pacer.MaxQPS, MaxBurst: 1e15})
 	if err != nil {
 		b.Fatal(err)
 	}

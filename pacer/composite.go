@@ -149,11 +149,12 @@ func (c *Composite) decide(ctx context.Context, key string, weights []float64, m
 	// the store is local (see below).
 	var reqBuf [4]request
 	var resBuf [4]stepResult
-	reqs, res := reqBuf[:0], resBuf[:0]
+	var idxBuf [4]int
+	reqs, res, idx := reqBuf[:0], resBuf[:0], idxBuf[:0]
 	if n > len(reqBuf) {
-		reqs, res = make([]request, 0, n), make([]stepResult, 0, n)
+		reqs, res, idx = make([]request, 0, n), make([]stepResult, 0, n), make([]int, 0, n)
 	}
-	reqs, res = reqs[:n], res[:n]
+	out := CompositeOutcome{Members: make([]Outcome, n)}
 	for i, p := range c.members {
 		w := 1.0
 		switch len(weights) {
@@ -165,13 +166,21 @@ func (c *Composite) decide(ctx context.Context, key string, weights []float64, m
 		if err := checkWeight("weights", w, p.opts.QPS); err != nil {
 			return CompositeOutcome{}, err
 		}
+		out.Members[i] = Outcome{Weight: w, MaxBurst: p.opts.MaxBurst}
+		if w == 0 {
+			continue // never delayed, books nothing: the member is not asked
+		}
 		mw := maxWaitUs
 		if mw < 0 || (m == modePace && p.maxDelayUs < mw) {
 			mw = p.maxDelayUs
 		}
-		reqs[i] = p.request(key, w, m, mw)
+		reqs = append(reqs, p.request(key, w, m, mw))
+		idx = append(idx, i)
 	}
-	out := CompositeOutcome{Members: make([]Outcome, n)}
+	if len(reqs) == 0 {
+		return out, nil
+	}
+	res = res[:len(reqs)]
 	var commit bool
 	var err error
 	if l, ok := c.store.(*Local); ok {
@@ -179,7 +188,7 @@ func (c *Composite) decide(ctx context.Context, key string, weights []float64, m
 	} else {
 		// Copies, so that the slices passed through the interface do not
 		// move reqBuf and resBuf to the heap on the local path.
-		rs := make([]stepResult, n)
+		rs := make([]stepResult, len(reqs))
 		commit, err = c.store.decide(ctx, slices.Clone(reqs), rs)
 		copy(res, rs)
 	}
@@ -188,14 +197,11 @@ func (c *Composite) decide(ctx context.Context, key string, weights []float64, m
 		return CompositeOutcome{Outcome: o}, err
 	}
 	best := -1
-	for i, p := range c.members {
-		out.Members[i] = Outcome{
-			Delay:    time.Duration(res[i].delayUs) * time.Microsecond,
-			Level:    res[i].before,
-			Weight:   reqs[i].p.weight,
-			MaxBurst: p.opts.MaxBurst,
-		}
-		if out.Members[i].Delay > 0 && (best < 0 || out.Members[i].Delay > out.Members[best].Delay) {
+	for j, i := range idx {
+		o := &out.Members[i]
+		o.Delay = time.Duration(res[j].delayUs) * time.Microsecond
+		o.Level = res[j].before
+		if o.Delay > 0 && (best < 0 || o.Delay > out.Members[best].Delay) {
 			best = i
 		}
 	}
@@ -204,10 +210,10 @@ func (c *Composite) decide(ctx context.Context, key string, weights []float64, m
 		out.Pacer = c.members[best]
 	}
 	if !commit && m == modePace {
-		for i := range res {
-			if !res[i].commit {
-				limit := reqs[i].p.maxWaitUs
-				return out, tooLong(out.Members[i].Delay, limit, byDeadline && limit == maxWaitUs)
+		for j := range res {
+			if !res[j].commit {
+				limit := reqs[j].p.maxWaitUs
+				return out, tooLong(out.Members[idx[j]].Delay, limit, byDeadline && limit == maxWaitUs)
 			}
 		}
 	}

@@ -33,7 +33,7 @@ type state struct {
 // interval and drain fields are derived from the others by interval and
 // drainTime; the Lua script derives them itself with the same formulas.
 type params struct {
-	weight float64 // w, > 0
+	weight float64 // w, > 0 (a weight-0 call never reaches a store)
 	qps    float64 // > 0
 	burst  float64 // maxBurst, >= 0
 	factor float64 // burst allowance factor, > 0
@@ -103,14 +103,17 @@ func drainTime(burst, qps, factor float64) int64 {
 //	W = min(maxBurst, W)
 //
 // Two things are added to upstream's algorithm: time never runs backwards
-// for a key (now is raised to L when a clock steps back), and a delay below
+// for a key (now is raised to L when a clock steps back, and a rejection's
+// delay then includes the time until the clock is back at L), and a delay below
 // half a millisecond is no delay, so such a call is always recorded (the
 // upstream admitted it without recording it).
 func step(prev state, ok bool, now int64, p *params) stepResult {
 	if !ok || now >= prev.exp {
 		prev = state{last: now}
 	}
+	var behind int64 // how far the clock is behind the key's last call
 	if now < prev.last {
+		behind = prev.last - now
 		now = prev.last
 	}
 	next := prev.next
@@ -139,6 +142,13 @@ func step(prev state, ok bool, now int64, p *params) stepResult {
 	if delay < roundUs {
 		delay = 0
 	}
+	commit := delay <= p.maxWaitUs
+	if !commit && p.maxWaitUs == 0 {
+		// A rejection (RateLimit): its retry-after is when the clock will
+		// reach the slot, which is later than the delay counted from the
+		// key's last call when the clock has stepped back behind it.
+		delay += behind
+	}
 	ttl := next - now
 	if p.drainUs > ttl {
 		ttl = p.drainUs
@@ -146,7 +156,7 @@ func step(prev state, ok bool, now int64, p *params) stepResult {
 	return stepResult{
 		delayUs: delay,
 		before:  before,
-		commit:  delay <= p.maxWaitUs,
+		commit:  commit,
 		next:    state{level: level, last: now, next: next, exp: now + ttl + graceUs},
 	}
 }

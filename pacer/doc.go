@@ -58,7 +58,8 @@
 //
 // NewLocal keeps state in this process: sharded maps under mutexes, a
 // decision in about a hundred nanoseconds without allocation, idle state
-// dropped as it expires.
+// dropped as it expires and its memory given back, a few entries per
+// decision.
 //
 // NewRedis keeps state in Redis through a go-redis client (*redis.Client,
 // *redis.ClusterClient, *redis.Ring), so every process that uses the same
@@ -76,21 +77,28 @@
 //
 // The decision command is never retried by go-redis, whatever the client's
 // MaxRetries: a script whose reply was lost may have run, and running it
-// again would book the call twice. Configure the client with short timeouts
-// (or ContextTimeoutEnabled and a context deadline), so that an outage costs
-// milliseconds.
+// again would book the call twice. Each decision spends at most
+// RedisOptions.Timeout (50 ms by default) on Redis: a server that is down,
+// paused or too slow costs a call that much, not the client's seconds of
+// dial retries and read timeouts, and the failure policy decides the call.
+// Configure the client with ContextTimeoutEnabled and short timeouts as well
+// (the README shows a configuration), so that it abandons the command at the
+// same moment.
 //
 // # Failures and invalid input
 //
-// Invalid input (QPS not > 0 and finite, MaxBurst or BurstFactor negative or
-// not finite, a weight not > 0 and finite, an empty key) is an
-// *ConfigError naming the field, matching bulkhead.ErrInvalid
-// (bulkhead.ErrInvalid); it is caught before the store is called, so it never
+// Invalid input (QPS not > 0 or above MaxQPS, a weight so small that it
+// books less than half a microsecond, MaxBurst or BurstFactor negative or
+// not finite, a weight negative or not finite, an empty key) is a
+// *ConfigError naming the field, matching bulkhead.ErrInvalid; it is caught before the store is called, so it never
 // writes state. A call whose context is already done fails with the
 // context's cause and records nothing.
 //
-// A Redis failure is an error matching ErrUnavailable (and wrapping the
-// client's error). A caller that wants a decision anyway sets
+// A Redis failure (an error, or no answer within RedisOptions.Timeout) is an
+// error matching ErrUnavailable (and wrapping the client's error, if any).
+// A caller whose own context ends before the store's timeout gets the
+// context's error instead, and no policy applies. A caller that wants a
+// decision anyway sets
 // RedisOptions.OnFailure: FailOpen lets calls go, FailClosed makes RateLimit
 // reject with RedisOptions.FailureDelay as retry-after (and Pace fail); the
 // outcome's Fallback then carries the error, for logs and metrics.
@@ -100,10 +108,15 @@
 //   - Input is validated before anything is written: a bad rate, burst,
 //     weight or key is an error and never leaves state behind.
 //   - A delay below half a millisecond is no delay and is always recorded.
+//   - A call of weight 0 (say a zero-token call on a tokens-per-minute
+//     pacer) is never delayed and books nothing.
 //   - State is integer microseconds.
 //   - Redis TIME by default, not the client's clock; and time never runs
 //     backwards for a key (a client or server clock that steps back neither
-//     refills the bucket nor moves the queue).
+//     refills the bucket nor moves the queue): until the clock is back at
+//     the key's last call, time stands still for the key, Pace delays count
+//     from that call, and a RateLimit rejection's retry-after includes the
+//     time the clock needs to get back, so a retry after it goes.
 //   - A rejected RateLimit writes nothing at all.
 //   - A Composite records all or nothing, atomically.
 //   - Pace books at most Options.MaxDelay (three years by default) ahead,

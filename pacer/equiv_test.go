@@ -119,6 +119,10 @@ func TestBackendsAgree(t *testing.T) {
 					lo, lerr = lps[i].Pace(bg, key, w)
 					ro, rerr = rps[i].Pace(bg, key, w)
 				}
+				var ce *ConfigError
+				if errors.As(lerr, &ce) && rerr != nil && lerr.Error() == rerr.Error() {
+					continue // a weight too small for the pacer's rate, on both stores
+				}
 				sameErr(rt, label, lerr, rerr)
 				sameOutcome(rt, label, lo, ro)
 			}
@@ -161,11 +165,11 @@ func localState(l *Local, name, key string) (state, bool) {
 	s := &l.shards[l.shardOf(&k)]
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	st, ok := s.m[k]
-	if !ok {
+	i := s.find(k)
+	if i < 0 {
 		return state{}, false
 	}
-	return *st, true
+	return s.ents[i].st, true
 }
 
 // redisState returns the state stored in the Redis key.

@@ -66,11 +66,14 @@ func checkKey(key string) error {
 }
 
 func checkWeight(field string, w, qps float64) error {
-	if !(w > 0) || math.IsInf(w, 1) {
-		return invalidf(field, "must be > 0 and finite, got %v", w)
+	if !(w >= 0) || math.IsInf(w, 1) {
+		return invalidf(field, "must be >= 0 and finite, got %v", w)
 	}
 	if !intervalOK(w, qps) {
 		return invalidf(field, "books %v s at %v qps, more than the limit of %v s", w/qps, qps, horizonUs/1e6)
+	}
+	if w > 0 && interval(w, qps) == 0 {
+		return invalidf(field, "books %v µs at %v qps, less than the microsecond that pacer time is counted in", w*1e6/qps, qps)
 	}
 	return nil
 }

@@ -127,10 +127,13 @@ func ExampleNewRedis() {
 	client := redis.NewClient(&redis.Options{
 		Addr: "localhost:6379",
 		// A pacer decision should fail fast when Redis is away.
-		DialTimeout:           100 * time.Millisecond,
-		ReadTimeout:           100 * time.Millisecond,
-		WriteTimeout:          100 * time.Millisecond,
-		ContextTimeoutEnabled: true,
+		MaxRetries:            -1,                    // no retries: a failed command fails at once (decisions are never retried anyway)
+		DialTimeout:           50 * time.Millisecond, // a dial to a host that does not answer gives up quickly
+		DialerRetries:         1,                     // one dial per command, not five 100 ms apart (go-redis's default)
+		ReadTimeout:           50 * time.Millisecond, // a server that stops answering costs at most this
+		WriteTimeout:          50 * time.Millisecond, // the same for sending
+		PoolTimeout:           50 * time.Millisecond, // a pool whose connections are all busy fails fast, not after ReadTimeout + 1 s
+		ContextTimeoutEnabled: true,                  // the client gives up at the store's per-decision deadline too (RedisOptions.Timeout)
 	})
 	defer client.Close()
 
@@ -149,7 +152,10 @@ func ExampleNewRedis() {
 		log.Fatal(err)
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	// The store gives up on Redis after RedisOptions.Timeout (50 ms) and
+	// applies OnFailure; a caller's deadline shorter than that would make
+	// the call an error instead.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	out, err := p.RateLimit(ctx, "tenant-1", 1)
 	switch {

@@ -14,15 +14,27 @@ import (
 // numShards is the number of independently locked parts of a Local store.
 const numShards = 64
 
-// minSweep is the least number of decisions between two sweeps of a shard.
-const minSweep = 256
+// sweepStep is how many entries each decision examines for expiry, in
+// turn, in its shard; migrateStep is how many it moves into a shrunk
+// shard's new map.
+const (
+	sweepStep   = 2
+	migrateStep = 4
+)
+
+// A shard shrinks (a new entry slice and map, sized to the keys in use)
+// when it holds fewer than a quarter of the entries it has room for, and
+// has room for at least minShrink.
+const minShrink = 256
 
 // idleCheckEvery is how often (in decisions of a shard) a decision also
-// looks at one other shard, in turn, and sweeps it if no sweep has run there
-// for idleSweepUs, so shards without traffic drop their expired state too.
+// looks at one other shard, in turn, and, if that shard's sweep has not gone
+// round for idleSweepUs, examines up to idleChunk of its entries, so shards
+// without traffic drop their expired state too.
 const (
 	idleCheckEvery = 64
 	idleSweepUs    = graceUs
+	idleChunk      = 256
 )
 
 // LocalOptions configures NewLocal. The zero value is ready to use.
@@ -38,14 +50,20 @@ type LocalOptions struct {
 // State is sharded by call key over independently locked maps, so calls on
 // different keys rarely contend; a decision holds one lock for a few tens of
 // nanoseconds and allocates nothing once the key has state (its first call
-// stores the state and a copy of the key). State that has expired (its queue ran out and its bucket drained, plus
-// two minutes of slack) counts as absent, and is dropped from memory by
-// sweeps that ride on the decisions: a shard sweeps itself after as many
-// decisions as it holds keys, and shards without traffic are swept in turn,
-// every two minutes or so, by decisions on the others. The memory held is
-// thus proportional to the keys in use, with no background goroutine and
-// nothing to close. (A store that makes no decisions at all sweeps nothing;
-// call Sweep if that matters.)
+// stores the state and a copy of the key). State that has expired (its queue
+// ran out and its bucket drained, plus two minutes of slack) counts as
+// absent, and is dropped from memory by upkeep that rides on the decisions,
+// a few entries at a time: each decision examines two entries of its shard
+// for expiry, so a shard goes round all its keys in half as many decisions
+// as it holds keys, and shards without traffic are swept in turn, every two
+// minutes or so, by decisions on the others. When a shard holds fewer than
+// a quarter of the entries it has room for, it moves them to storage sized
+// for the keys in use (Go maps never shrink by themselves): one decision
+// copies the shard's remaining entries, a single memory copy, and the
+// index moves to a new map a few entries per decision. The memory held
+// thus follows the keys in use, no decision walks a whole shard's map, and
+// there is no background goroutine and nothing to close. (A store that
+// makes no decisions at all sweeps nothing; call Sweep if that matters.)
 //
 // Time is the clock's monotonic time anchored to its wall time at
 // construction, so wall-clock steps do not disturb the pacing of a process.
@@ -60,13 +78,30 @@ type Local struct {
 
 type localKey struct{ name, key string }
 
+// localEntry is one key's state.
+type localEntry struct {
+	k  localKey
+	st state
+}
+
+// localShard holds its states in a dense slice, ents, indexed by a map. The
+// sweep walks the slice with a cursor, a few entries per decision, and
+// removes an expired entry by moving the last one into its place, so no
+// decision ever walks the whole shard. Go maps do not shrink, so when the
+// shard holds far fewer keys than it has room for, it starts a new slice
+// and a new map, and moves the index into the new map a few entries per
+// decision; until that is done, a key is looked up in m and then in old.
 type localShard struct {
-	mu     sync.Mutex
-	m      map[localKey]*state
-	ops    int      // decisions since the last sweep
-	swept  int64    // time of the last sweep, µs
-	checks int      // decisions since this shard last checked another
-	_      [24]byte // keeps shards on separate cache lines
+	mu      sync.Mutex
+	m       map[localKey]int32 // index in ents
+	old     map[localKey]int32 // the map before a shrink, being emptied into m; nil otherwise
+	ents    []localEntry
+	cursor  int      // the next entry the sweep examines
+	migrate int      // during a shrink, the next entry whose index moves to m
+	round   int64    // when the sweep's current round began (the cursor was at 0), µs
+	swept   int64    // when the last complete round began: state expired then is gone, µs
+	checks  int      // decisions since this shard last checked another
+	_       [64]byte // keeps shards on separate cache lines
 }
 
 // NewLocal returns an empty in-process store.
@@ -76,8 +111,9 @@ func NewLocal(opts LocalOptions) *Local {
 	l := &Local{clk: c, base: base, baseNs: base.UnixNano(), seed: maphash.MakeSeed()}
 	now := l.nowUs()
 	for i := range l.shards {
-		l.shards[i].m = make(map[localKey]*state)
+		l.shards[i].m = make(map[localKey]int32)
 		l.shards[i].swept = now
+		l.shards[i].round = now
 	}
 	return l
 }
@@ -89,20 +125,27 @@ func (l *Local) Len() int {
 	for i := range l.shards {
 		s := &l.shards[i]
 		s.mu.Lock()
-		n += len(s.m)
+		n += len(s.ents)
 		s.mu.Unlock()
 	}
 	return n
 }
 
-// Sweep drops every expired state now, instead of waiting for the shards'
-// own sweeps. Dropping expired state never changes a decision.
+// Sweep drops every expired state now, and gives back the memory of keys
+// no longer in use, instead of waiting for the store's own sweeps. It takes
+// time in proportion to the keys held, one shard at a time, and delays only
+// the calls on the shard it is sweeping. Dropping expired state never
+// changes a decision.
 func (l *Local) Sweep() {
 	now := l.nowUs()
 	for i := range l.shards {
 		s := &l.shards[i]
 		s.mu.Lock()
-		s.sweep(now)
+		s.cursor, s.round = 0, now
+		s.sweep(now, len(s.ents)+1)
+		s.finishMigration()
+		s.maybeShrink()
+		s.finishMigration()
 		s.mu.Unlock()
 	}
 }
@@ -123,24 +166,97 @@ func (l *Local) shardOf(k *localKey) int {
 	return int(maphash.String(l.seed, k.key) % numShards)
 }
 
-func (s *localShard) sweep(now int64) {
-	for k, st := range s.m {
-		if now >= st.exp {
-			delete(s.m, k)
+// find returns the index in ents of k's entry, or -1.
+func (s *localShard) find(k localKey) int {
+	if i, ok := s.m[k]; ok {
+		return int(i)
+	}
+	if s.old != nil {
+		if i, ok := s.old[k]; ok {
+			return int(i)
 		}
 	}
-	s.ops = 0
-	s.swept = now
+	return -1
 }
 
-// afterDecision counts a decision and sweeps the shard when it has made as
-// many decisions as it holds keys, so a sweep costs O(1) per decision. It
-// reports whether the decision should also check another shard.
-func (s *localShard) afterDecision(now int64) (checkIdle bool) {
-	s.ops++
-	if s.ops >= minSweep && s.ops >= len(s.m) {
-		s.sweep(now)
+// remove drops entry i, moving the last entry into its place.
+func (s *localShard) remove(i int) {
+	last := len(s.ents) - 1
+	k := s.ents[i].k
+	delete(s.m, k)
+	if s.old != nil {
+		delete(s.old, k)
 	}
+	if i != last {
+		moved := s.ents[last]
+		s.ents[i] = moved
+		s.m[moved.k] = int32(i)
+		if s.old != nil {
+			delete(s.old, moved.k)
+		}
+	}
+	s.ents[last] = localEntry{} // lets the key strings go
+	s.ents = s.ents[:last]
+}
+
+// sweep examines up to n entries from the cursor and drops those that have
+// expired. When the cursor has gone round the whole shard, it records when
+// that round began, and starts the next.
+func (s *localShard) sweep(now int64, n int) {
+	for ; n > 0; n-- {
+		if s.cursor >= len(s.ents) {
+			s.cursor = 0
+			s.swept, s.round = s.round, now
+			return
+		}
+		if now >= s.ents[s.cursor].st.exp {
+			s.remove(s.cursor) // the cursor now points at the moved entry
+		} else {
+			s.cursor++
+		}
+	}
+}
+
+// stepMigration moves up to n entries' indexes from old to m.
+func (s *localShard) stepMigration(n int) {
+	if s.old == nil {
+		return
+	}
+	for ; n > 0 && s.migrate < len(s.ents); n-- {
+		s.m[s.ents[s.migrate].k] = int32(s.migrate)
+		s.migrate++
+	}
+	if s.migrate >= len(s.ents) {
+		s.old = nil // every entry is in m: entries moved below migrate went there too
+	}
+}
+
+func (s *localShard) finishMigration() { s.stepMigration(len(s.ents) + 1) }
+
+// maybeShrink starts a shrink when the shard holds fewer than a quarter of
+// the entries it has room for: a new slice with room for twice the entries
+// held, and a new map that the indexes move into a few at a time.
+func (s *localShard) maybeShrink() {
+	if s.old != nil || cap(s.ents) < minShrink || len(s.ents) >= cap(s.ents)/4 {
+		return
+	}
+	ents := make([]localEntry, len(s.ents), 2*len(s.ents))
+	copy(ents, s.ents)
+	s.ents = ents
+	// No size hint: the map grows as the migration fills it, a table at a
+	// time, instead of allocating it whole in this decision.
+	s.old, s.m = s.m, make(map[localKey]int32)
+	s.migrate = 0
+	s.stepMigration(0)
+}
+
+// afterDecision does the decision's share of the shard's upkeep, a few
+// entries of sweep and of migration, and reports whether the decision should
+// also check another shard.
+func (s *localShard) afterDecision(now int64) (checkIdle bool) {
+	s.sweep(now, sweepStep)
+	s.stepMigration(migrateStep)
+	s.maybeShrink()
 	s.checks++
 	if s.checks >= idleCheckEvery {
 		s.checks = 0
@@ -149,30 +265,32 @@ func (s *localShard) afterDecision(now int64) (checkIdle bool) {
 	return false
 }
 
-// sweepIdle sweeps the next shard in turn if it has not been swept for
-// idleSweepUs. It never waits for a lock: a busy shard sweeps itself.
+// sweepIdle takes the next shard in turn and, if its sweep has not gone
+// round for idleSweepUs, does up to idleChunk entries of its upkeep. It
+// never waits for a lock: a busy shard sweeps itself.
 func (l *Local) sweepIdle(now int64) {
 	s := &l.shards[l.cursor.Add(1)%numShards]
 	if s.mu.TryLock() {
 		if now-s.swept >= idleSweepUs {
-			s.sweep(now)
+			s.sweep(now, idleChunk)
+			s.stepMigration(idleChunk)
+			s.maybeShrink()
 		}
 		s.mu.Unlock()
 	}
 }
 
-// put stores st under k: in place when the key has state (cur), and
-// otherwise as a new entry whose key strings are copies, so the map never
-// retains a caller's larger buffer.
-func (s *localShard) put(k localKey, cur *state, st state) {
-	if cur != nil {
-		*cur = st
+// put stores st under k: in place when the key has state (entry i >= 0),
+// and otherwise as a new entry whose key strings are copies, so the shard
+// never retains a caller's larger buffer.
+func (s *localShard) put(k localKey, i int, st state) {
+	if i >= 0 {
+		s.ents[i].st = st
 		return
 	}
 	k = localKey{name: strings.Clone(k.name), key: strings.Clone(k.key)}
-	p := new(state)
-	*p = st
-	s.m[k] = p
+	s.m[k] = int32(len(s.ents))
+	s.ents = append(s.ents, localEntry{k: k, st: st})
 }
 
 // decideOne makes the decision of a single pacer.
@@ -181,15 +299,15 @@ func (l *Local) decideOne(r *request) stepResult {
 	s := &l.shards[l.shardOf(&k)]
 	s.mu.Lock()
 	now := l.nowUs()
-	cur := s.m[k]
+	i := s.find(k)
 	var res stepResult
-	if cur != nil {
-		res = step(*cur, true, now, &r.p)
+	if i >= 0 {
+		res = step(s.ents[i].st, true, now, &r.p)
 	} else {
 		res = step(state{}, false, now, &r.p)
 	}
 	if res.commit {
-		s.put(k, cur, res.next)
+		s.put(k, i, res.next)
 	}
 	checkIdle := s.afterDecision(now)
 	s.mu.Unlock()
@@ -209,7 +327,7 @@ func (l *Local) decide(_ context.Context, reqs []request, out []stepResult) (boo
 	}
 	key := reqs[0].key
 	s := &l.shards[l.shardOf(&localKey{key: key})]
-	var buf [8]*state
+	var buf [8]int
 	cur := buf[:0]
 	s.mu.Lock()
 	now := l.nowUs()
@@ -219,16 +337,17 @@ func (l *Local) decide(_ context.Context, reqs []request, out []stepResult) (boo
 			s.mu.Unlock()
 			panic("pacer: one decision over several call keys")
 		}
-		c := s.m[localKey{name: reqs[i].name, key: key}]
+		c := s.find(localKey{name: reqs[i].name, key: key})
 		cur = append(cur, c)
-		if c != nil {
-			out[i] = step(*c, true, now, &reqs[i].p)
+		if c >= 0 {
+			out[i] = step(s.ents[c].st, true, now, &reqs[i].p)
 		} else {
 			out[i] = step(state{}, false, now, &reqs[i].p)
 		}
 		commit = commit && out[i].commit
 	}
 	if commit {
+		// Appending a new entry moves no other: the indexes in cur hold.
 		for i := range reqs {
 			s.put(localKey{name: reqs[i].name, key: key}, cur[i], out[i].next)
 		}

@@ -77,11 +77,17 @@ func startRedis(t testing.TB) (*redistest.Server, *redis.Client) {
 	return s, newClient(t, s.Addr())
 }
 
-// newRedisStore returns a Redis store on client with a fresh prefix.
+// newRedisStore returns a Redis store on client with a fresh prefix and,
+// unless opts sets one, a generous timeout.
 func newRedisStore(t testing.TB, client RedisClient, opts RedisOptions) *Redis {
 	t.Helper()
 	if opts.Prefix == "" {
 		opts.Prefix = uniquePrefix(t)
+	}
+	if opts.Timeout == 0 {
+		// Far above the default: the race detector on a loaded machine
+		// can make a healthy decision take tens of milliseconds.
+		opts.Timeout = 10 * time.Second
 	}
 	s, err := NewRedis(client, opts)
 	if err != nil {

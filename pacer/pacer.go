@@ -16,6 +16,11 @@ const (
 	DefaultRateLimitFactor = 1.0 // RateLimit
 )
 
+// MaxQPS is the highest Options.QPS: pacer state is kept in whole
+// microseconds, so a weight-1 call must book at least one. For higher rates,
+// count in larger units (thousands of tokens, say).
+const MaxQPS = 1e6
+
 // Horizon is the longest delay Pace and PaceWait ever record, and the most
 // that one call may book (weight/QPS seconds): 1e8 seconds, a little over
 // three years. It keeps every time the algorithm handles exact.
@@ -47,8 +52,10 @@ type Options struct {
 	Name string
 
 	// QPS is the target rate in weight units per second (a weight-1 call per
-	// 1/QPS seconds). It must be > 0 and finite. For a per-minute limit L,
-	// use L/60.
+	// 1/QPS seconds). It must be > 0 and at most MaxQPS (1e6). For a
+	// per-minute limit L, use L/60. State is kept in whole microseconds, so
+	// each call books weight/QPS seconds rounded to the microsecond: exact
+	// to a thousandth when a call books a millisecond or more.
 	QPS float64
 
 	// MaxBurst is the volume of the bucket: the weight that may go at once
@@ -114,6 +121,9 @@ func New(store Store, opts Options) (*Pacer, error) {
 	if !(opts.QPS > 0) || math.IsInf(opts.QPS, 1) {
 		return nil, invalidf("Options.QPS", "must be > 0 and finite, got %v", opts.QPS)
 	}
+	if opts.QPS > MaxQPS {
+		return nil, invalidf("Options.QPS", "must be at most %g (a weight-1 call books at least a microsecond), got %v; count in larger units for higher rates", float64(MaxQPS), opts.QPS)
+	}
 	if !(opts.MaxBurst >= 0) || math.IsInf(opts.MaxBurst, 1) {
 		return nil, invalidf("Options.MaxBurst", "must be >= 0 and finite, got %v", opts.MaxBurst)
 	}
@@ -176,13 +186,27 @@ func (o Outcome) DelayMs() int64 {
 }
 
 // Reason explains the outcome in words, for example
-// "watermark=1.00/2 + weight=1, delayMs=0".
+// "watermark=1.00/2 + weight=1, delayMs=0": the level the call found with
+// two decimals (rounded half up, so 0.125 prints as 0.13), the bucket volume
+// and the weight in their shortest decimal form, and DelayMs. When the
+// failure policy decided, it is "store failed, delayMs=<n>: <error>".
 func (o Outcome) Reason() string {
 	if o.Fallback != nil {
 		return fmt.Sprintf("store failed, delayMs=%d: %v", o.DelayMs(), o.Fallback)
 	}
-	return fmt.Sprintf("watermark=%.2f/%s + weight=%s, delayMs=%d",
-		o.Level, strconv.FormatFloat(o.MaxBurst, 'f', -1, 64), strconv.FormatFloat(o.Weight, 'f', -1, 64), o.DelayMs())
+	return "watermark=" + fixed2(o.Level) + "/" + strconv.FormatFloat(o.MaxBurst, 'f', -1, 64) +
+		" + weight=" + strconv.FormatFloat(o.Weight, 'f', -1, 64) + ", delayMs=" + strconv.FormatInt(o.DelayMs(), 10)
+}
+
+// fixed2 formats x with two decimals, rounding its exact value half up
+// (towards +Inf). strconv rounds an exact tie to even instead; a double is
+// exactly halfway between two hundredths only when it is an odd multiple of
+// 1/8 (0.125, 0.375, ...), and those are rounded up here.
+func fixed2(x float64) string {
+	if t := x * 8; t == math.Trunc(t) && math.Mod(t, 2) != 0 {
+		x = math.Ceil(x*100) / 100
+	}
+	return strconv.FormatFloat(x, 'f', 2, 64)
 }
 
 // Pace decides when a call of the given weight on key may go, and books it:
@@ -196,9 +220,12 @@ func (o Outcome) Reason() string {
 //
 // The key must be non-empty and must not contain '{' or '}' (on Redis it
 // is the key's cluster hash tag). ctx bounds the store's work (the Redis
-// round trip), not the wait. Invalid input (a bad key, a weight that is not
-// > 0 and finite) returns an error matching bulkhead.ErrInvalid and
-// records nothing. A store failure returns an error
+// round trip), not the wait. Invalid input (a bad key, a weight that is
+// negative or not finite) returns an error matching bulkhead.ErrInvalid and
+// records nothing.
+//
+// A call of weight 0 is never delayed and books nothing: the store is not
+// asked (so the call goes even while Redis is down), and Outcome.Level is 0. A store failure returns an error
 // matching ErrUnavailable, or a decision made by the store's failure policy.
 func (p *Pacer) Pace(ctx context.Context, key string, weight float64) (Outcome, error) {
 	return p.decide(ctx, key, weight, modePace, p.maxDelayUs, false)
@@ -259,6 +286,9 @@ func (p *Pacer) decide(ctx context.Context, key string, weight float64, m mode, 
 	if err := checkWeight("weight", weight, p.opts.QPS); err != nil {
 		return out, err
 	}
+	if weight == 0 {
+		return out, nil // never delayed, books nothing: the store is not asked
+	}
 	req := p.request(key, weight, m, maxWaitUs)
 	var res stepResult
 	if l, ok := p.store.(*Local); ok {
@@ -283,7 +313,7 @@ func (p *Pacer) decide(ctx context.Context, key string, weight float64, m mode, 
 // fallback turns a store failure into the result the store's policy asks
 // for. A failure caused by the caller's own context is returned as it is.
 func fallback(ctx context.Context, s Store, out Outcome, m mode, err error) (Outcome, error) {
-	if ctx.Err() != nil {
+	if ended(ctx) {
 		return out, fmt.Errorf("pacer: %w", err)
 	}
 	err = unavailable(err)

@@ -42,6 +42,12 @@ const DefaultPrefix = "bulkhead:pacer:"
 // rejects, when RedisOptions.FailureDelay is zero.
 const DefaultFailureDelay = time.Second
 
+// DefaultTimeout bounds the Redis time of one decision when
+// RedisOptions.Timeout is zero. A decision on a healthy server takes about
+// one network round trip: well under a millisecond within a zone, a few
+// milliseconds across zones.
+const DefaultTimeout = 50 * time.Millisecond
+
 // RedisClient is what the Redis store needs from a go-redis client.
 // *redis.Client, *redis.ClusterClient, *redis.Ring and redis.UniversalClient
 // all satisfy it.
@@ -109,6 +115,22 @@ type RedisOptions struct {
 	// FailureDelay is the retry-after of a call that FailClosed rejects.
 	// Zero means DefaultFailureDelay; it must not be negative.
 	FailureDelay time.Duration
+
+	// Timeout bounds the time one decision spends on Redis (connecting,
+	// sending, waiting for the reply, resending the script when the server
+	// lacks it). When Redis has not answered by then, the call is a failure
+	// and OnFailure decides it, whatever the client's own timeouts and
+	// however long the caller's context would have let it wait. Only a
+	// caller's context that ends before Timeout makes the call fail with the
+	// context's error instead. Zero means DefaultTimeout (50 ms); it must
+	// not be negative.
+	//
+	// When the client honours context deadlines (ContextTimeoutEnabled on a
+	// *redis.Client, *redis.ClusterClient or *redis.Ring), the client itself
+	// gives up at Timeout. With any other client, the store stops waiting at
+	// Timeout but the command runs on in the background, holding a pooled
+	// connection, until the client's own read or write timeout ends it.
+	Timeout time.Duration
 }
 
 // Redis is the Store shared by many processes through Redis.
@@ -130,6 +152,11 @@ type RedisOptions struct {
 // microseconds less than a hash, in a decision meant to cost little more
 // than a PING.
 //
+// A key that holds anything else (a list or a hash, a string of another
+// length, numbers no decision writes) counts as absent: the call is decided
+// as on a fresh key, and the first call recorded replaces the value with a
+// state and its TTL. A damaged key thus never fails calls.
+//
 // The call key is the key's Redis Cluster hash tag: a pacer key is a
 // single key that Redis Cluster routes to one node,
 // different call keys spread over the cluster, and all pacers of one call key
@@ -146,9 +173,11 @@ type RedisOptions struct {
 // The decision command is never retried by the client: a script whose reply
 // was lost may have run, and running it again would book the call twice. The
 // store marks the command as not retryable, whatever the client's MaxRetries;
-// a failure is returned (or handled by OnFailure) instead. Give the client a
-// short timeout (or ContextTimeoutEnabled and a context deadline) so an
-// outage costs milliseconds, not the default seconds.
+// a failure is returned (or handled by OnFailure) instead. Each decision
+// spends at most RedisOptions.Timeout (50 ms by default) on Redis, so an
+// outage costs milliseconds per call. Give the client ContextTimeoutEnabled
+// and short dial, read, write and pool timeouts too, so that it also
+// abandons the command then instead of holding a connection for seconds.
 //
 // Redis 5.0 or later is needed (a script that reads TIME and then writes
 // relies on effects replication, the default since 5.0); it is tested with
@@ -160,6 +189,8 @@ type Redis struct {
 	waitClk      clock.Clock
 	onFailure    FailurePolicy
 	failureDelay time.Duration
+	timeout      time.Duration
+	inline       bool // the client gives up at the context's deadline itself
 }
 
 // NewRedis returns a store that keeps pacer state in Redis through client.
@@ -185,6 +216,13 @@ func NewRedis(client RedisClient, opts RedisOptions) (*Redis, error) {
 	if delay == 0 {
 		delay = DefaultFailureDelay
 	}
+	timeout := opts.Timeout
+	if timeout < 0 {
+		return nil, invalidf("RedisOptions.Timeout", "must be >= 0, got %v", timeout)
+	}
+	if timeout == 0 {
+		timeout = DefaultTimeout
+	}
 	return &Redis{
 		client:       client,
 		prefix:       prefix,
@@ -192,6 +230,8 @@ func NewRedis(client RedisClient, opts RedisOptions) (*Redis, error) {
 		waitClk:      clock.OrReal(opts.Clock),
 		onFailure:    opts.OnFailure,
 		failureDelay: delay,
+		timeout:      timeout,
+		inline:       honoursDeadline(client),
 	}, nil
 }
 
@@ -243,16 +283,11 @@ func (r *Redis) decide(ctx context.Context, reqs []request, out []stepResult) (b
 		args = append(args, fmtFloat(p.weight), fmtFloat(p.qps), fmtFloat(p.burst), fmtFloat(p.factor),
 			strconv.FormatInt(p.maxWaitUs, 10))
 	}
-	cmd := r.run(ctx, args)
-	if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		args[0], args[1] = "eval", luaSource
-		cmd = r.run(ctx, args)
-	}
-	vals, err := cmd.Slice()
+	vals, err := r.call(ctx, args)
 	if err != nil {
 		return false, err
 	}
-	bad := func() (bool, error) { return false, fmt.Errorf("%w: %q", errReply, vals) }
+	bad := func() (bool, error) { return false, fmt.Errorf("%w: %s", errReply, formatReply(vals)) }
 	if len(vals) != 1+2*n {
 		return bad()
 	}
@@ -279,6 +314,95 @@ func (r *Redis) decide(ctx context.Context, reqs []request, out []stepResult) (b
 	return commit, nil
 }
 
+// call runs the decision script with args, bounded by r.timeout: when Redis
+// has not answered by then, it returns an error saying so (and the caller's
+// context error instead when that context ended first).
+func (r *Redis) call(ctx context.Context, args []any) ([]any, error) {
+	rctx, cancel := context.WithTimeout(ctx, r.timeout)
+	defer cancel()
+	var vals []any
+	var err error
+	if r.inline {
+		vals, err = r.eval(rctx, args)
+	} else {
+		type reply struct {
+			vals []any
+			err  error
+		}
+		done := make(chan reply, 1)
+		go func() {
+			vals, err := r.eval(rctx, args)
+			done <- reply{vals, err}
+		}()
+		select {
+		case rep := <-done:
+			vals, err = rep.vals, rep.err
+		case <-rctx.Done():
+			err = errNoAnswer
+		}
+	}
+	switch {
+	case err == nil:
+	case ended(ctx):
+		err = fmt.Errorf("%w: %w", callerErr(ctx), err)
+	case err == errNoAnswer:
+		err = fmt.Errorf("pacer: Redis did not answer within %v", r.timeout)
+	case ended(rctx):
+		// Not wrapped: the client's error is then the store's context
+		// deadline, which must not pass for the caller's.
+		err = fmt.Errorf("pacer: Redis did not answer within %v (%v)", r.timeout, err)
+	}
+	return vals, err
+}
+
+// errNoAnswer is the client's error when the store stops waiting for it.
+var errNoAnswer = errors.New("pacer: Redis did not answer")
+
+// ended reports whether ctx is done or its deadline has passed. (A client
+// that sets its socket deadlines from the context's can fail a moment before
+// the context itself reports the deadline.)
+func ended(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	dl, ok := ctx.Deadline()
+	return ok && !time.Now().Before(dl)
+}
+
+// callerErr is the error of a caller's context that has ended: its cause, or
+// context.DeadlineExceeded when its deadline has passed but it does not say
+// so yet.
+func callerErr(ctx context.Context) error {
+	if ctx.Err() != nil {
+		return context.Cause(ctx)
+	}
+	return context.DeadlineExceeded
+}
+
+// eval runs the script by its digest, and in full when the server lacks it.
+func (r *Redis) eval(ctx context.Context, args []any) ([]any, error) {
+	cmd := r.run(ctx, args)
+	if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		args[0], args[1] = "eval", luaSource
+		cmd = r.run(ctx, args)
+	}
+	return cmd.Slice()
+}
+
+// honoursDeadline reports whether client gives up a command at its
+// context's deadline, on the socket as well as when dialing.
+func honoursDeadline(client RedisClient) bool {
+	switch c := client.(type) {
+	case *redis.Client:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.Ring:
+		return c.Options().ContextTimeoutEnabled
+	}
+	return false
+}
+
 func (r *Redis) run(ctx context.Context, args []any) *redis.Cmd {
 	cmd := redis.NewCmd(ctx, args...)
 	cmd.SetFirstKeyPos(3)
@@ -289,6 +413,32 @@ func (r *Redis) run(ctx context.Context, args []any) *redis.Cmd {
 func (r *Redis) waitClock() clock.Clock { return r.waitClk }
 
 func (r *Redis) failure() (FailurePolicy, time.Duration) { return r.onFailure, r.failureDelay }
+
+// formatReply prints a script reply readably, whatever it holds: integers in
+// decimal, strings quoted with their bytes escaped, nested arrays in
+// brackets, anything else with %#v.
+func formatReply(v any) string {
+	switch v := v.(type) {
+	case []any:
+		var b strings.Builder
+		b.WriteByte('[')
+		for i, e := range v {
+			if i > 0 {
+				b.WriteByte(' ')
+			}
+			b.WriteString(formatReply(e))
+		}
+		b.WriteByte(']')
+		return b.String()
+	case string:
+		return strconv.Quote(v)
+	case int64:
+		return strconv.FormatInt(v, 10)
+	case nil:
+		return "nil"
+	}
+	return fmt.Sprintf("%#v", v)
+}
 
 // fmtFloat formats f as the shortest decimal that Lua's tonumber reads back
 // as the same double.

@@ -17,6 +17,34 @@
 -- that Redis neither truncates nor reformats them.
 local GRACE, HORIZON, ROUND = @GRACE_US@, @HORIZON_US@, @ROUND_US@
 
+-- readable returns the value that GET replied if it can be a state, and nil
+-- for no value, a value of another type (GET's WRONGTYPE error) or a string
+-- of the wrong length: unreadable state counts as absent, and the decision's
+-- SET replaces it (with a TTL).
+local function readable(v)
+  if type(v) ~= 'string' or #v ~= 32 then return nil end
+  return v
+end
+
+-- integral reports whether x is a whole number of magnitude below 2^53,
+-- where doubles are exact.
+local function integral(x)
+  return x > -9007199254740992 and x < 9007199254740992 and math.floor(x) == x
+end
+
+-- plausible reports whether a decoded state could have been written by this
+-- script: a finite level >= 0, whole times in order (last <= next, and the
+-- expiry after next by at least the grace period and at most a horizon's
+-- queue and drain after last), and a last drip no later than a horizon
+-- after now. Anything else was not written by a decision (a crafted or
+-- corrupted value) and counts as absent.
+local function plausible(level, last, nxt, exp, now)
+  return level == level and level >= 0 and level < math.huge
+    and integral(last) and integral(nxt) and integral(exp)
+    and last <= nxt and nxt + GRACE <= exp and exp - last <= 2 * HORIZON + GRACE
+    and last <= now + HORIZON
+end
+
 local now = tonumber(ARGV[1])
 if not now then
   local t = redis.call('TIME')
@@ -36,14 +64,18 @@ for i = 1, #KEYS do
 
   local t = now
   local level, last, nxt, exp = 0, t, 0, 0
-  local v = redis.call('GET', KEYS[i])
+  local v = readable(redis.pcall('GET', KEYS[i]))
   if v then
     level, last, nxt, exp = struct.unpack('<dddd', v)
-    if t >= exp then
+    if t >= exp or not plausible(level, last, nxt, exp, t) then
       level, last, nxt = 0, t, 0
     end
   end
-  if t < last then t = last end
+  local behind = 0
+  if t < last then
+    behind = last - t
+    t = last
+  end
   if nxt < t then nxt = t end
   if nxt <= t then
     level = level - (t - last) / 1000000 * qps * factor
@@ -58,7 +90,10 @@ for i = 1, #KEYS do
     level = burst
   end
   if delay < ROUND then delay = 0 end
-  if delay > maxWait then commit = false end
+  if delay > maxWait then
+    commit = false
+    if maxWait == 0 then delay = delay + behind end
+  end
   local ttl = nxt - t
   if burst > 0 then
     local drain = math.ceil(burst / (qps * factor) * 1000000)

@@ -36,6 +36,7 @@ func TestNewValidation(t *testing.T) {
 		{"qps < 0", Options{Name: "p", QPS: -1}, "Options.QPS"},
 		{"qps NaN", Options{Name: "p", QPS: nan}, "Options.QPS"},
 		{"qps Inf", Options{Name: "p", QPS: inf}, "Options.QPS"},
+		{"qps above MaxQPS", Options{Name: "p", QPS: 2e6}, "Options.QPS"},
 		{"burst < 0", Options{Name: "p", QPS: 1, MaxBurst: -1}, "Options.MaxBurst"},
 		{"burst NaN", Options{Name: "p", QPS: 1, MaxBurst: nan}, "Options.MaxBurst"},
 		{"burst Inf", Options{Name: "p", QPS: 1, MaxBurst: inf}, "Options.MaxBurst"},
@@ -66,6 +67,11 @@ func TestNewRedisValidation(t *testing.T) {
 	wantInvalid(t, err, "RedisOptions.OnFailure")
 	_, err = NewRedis(client, RedisOptions{FailureDelay: -1})
 	wantInvalid(t, err, "RedisOptions.FailureDelay")
+	_, err = NewRedis(client, RedisOptions{Timeout: -1})
+	wantInvalid(t, err, "RedisOptions.Timeout")
+	if s, err := NewRedis(client, RedisOptions{}); err != nil || s.timeout != DefaultTimeout {
+		t.Fatalf("default timeout: %v, %v", s.timeout, err)
+	}
 }
 
 // TestCallValidation checks that bad weights and keys are errors that write
@@ -88,11 +94,11 @@ func TestCallValidation(t *testing.T) {
 			weight float64
 			field  string
 		}{
-			{"k", 0, "weight"},
 			{"k", -1, "weight"},
 			{"k", math.NaN(), "weight"},
 			{"k", math.Inf(1), "weight"},
 			{"k", 1e9 + 1, "weight"}, // books more than the horizon at 10 QPS
+			{"k", 1e-7, "weight"},    // books less than half a microsecond
 			{"", 1, "key"},
 			{"a}", 1, "key"},
 			{"{a", 1, "key"},
