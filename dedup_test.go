@@ -696,3 +696,34 @@ func TestCanonicalKeyCoversEveryField(t *testing.T) {
 		t.Fatal("not stable")
 	}
 }
+
+// TestDedupObserveFollowerNotBypassedAfterClose: a closed bulkhead is never
+// bypassed, not even for a follower whose own queue timeout fires after
+// Close: it is rejected Timeout and its fn never runs.
+func TestDedupObserveFollowerNotBypassedAfterClose(t *testing.T) {
+	b, clk := mockDedup(t, 2, nil)
+	g := newGate()
+	leader, _ := leaderAndFollowers(t, b, g, req("q", 1), 0, bulkhead.WithMode(bulkhead.Observe))
+	ran := make(chan *bulkhead.Bypass, 1)
+	f := runAsync(context.Background(), b, req("q", 1), func(ctx context.Context, rc *bulkhead.RunContext) (string, error) {
+		ran <- rc.Bypass()
+		return "own", nil
+	}, bulkhead.WithMode(bulkhead.Observe), bulkhead.WithQueueTimeout(10*time.Millisecond))
+	waitHits(t, b, 1)
+	b.Close()
+	clk.Add(10 * time.Millisecond)
+	wantReason(t, (<-f).err, bulkhead.Timeout)
+	select {
+	case bp := <-ran:
+		t.Fatalf("fn ran bypassed on a closed bulkhead: %+v", bp)
+	default:
+	}
+	if st := b.Stats(); st.Observe.Bypassed != 0 || st.Calls.RejectedByReason[bulkhead.Timeout] != 1 {
+		t.Fatalf("stats %+v %+v", st.Observe, st.Calls)
+	}
+	close(g.release)
+	if o := <-leader; o.v != "answer" || o.err != nil {
+		t.Fatalf("leader %v", o)
+	}
+	wantIdle(t, b)
+}
