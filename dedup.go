@@ -41,7 +41,9 @@ import (
 // Only Run deduplicates, and only calls in the same scope (WithDedupScope)
 // and, with admission classes, the same class. NoDedup opts a call out. A
 // call whose context has already ended is rejected Aborted without joining
-// anything. Acquire never deduplicates.
+// anything. After Close, a Run joins nothing: it is rejected Shutdown like
+// any later call, while the followers that joined before Close still get
+// their leader's outcome. Acquire never deduplicates.
 //
 // Keys are kept as a seeded 64-bit digest (xxhash64, seeded at random when
 // the process starts), and the full key is compared when two digests

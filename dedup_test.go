@@ -727,3 +727,37 @@ func TestDedupObserveFollowerNotBypassedAfterClose(t *testing.T) {
 	}
 	wantIdle(t, b)
 }
+
+// TestDedupCloseWins: after Close a Run joins no call in flight, it is
+// rejected Shutdown like any later call (and never runs its fn, bypassed or
+// not); a follower that joined before Close still gets its leader's value.
+func TestDedupCloseWins(t *testing.T) {
+	b := newBulkhead(t, dedupConfig(2))
+	g := newGate()
+	leader, fs := leaderAndFollowers(t, b, g, req("q", 1), 1)
+	b.Close()
+	// Were they to join, they would wait for the leader: bounded, so that
+	// the test fails rather than hangs.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	wantReason(t, (<-runAsync(ctx, b, req("q", 1), g.fn("wrong", nil))).err, bulkhead.Shutdown)
+	ran := false
+	_, err := bulkhead.Run(ctx, b, req("q", 1), func(context.Context, *bulkhead.RunContext) (string, error) {
+		ran = true
+		return "own", nil
+	}, bulkhead.WithMode(bulkhead.Observe), bulkhead.WithQueueTimeout(time.Millisecond))
+	wantReason(t, err, bulkhead.Shutdown)
+	if ran {
+		t.Fatal("a Run after Close ran its fn")
+	}
+	if st := b.Stats(); st.Dedup.Hits != 1 || st.Dedup.Active != 1 {
+		t.Fatalf("joined after Close: %+v", st.Dedup)
+	}
+	close(g.release)
+	for _, ch := range append(fs, leader) {
+		if o := <-ch; o.v != "answer" || o.err != nil {
+			t.Fatalf("a call joined before Close: %+v", o)
+		}
+	}
+	wantIdle(t, b)
+}

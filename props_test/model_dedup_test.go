@@ -83,6 +83,11 @@ func (m *machine) dedupLead(t *rapid.T) {
 // dedupFollow makes a Run identical to a live leader's: it joins, holds
 // nothing, and changes no counter but Stats().Dedup.Hits.
 func (m *machine) dedupFollow(t *rapid.T) {
+	if m.closed {
+		// After Close nothing joins: the call is rejected Shutdown as any
+		// Run is, which the other actions cover.
+		t.Skip("closed: nothing joins")
+	}
 	live := m.liveGroups()
 	if len(live) == 0 {
 		m.dedupLead(t) // a leader for the next follow
