@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"reflect"
 	"sync"
+	"sync/atomic"
 
 	"github.com/llmbulkhead/bulkhead/internal/actor"
 	"github.com/llmbulkhead/bulkhead/internal/admission"
@@ -25,7 +26,9 @@ import (
 // for the leader and returns the leader's value, or its error (a rejection
 // of the leader included, with the follower's own tag). Followers may join
 // while the leader waits in the queue. The leader's entry goes when its Run
-// returns, however it returns: a later identical Run leads anew.
+// returns, however it returns, and before its admission is released (so
+// that a Drain, or a listener of its ReleaseEvent, sees it gone): a later
+// identical Run leads anew.
 //
 // A follower waits as long as its own context allows and, when it sets one
 // with WithQueueTimeout, its own queue timeout; Config.QueueTimeout does not
@@ -296,29 +299,101 @@ func runDedup[T any](ctx context.Context, b *Bulkhead, req *Request, fn func(con
 
 // lead runs a leader, and settles its entry with its outcome however its
 // Run returns: with a value or an error (a rejection included), a panic
-// (which goes on) or runtime.Goexit.
+// (which goes on) or runtime.Goexit. When fn runs, the entry is settled
+// before the admission is released (see leadAdmitted), so that whoever
+// sees the release, a Drain included, sees the entry gone.
 func lead[T any](ctx context.Context, b *Bulkhead, r *actor.AcquireRequest, p *Permit, o *callOptions, fn func(context.Context, *RunContext) (T, error), j *dedup.Join) (v T, err error) {
+	l := &leader{b: b, j: j, typ: reflect.TypeFor[T]()}
 	returned := false
 	defer func() {
-		out := &shared{typ: reflect.TypeFor[T]()}
 		if returned {
-			out.v, out.err = v, err
-			b.eng.Settle(j, out)
-			b.eng.PutJoin(j)
+			l.settle(&shared{v: v, err: err})
 			return
 		}
+		if !l.claim() {
+			return // settled by leadAdmitted: the panic or Goexit goes on
+		}
 		pv := recover()
-		out.failed, out.panicValue = true, pv
-		b.eng.Settle(j, out)
-		b.eng.PutJoin(j)
+		l.settleClaimed(&shared{failed: true, panicValue: pv})
 		if pv != nil {
 			panic(pv)
 		}
 	}()
 	p, err = b.send(r, p, o.tag)
 	if err == nil {
-		v, err = runPermit(ctx, p, fn)
+		rc := &p.run
+		rc.p = p
+		if _, expired := p.l.Deadline(); expired != nil {
+			v, err = runWithDeadline(ctx, p, fn, l)
+		} else {
+			v, err = leadAdmitted(ctx, p, fn, l, nil)
+		}
 	}
+	returned = true
+	return v, err
+}
+
+// leader is a leader's entry, settled once: by the goroutine that ran fn,
+// before its release, or by lead when its Run ends first (a rejection, or
+// a borrowed-slot deadline that expired while fn runs).
+type leader struct {
+	b       *Bulkhead
+	j       *dedup.Join
+	typ     reflect.Type
+	claimed atomic.Bool
+}
+
+// claim reports whether the caller is the one to settle.
+func (l *leader) claim() bool { return l.claimed.CompareAndSwap(false, true) }
+
+// settle settles the entry with out, unless it is settled already.
+func (l *leader) settle(out *shared) {
+	if l.claim() {
+		l.settleClaimed(out)
+	}
+}
+
+// settleClaimed settles the entry with out, once claimed.
+func (l *leader) settleClaimed(out *shared) {
+	out.typ = l.typ
+	l.b.eng.Settle(l.j, out)
+	l.b.eng.PutJoin(l.j)
+}
+
+// leadAdmitted is runAdmitted for a leader: it settles the entry with fn's
+// outcome before it releases p. expired, when not nil, is the channel of
+// the admission's borrowed-slot deadline: when it has expired by the time
+// fn returns, the outcome is the deadline error, as Run's is.
+func leadAdmitted[T any](ctx context.Context, p *Permit, fn func(context.Context, *RunContext) (T, error), l *leader, expired <-chan struct{}) (v T, err error) {
+	rc := &p.run
+	returned := false
+	defer func() {
+		var u *admission.Usage
+		if !returned {
+			pv := recover()
+			l.settle(&shared{failed: true, panicValue: pv})
+			p.l.Release(nil)
+			if pv != nil {
+				panic(pv)
+			}
+			return
+		}
+		out := &shared{v: v, err: err}
+		if expired != nil {
+			select {
+			case <-expired:
+				deadline, _ := p.l.Deadline()
+				out = &shared{err: deadlineError(p, deadline)}
+			default:
+			}
+		}
+		l.settle(out)
+		if err == nil && rc.hasUsage {
+			u = (*admission.Usage)(&rc.usage)
+		}
+		p.l.Release(u)
+	}()
+	v, err = fn(ctx, rc)
 	returned = true
 	return v, err
 }

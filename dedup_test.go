@@ -761,3 +761,63 @@ func TestDedupCloseWins(t *testing.T) {
 	}
 	wantIdle(t, b)
 }
+
+// TestDedupSettledBeforeRelease: a leader's entry is settled before its
+// admission is released, however fn ends (with or without a borrowed-slot
+// deadline): a listener that sees the leader's release sees the entry gone,
+// and so does a Drain.
+func TestDedupSettledBeforeRelease(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		end  func() (string, error)
+		opts []bulkhead.Option
+	}{
+		{"return", func() (string, error) { return "answer", nil }, nil},
+		{"error", func() (string, error) { return "", errors.New("boom") }, nil},
+		{"panic", func() (string, error) { panic("leader bug") }, nil},
+		{"Goexit", func() (string, error) { runtime.Goexit(); return "", nil }, nil},
+		{"deadline return", func() (string, error) { return "answer", nil }, []bulkhead.Option{bulkhead.WithBorrowedDeadline(time.Hour)}},
+		{"deadline panic", func() (string, error) { panic("leader bug") }, []bulkhead.Option{bulkhead.WithBorrowedDeadline(time.Hour)}},
+	} {
+		// The window it closes is narrow: try it often.
+		t.Run(tc.name, func(t *testing.T) {
+			for range 50 {
+				settledBeforeRelease(t, tc.end, tc.opts)
+			}
+		})
+	}
+}
+
+func settledBeforeRelease(t *testing.T, end func() (string, error), opts []bulkhead.Option) {
+	t.Helper()
+	b, _ := mockDedup(t, 2, func(cfg *bulkhead.Config) {
+		cfg.Classes = &bulkhead.Classes{Default: "a", Limits: map[string]bulkhead.ClassLimits{"a": {}}} // every slot borrowed
+	})
+	// The listener reads the stats as soon as the release is
+	// delivered, while the leader's Run may still be returning.
+	released := make(chan int64, 1)
+	b.Subscribe(bulkhead.Hooks{Release: func(bulkhead.ReleaseEvent) { released <- b.Stats().Dedup.Active }})
+	started, release := make(chan struct{}), make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer func() { _ = recover() }()
+		_, _ = bulkhead.Run(context.Background(), b, req("s", 1), func(context.Context, *bulkhead.RunContext) (string, error) {
+			close(started)
+			<-release
+			return end()
+		}, opts...)
+	}()
+	<-started
+	f := runAsync(context.Background(), b, req("s", 1), newGate().fn("wrong", nil), opts...)
+	waitHits(t, b, 1)
+	close(release)
+	if active := <-released; active != 0 {
+		t.Fatalf("released with %d entries active", active)
+	}
+	if res, err := b.Shutdown(context.Background()); err != nil || !res.Drained || b.Stats().Dedup.Active != 0 {
+		t.Fatalf("Shutdown: %+v, %v, %+v", res, err, b.Stats().Dedup)
+	}
+	<-f
+	<-done
+}
