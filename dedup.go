@@ -41,8 +41,15 @@ import (
 // (the panic goes on in the leader); when its borrowed-slot deadline
 // expires, they get its *BorrowedDeadlineError.
 //
-// Only Run deduplicates, and only calls in the same scope (WithDedupScope)
-// and, with admission classes, the same class. NoDedup opts a call out. A
+// Only Run deduplicates, and calls share only with calls of the same
+// scope, class, priority, mode and reservation override: the same scope
+// (WithDedupScope), with admission classes the same class, the same
+// WithPriority, the same WithMode and shadow reasons (WithShadowReasons),
+// and either no WithReservation or one that resolves to the same
+// reservation. So a follower never gets a rejection (or a bypass) that
+// depends on parameters of its leader's that are not its own. Its queue
+// timeout, tag and borrowed-slot deadline may differ. NoDedup opts a call
+// out. A
 // call whose context has already ended is rejected Aborted without joining
 // anything. After Close, a Run joins nothing: it is rejected Shutdown like
 // any later call, while the followers that joined before Close still get
@@ -143,8 +150,9 @@ func (k dedupKeyOption) apply(o callOptions) callOptions {
 }
 
 // WithDedupKey gives a Run its dedup key, in place of Config.Dedup.KeyFunc
-// or the default key: Runs with equal keys (in the same scope and class)
-// share one execution, and an empty key opts the call out. Use it when what
+// or the default key: Runs with equal keys (and equal scope, class,
+// priority, mode and reservation override, see DedupConfig) share one
+// execution, and an empty key opts the call out. Use it when what
 // makes two calls identical is not all in the Request, such as provider
 // parameters (temperature, tools, a response format): the Key of a call
 // read with package stream covers every field of the provider request.
@@ -170,15 +178,44 @@ func newDeduper(cfg DedupConfig) *deduper {
 // does not pin its buffer.
 const maxPooledKey = 64 << 10
 
-// key returns req's key and, for the default key, the pooled buffer the
-// key is a view of, to be put back once the key is no longer read.
-func (d *deduper) key(b *Bulkhead, req *Request) (string, *[]byte) {
-	if d.keyFunc != nil {
-		return d.userKey(b, req), nil
+// key returns the call's dedup key, in a pooled buffer to put back once
+// the key is no longer read: the parameters of r that decide its admission
+// (see appendPartition), then its key (o's, KeyFunc's or the default one).
+// It returns "" and no buffer when the call opts out.
+func (d *deduper) key(b *Bulkhead, req *Request, r *actor.AcquireRequest, o *callOptions) (string, *[]byte) {
+	key, user := o.dedupKey, o.hasDedupKey
+	if !user && d.keyFunc != nil {
+		key, user = d.userKey(b, req), true
+	}
+	if user && key == "" {
+		return "", nil
 	}
 	buf := d.bufs.Get().(*[]byte)
-	*buf = appendCanonical((*buf)[:0], req)
-	return dedup.View(*buf), buf
+	k := appendPartition((*buf)[:0], r, o)
+	if user {
+		k = append(k, key...)
+	} else {
+		k = appendCanonical(k, req)
+	}
+	*buf = k
+	return dedup.View(k), buf
+}
+
+// appendPartition appends the parameters of a call that its admission
+// depends on, besides its scope and class: its priority, its mode and
+// shadow reasons, and its reservation when WithReservation overrides it
+// (as reserve resolved it). Only calls with equal
+// parameters share, so a follower never gets a rejection that it, alone,
+// would not get for these. Fixed size but for the override.
+func appendPartition(buf []byte, r *actor.AcquireRequest, o *callOptions) []byte {
+	buf = append(buf, byte(r.Priority), byte(o.mode), byte(r.Shadow), byte(r.Shadow>>8))
+	if o.reservation == nil {
+		return append(buf, 0)
+	}
+	buf = append(buf, 1)
+	buf = binary.AppendVarint(buf, r.Reservation.Input)
+	buf = binary.AppendVarint(buf, r.Reservation.MaxOutput)
+	return binary.AppendVarint(buf, r.Reservation.Reserved)
 }
 
 func (d *deduper) putBuffer(buf *[]byte) {
@@ -256,14 +293,11 @@ func (b *Bulkhead) join(ctx context.Context, req *Request, r *actor.AcquireReque
 		}
 	}
 	d := b.dedup
-	key, buf := o.dedupKey, (*[]byte)(nil)
-	if !o.hasDedupKey {
-		key, buf = d.key(b, req)
-		defer d.putBuffer(buf)
-	}
+	key, buf := d.key(b, req, r, o)
 	if key == "" {
 		return nil
 	}
+	defer d.putBuffer(buf)
 	j := b.eng.NewJoin()
 	j.Key = dedup.Key{Scope: o.dedupScope, Class: b.eng.ClassName(r.Class), Canon: key}
 	j.Digest = d.hash(j.Key)

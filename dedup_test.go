@@ -564,9 +564,11 @@ func TestDedupTypeMismatch(t *testing.T) {
 }
 
 func TestDedupObserveFollowerBypass(t *testing.T) {
-	b, clk := mockDedup(t, 2, nil)
+	b, clk := mockDedup(t, 3, nil)
 	g := newGate()
-	leader, _ := leaderAndFollowers(t, b, g, req("q", 1), 0)
+	leader, _ := leaderAndFollowers(t, b, g, req("q", 1), 0, bulkhead.WithMode(bulkhead.Observe))
+	shadowBudget := []bulkhead.Option{bulkhead.WithMode(bulkhead.Observe), bulkhead.WithShadowReasons(bulkhead.BudgetLimit)}
+	leader2, _ := leaderAndFollowers(t, b, g, req("q", 1), 0, shadowBudget...)
 	bypassed := make(chan *bulkhead.Bypass, 1)
 	f := runAsync(context.Background(), b, req("q", 1), func(ctx context.Context, rc *bulkhead.RunContext) (string, error) {
 		bypassed <- rc.Bypass()
@@ -581,8 +583,7 @@ func TestDedupObserveFollowerBypass(t *testing.T) {
 		t.Fatalf("bypass %+v", bp)
 	}
 	// Not shadowed: rejected.
-	f = runAsync(context.Background(), b, req("q", 1), g.fn("wrong", nil), bulkhead.WithMode(bulkhead.Observe),
-		bulkhead.WithShadowReasons(bulkhead.BudgetLimit), bulkhead.WithQueueTimeout(10*time.Millisecond))
+	f = runAsync(context.Background(), b, req("q", 1), g.fn("wrong", nil), append(shadowBudget, bulkhead.WithQueueTimeout(10*time.Millisecond))...)
 	waitHits(t, b, 2)
 	clk.Add(10 * time.Millisecond)
 	wantReason(t, (<-f).err, bulkhead.Timeout)
@@ -591,8 +592,8 @@ func TestDedupObserveFollowerBypass(t *testing.T) {
 		t.Fatalf("stats %+v %+v", st.Observe, st.Calls)
 	}
 	close(g.release)
-	if o := <-leader; o.v != "answer" {
-		t.Fatalf("leader %v", o)
+	if o, o2 := <-leader, <-leader2; o.v != "answer" || o2.v != "answer" {
+		t.Fatalf("leaders %v %v", o, o2)
 	}
 	wantIdle(t, b)
 }
@@ -820,4 +821,109 @@ func settledBeforeRelease(t *testing.T, end func() (string, error), opts []bulkh
 	}
 	<-f
 	<-done
+}
+
+// TestDedupPartitionsByParameters: calls share only with calls of the same
+// priority, mode, shadow reasons and reservation override, whatever their
+// key (the default one, KeyFunc's or WithDedupKey's).
+func TestDedupPartitionsByParameters(t *testing.T) {
+	variants := map[string][]bulkhead.Option{
+		"priority":       {bulkhead.WithPriority(bulkhead.High)},
+		"mode":           {bulkhead.WithMode(bulkhead.Observe)},
+		"shadow reasons": {bulkhead.WithMode(bulkhead.Observe), bulkhead.WithShadowReasons(bulkhead.Timeout)},
+		"override":       {override(10, 10)},
+		"other override": {override(10, 11)},
+	}
+	for name, keyed := range map[string]struct {
+		keyFunc func(*bulkhead.Request) string
+		opts    []bulkhead.Option
+	}{
+		"default key":  {},
+		"KeyFunc":      {keyFunc: func(*bulkhead.Request) string { return "k" }},
+		"WithDedupKey": {opts: []bulkhead.Option{bulkhead.WithDedupKey("k")}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			cfg := dedupConfig(16)
+			cfg.TokenBudget = &bulkhead.TokenBudget{Budget: 1 << 20}
+			cfg.Dedup.KeyFunc = keyed.keyFunc
+			b := newBulkhead(t, cfg)
+			g := newGate()
+			base := append([]bulkhead.Option{override(10, 10)}, keyed.opts...)
+			leader, fs := leaderAndFollowers(t, b, g, req("p", 1), 1, base...)
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			for what, opts := range variants {
+				if what == "override" {
+					opts = nil // no override at all
+				}
+				v, err := bulkhead.Run(ctx, b, req("p", 1), func(context.Context, *bulkhead.RunContext) (string, error) { return "own", nil },
+					append(opts, keyed.opts...)...)
+				if v != "own" || err != nil {
+					t.Errorf("%s: (%q, %v), want its own run", what, v, err)
+				}
+			}
+			if st := b.Stats(); st.Dedup.Hits != 1 {
+				t.Fatalf("hits %d, want only the identical follower", st.Dedup.Hits)
+			}
+			close(g.release)
+			for _, ch := range append(fs, leader) {
+				if o := <-ch; o.v != "answer" || o.err != nil {
+					t.Fatalf("%+v", o)
+				}
+			}
+			wantIdle(t, b)
+		})
+	}
+}
+
+// TestDedupHighFollowerNotRejectedForNormalLeader: a High-priority call
+// does not follow a Normal one, so it never gets a Normal leader's
+// BudgetLimit (the high-priority reserve): it is admitted on its own.
+func TestDedupHighFollowerNotRejectedForNormalLeader(t *testing.T) {
+	cfg := bulkhead.Batch("gpt-4o", 1)
+	cfg.TokenBudget = &bulkhead.TokenBudget{Budget: 100, HighPriorityReserve: 50}
+	cfg.Dedup = &bulkhead.DedupConfig{}
+	b := newBulkhead(t, cfg)
+	hold := mustAcquire(t, b, req("hold", 0), override(5, 5), bulkhead.WithPriority(bulkhead.High))
+	g := newGate()
+	leader := runAsync(context.Background(), b, req("q", 0), g.fn("answer", nil), override(10, 10))
+	testutil.WaitFor(t, "the leader queued", func() bool { return b.Stats().Gate.Pending == 1 })
+	high := runAsync(context.Background(), b, req("q", 0), g.fn("own", nil), override(10, 10), bulkhead.WithPriority(bulkhead.High))
+	testutil.WaitFor(t, "the High call queued", func() bool { return b.Stats().Gate.Pending == 2 })
+	if _, err := b.SetBudget(60); err != nil { // Normal may fill 10 now, High 60
+		t.Fatal(err)
+	}
+	_ = hold.Release(nil)
+	wantReason(t, (<-leader).err, bulkhead.BudgetLimit)
+	close(g.release)
+	if o := <-high; o.v != "own" || o.err != nil {
+		t.Fatalf("High call: %+v", o)
+	}
+	if st := b.Stats(); st.Dedup.Hits != 0 {
+		t.Fatalf("hits %d", st.Dedup.Hits)
+	}
+}
+
+// TestDedupObserveCallDoesNotFollowEnforcedLeader: an Observe call does not
+// follow an enforced one, so it is bypassed where the enforced leader is
+// rejected Timeout, as it would be without deduplication.
+func TestDedupObserveCallDoesNotFollowEnforcedLeader(t *testing.T) {
+	b, clk := mockDedup(t, 1, func(cfg *bulkhead.Config) { cfg.QueueTimeout = 30 * time.Millisecond })
+	hold := mustAcquire(t, b, req("hold", 1))
+	g := newGate()
+	leader := runAsync(context.Background(), b, req("q", 1), g.fn("answer", nil))
+	testutil.WaitFor(t, "the leader queued", func() bool { return b.Stats().Gate.Pending == 1 })
+	observed := runAsync(context.Background(), b, req("q", 1), func(_ context.Context, rc *bulkhead.RunContext) (string, error) {
+		if rc.Bypass() == nil {
+			return "admitted", nil
+		}
+		return "bypassed", nil
+	}, bulkhead.WithMode(bulkhead.Observe))
+	testutil.WaitFor(t, "the observed call queued", func() bool { return b.Stats().Gate.Pending == 2 })
+	clk.Add(30 * time.Millisecond)
+	wantReason(t, (<-leader).err, bulkhead.Timeout)
+	if o := <-observed; o.v != "bypassed" || o.err != nil {
+		t.Fatalf("observed call: %+v", o)
+	}
+	_ = hold.Release(nil)
 }
