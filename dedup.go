@@ -36,7 +36,19 @@ import (
 // counted in Stats, with a RejectEvent without detail. Its leader goes on,
 // and so do the other followers. In Observe mode (see WithMode) a follower
 // whose own queue timeout expires, with Timeout among its shadow reasons,
-// runs its fn bypassed instead. When the leader's fn panics or calls
+// runs its fn bypassed instead, unless the bulkhead is closed.
+//
+// A follower shares its leader's rejection whatever its cause, including
+// causes of the leader's own: a leader rejected Aborted because its own
+// context ended (the error's Cause is that context's, context.Canceled
+// say), Timeout because its own queue timeout (WithQueueTimeout or
+// Config.QueueTimeout) expired, or Shutdown because Close rejected it in
+// the queue, hands that rejection to every follower, even one whose
+// context is alive or whose queue timeout is longer. The rejection is
+// counted once, the leader's. A caller that must not inherit them can
+// retry on such an error, or give the call NoDedup.
+//
+// When the leader's fn panics or calls
 // runtime.Goexit, the followers get an error matching ErrLeaderPanicked
 // (the panic goes on in the leader); when its borrowed-slot deadline
 // expires, they get its *BorrowedDeadlineError.

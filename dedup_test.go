@@ -927,3 +927,28 @@ func TestDedupObserveCallDoesNotFollowEnforcedLeader(t *testing.T) {
 	}
 	_ = hold.Release(nil)
 }
+
+// TestDedupFollowerSharesLeadersOwnAbort pins the documented behaviour: a
+// leader rejected Aborted by its own context, while queued, hands that
+// rejection (with its cause) to a follower whose context is alive.
+func TestDedupFollowerSharesLeadersOwnAbort(t *testing.T) {
+	b := newBulkhead(t, dedupConfig(1))
+	hold := mustAcquire(t, b, req("hold", 1))
+	g := newGate()
+	lctx, lcancel := context.WithCancel(context.Background())
+	leader := runAsync(lctx, b, req("q", 1), g.fn("answer", nil))
+	testutil.WaitFor(t, "the leader queued", pending(b))
+	f := runAsync(context.Background(), b, req("q", 1), g.fn("own", nil), bulkhead.WithTag("follower"))
+	waitHits(t, b, 1)
+	lcancel()
+	wantReason(t, (<-leader).err, bulkhead.Aborted)
+	o := <-f
+	if r := wantReason(t, o.err, bulkhead.Aborted); r.Tag != "follower" || !errors.Is(o.err, context.Canceled) {
+		t.Fatalf("follower: %+v", r)
+	}
+	if st := b.Stats(); st.Calls.Rejected != 1 || g.count() != 0 {
+		t.Fatalf("calls %+v, fn ran %d", st.Calls, g.count())
+	}
+	_ = hold.Release(nil)
+	wantIdle(t, b)
+}
