@@ -332,7 +332,7 @@ func runPermit[T any](ctx context.Context, p *Permit, fn func(context.Context, *
 	rc := &p.run
 	rc.p = p
 	if _, expired := p.l.Deadline(); expired != nil {
-		return runWithDeadline(ctx, p, fn)
+		return runWithDeadline(ctx, p, fn, nil)
 	}
 	return runAdmitted(ctx, p, fn)
 }
@@ -373,7 +373,10 @@ type runResult[T any] struct {
 // Run's answer always agrees with the engine's books: when the engine
 // abandoned the slot on the deadline before it settled fn's release, Run
 // returns the deadline error even if fn's result is already in.
-func runWithDeadline[T any](ctx context.Context, p *Permit, fn func(context.Context, *RunContext) (T, error)) (T, error) {
+//
+// l, when not nil, is a dedup leader's entry, settled before the release
+// (see leadAdmitted).
+func runWithDeadline[T any](ctx context.Context, p *Permit, fn func(context.Context, *RunContext) (T, error), l *leader) (T, error) {
 	deadline, expired := p.l.Deadline()
 	fnCtx, cancel := context.WithCancelCause(ctx)
 	results := make(chan runResult[T])
@@ -400,7 +403,11 @@ func runWithDeadline[T any](ctx context.Context, p *Permit, fn func(context.Cont
 			}
 			cancel(nil)
 		}()
-		res.v, res.err = runAdmitted(fnCtx, p, fn)
+		if l != nil {
+			res.v, res.err = leadAdmitted(fnCtx, p, fn, l, expired)
+		} else {
+			res.v, res.err = runAdmitted(fnCtx, p, fn)
+		}
 		returned = true
 	}()
 	select {
@@ -422,10 +429,16 @@ func runWithDeadline[T any](ctx context.Context, p *Permit, fn func(context.Cont
 // deadlineExpired cancels fn's context with the deadline error and returns
 // it.
 func deadlineExpired[T any](p *Permit, deadline time.Duration, cancel context.CancelCauseFunc) (T, error) {
-	err := &BorrowedDeadlineError{Deadline: deadline, AdmissionID: p.ID(), Resources: p.Resources(), Class: p.Class(), Tag: p.Tag()}
+	err := deadlineError(p, deadline)
 	cancel(err)
 	var zero T
 	return zero, err
+}
+
+// deadlineError is the error of admission p whose borrowed-slot deadline
+// expired.
+func deadlineError(p *Permit, deadline time.Duration) *BorrowedDeadlineError {
+	return &BorrowedDeadlineError{Deadline: deadline, AdmissionID: p.ID(), Resources: p.Resources(), Class: p.Class(), Tag: p.Tag()}
 }
 
 func (r runResult[T]) unwrap() (T, error) {

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"reflect"
 	"sync"
+	"sync/atomic"
 
 	"github.com/llmbulkhead/bulkhead/internal/actor"
 	"github.com/llmbulkhead/bulkhead/internal/admission"
@@ -25,7 +26,9 @@ import (
 // for the leader and returns the leader's value, or its error (a rejection
 // of the leader included, with the follower's own tag). Followers may join
 // while the leader waits in the queue. The leader's entry goes when its Run
-// returns, however it returns: a later identical Run leads anew.
+// returns, however it returns, and before its admission is released (so
+// that a Drain, or a listener of its ReleaseEvent, sees it gone): a later
+// identical Run leads anew.
 //
 // A follower waits as long as its own context allows and, when it sets one
 // with WithQueueTimeout, its own queue timeout; Config.QueueTimeout does not
@@ -33,15 +36,36 @@ import (
 // counted in Stats, with a RejectEvent without detail. Its leader goes on,
 // and so do the other followers. In Observe mode (see WithMode) a follower
 // whose own queue timeout expires, with Timeout among its shadow reasons,
-// runs its fn bypassed instead. When the leader's fn panics or calls
+// runs its fn bypassed instead, unless the bulkhead is closed.
+//
+// A follower shares its leader's rejection whatever its cause, including
+// causes of the leader's own: a leader rejected Aborted because its own
+// context ended (the error's Cause is that context's, context.Canceled
+// say), Timeout because its own queue timeout (WithQueueTimeout or
+// Config.QueueTimeout) expired, or Shutdown because Close rejected it in
+// the queue, hands that rejection to every follower, even one whose
+// context is alive or whose queue timeout is longer. The rejection is
+// counted once, the leader's. A caller that must not inherit them can
+// retry on such an error, or give the call NoDedup.
+//
+// When the leader's fn panics or calls
 // runtime.Goexit, the followers get an error matching ErrLeaderPanicked
 // (the panic goes on in the leader); when its borrowed-slot deadline
 // expires, they get its *BorrowedDeadlineError.
 //
-// Only Run deduplicates, and only calls in the same scope (WithDedupScope)
-// and, with admission classes, the same class. NoDedup opts a call out. A
+// Only Run deduplicates, and calls share only with calls of the same
+// scope, class, priority, mode and reservation override: the same scope
+// (WithDedupScope), with admission classes the same class, the same
+// WithPriority, the same WithMode and shadow reasons (WithShadowReasons),
+// and either no WithReservation or one that resolves to the same
+// reservation. So a follower never gets a rejection (or a bypass) that
+// depends on parameters of its leader's that are not its own. Its queue
+// timeout, tag and borrowed-slot deadline may differ. NoDedup opts a call
+// out. A
 // call whose context has already ended is rejected Aborted without joining
-// anything. Acquire never deduplicates.
+// anything. After Close, a Run joins nothing: it is rejected Shutdown like
+// any later call, while the followers that joined before Close still get
+// their leader's outcome. Acquire never deduplicates.
 //
 // Keys are kept as a seeded 64-bit digest (xxhash64, seeded at random when
 // the process starts), and the full key is compared when two digests
@@ -138,8 +162,9 @@ func (k dedupKeyOption) apply(o callOptions) callOptions {
 }
 
 // WithDedupKey gives a Run its dedup key, in place of Config.Dedup.KeyFunc
-// or the default key: Runs with equal keys (in the same scope and class)
-// share one execution, and an empty key opts the call out. Use it when what
+// or the default key: Runs with equal keys (and equal scope, class,
+// priority, mode and reservation override, see DedupConfig) share one
+// execution, and an empty key opts the call out. Use it when what
 // makes two calls identical is not all in the Request, such as provider
 // parameters (temperature, tools, a response format): the Key of a call
 // read with package stream covers every field of the provider request.
@@ -165,15 +190,44 @@ func newDeduper(cfg DedupConfig) *deduper {
 // does not pin its buffer.
 const maxPooledKey = 64 << 10
 
-// key returns req's key and, for the default key, the pooled buffer the
-// key is a view of, to be put back once the key is no longer read.
-func (d *deduper) key(b *Bulkhead, req *Request) (string, *[]byte) {
-	if d.keyFunc != nil {
-		return d.userKey(b, req), nil
+// key returns the call's dedup key, in a pooled buffer to put back once
+// the key is no longer read: the parameters of r that decide its admission
+// (see appendPartition), then its key (o's, KeyFunc's or the default one).
+// It returns "" and no buffer when the call opts out.
+func (d *deduper) key(b *Bulkhead, req *Request, r *actor.AcquireRequest, o *callOptions) (string, *[]byte) {
+	key, user := o.dedupKey, o.hasDedupKey
+	if !user && d.keyFunc != nil {
+		key, user = d.userKey(b, req), true
+	}
+	if user && key == "" {
+		return "", nil
 	}
 	buf := d.bufs.Get().(*[]byte)
-	*buf = appendCanonical((*buf)[:0], req)
-	return dedup.View(*buf), buf
+	k := appendPartition((*buf)[:0], r, o)
+	if user {
+		k = append(k, key...)
+	} else {
+		k = appendCanonical(k, req)
+	}
+	*buf = k
+	return dedup.View(k), buf
+}
+
+// appendPartition appends the parameters of a call that its admission
+// depends on, besides its scope and class: its priority, its mode and
+// shadow reasons, and its reservation when WithReservation overrides it
+// (as reserve resolved it). Only calls with equal
+// parameters share, so a follower never gets a rejection that it, alone,
+// would not get for these. Fixed size but for the override.
+func appendPartition(buf []byte, r *actor.AcquireRequest, o *callOptions) []byte {
+	buf = append(buf, byte(r.Priority), byte(o.mode), byte(r.Shadow), byte(r.Shadow>>8))
+	if o.reservation == nil {
+		return append(buf, 0)
+	}
+	buf = append(buf, 1)
+	buf = binary.AppendVarint(buf, r.Reservation.Input)
+	buf = binary.AppendVarint(buf, r.Reservation.MaxOutput)
+	return binary.AppendVarint(buf, r.Reservation.Reserved)
 }
 
 func (d *deduper) putBuffer(buf *[]byte) {
@@ -251,14 +305,11 @@ func (b *Bulkhead) join(ctx context.Context, req *Request, r *actor.AcquireReque
 		}
 	}
 	d := b.dedup
-	key, buf := o.dedupKey, (*[]byte)(nil)
-	if !o.hasDedupKey {
-		key, buf = d.key(b, req)
-		defer d.putBuffer(buf)
-	}
+	key, buf := d.key(b, req, r, o)
 	if key == "" {
 		return nil
 	}
+	defer d.putBuffer(buf)
 	j := b.eng.NewJoin()
 	j.Key = dedup.Key{Scope: o.dedupScope, Class: b.eng.ClassName(r.Class), Canon: key}
 	j.Digest = d.hash(j.Key)
@@ -294,29 +345,101 @@ func runDedup[T any](ctx context.Context, b *Bulkhead, req *Request, fn func(con
 
 // lead runs a leader, and settles its entry with its outcome however its
 // Run returns: with a value or an error (a rejection included), a panic
-// (which goes on) or runtime.Goexit.
+// (which goes on) or runtime.Goexit. When fn runs, the entry is settled
+// before the admission is released (see leadAdmitted), so that whoever
+// sees the release, a Drain included, sees the entry gone.
 func lead[T any](ctx context.Context, b *Bulkhead, r *actor.AcquireRequest, p *Permit, o *callOptions, fn func(context.Context, *RunContext) (T, error), j *dedup.Join) (v T, err error) {
+	l := &leader{b: b, j: j, typ: reflect.TypeFor[T]()}
 	returned := false
 	defer func() {
-		out := &shared{typ: reflect.TypeFor[T]()}
 		if returned {
-			out.v, out.err = v, err
-			b.eng.Settle(j, out)
-			b.eng.PutJoin(j)
+			l.settle(&shared{v: v, err: err})
 			return
 		}
+		if !l.claim() {
+			return // settled by leadAdmitted: the panic or Goexit goes on
+		}
 		pv := recover()
-		out.failed, out.panicValue = true, pv
-		b.eng.Settle(j, out)
-		b.eng.PutJoin(j)
+		l.settleClaimed(&shared{failed: true, panicValue: pv})
 		if pv != nil {
 			panic(pv)
 		}
 	}()
 	p, err = b.send(r, p, o.tag)
 	if err == nil {
-		v, err = runPermit(ctx, p, fn)
+		rc := &p.run
+		rc.p = p
+		if _, expired := p.l.Deadline(); expired != nil {
+			v, err = runWithDeadline(ctx, p, fn, l)
+		} else {
+			v, err = leadAdmitted(ctx, p, fn, l, nil)
+		}
 	}
+	returned = true
+	return v, err
+}
+
+// leader is a leader's entry, settled once: by the goroutine that ran fn,
+// before its release, or by lead when its Run ends first (a rejection, or
+// a borrowed-slot deadline that expired while fn runs).
+type leader struct {
+	b       *Bulkhead
+	j       *dedup.Join
+	typ     reflect.Type
+	claimed atomic.Bool
+}
+
+// claim reports whether the caller is the one to settle.
+func (l *leader) claim() bool { return l.claimed.CompareAndSwap(false, true) }
+
+// settle settles the entry with out, unless it is settled already.
+func (l *leader) settle(out *shared) {
+	if l.claim() {
+		l.settleClaimed(out)
+	}
+}
+
+// settleClaimed settles the entry with out, once claimed.
+func (l *leader) settleClaimed(out *shared) {
+	out.typ = l.typ
+	l.b.eng.Settle(l.j, out)
+	l.b.eng.PutJoin(l.j)
+}
+
+// leadAdmitted is runAdmitted for a leader: it settles the entry with fn's
+// outcome before it releases p. expired, when not nil, is the channel of
+// the admission's borrowed-slot deadline: when it has expired by the time
+// fn returns, the outcome is the deadline error, as Run's is.
+func leadAdmitted[T any](ctx context.Context, p *Permit, fn func(context.Context, *RunContext) (T, error), l *leader, expired <-chan struct{}) (v T, err error) {
+	rc := &p.run
+	returned := false
+	defer func() {
+		var u *admission.Usage
+		if !returned {
+			pv := recover()
+			l.settle(&shared{failed: true, panicValue: pv})
+			p.l.Release(nil)
+			if pv != nil {
+				panic(pv)
+			}
+			return
+		}
+		out := &shared{v: v, err: err}
+		if expired != nil {
+			select {
+			case <-expired:
+				deadline, _ := p.l.Deadline()
+				out = &shared{err: deadlineError(p, deadline)}
+			default:
+			}
+		}
+		l.settle(out)
+		if err == nil && rc.hasUsage {
+			u = (*admission.Usage)(&rc.usage)
+		}
+		p.l.Release(u)
+	}()
+	v, err = fn(ctx, rc)
 	returned = true
 	return v, err
 }

@@ -4,18 +4,20 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/llmbulkhead/bulkhead/internal/actor"
 	"github.com/llmbulkhead/bulkhead/internal/dedup"
 )
 
 // BenchmarkDedupKey is the default dedup key alone, as a Run builds it: the
-// canonical encoding of the benchmarks' request (one user message of 224
+// call's parameters and the canonical encoding of the benchmarks' request (one user message of 224
 // characters, MaxTokens 256) into a pooled buffer, and its seeded xxhash64.
 func BenchmarkDedupKey(b *testing.B) {
 	r := &Request{Messages: []Message{{Role: "user", Content: strings.Repeat("abcdefgh", 28)}}, MaxTokens: 256}
 	d := newDeduper(DedupConfig{})
+	ar, o := &actor.AcquireRequest{}, &callOptions{}
 	b.ReportAllocs()
 	for b.Loop() {
-		k, buf := d.key(nil, r)
+		k, buf := d.key(nil, r, ar, o)
 		_ = d.hash(dedup.Key{Canon: k})
 		d.putBuffer(buf)
 	}

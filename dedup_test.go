@@ -564,9 +564,11 @@ func TestDedupTypeMismatch(t *testing.T) {
 }
 
 func TestDedupObserveFollowerBypass(t *testing.T) {
-	b, clk := mockDedup(t, 2, nil)
+	b, clk := mockDedup(t, 3, nil)
 	g := newGate()
-	leader, _ := leaderAndFollowers(t, b, g, req("q", 1), 0)
+	leader, _ := leaderAndFollowers(t, b, g, req("q", 1), 0, bulkhead.WithMode(bulkhead.Observe))
+	shadowBudget := []bulkhead.Option{bulkhead.WithMode(bulkhead.Observe), bulkhead.WithShadowReasons(bulkhead.BudgetLimit)}
+	leader2, _ := leaderAndFollowers(t, b, g, req("q", 1), 0, shadowBudget...)
 	bypassed := make(chan *bulkhead.Bypass, 1)
 	f := runAsync(context.Background(), b, req("q", 1), func(ctx context.Context, rc *bulkhead.RunContext) (string, error) {
 		bypassed <- rc.Bypass()
@@ -581,8 +583,7 @@ func TestDedupObserveFollowerBypass(t *testing.T) {
 		t.Fatalf("bypass %+v", bp)
 	}
 	// Not shadowed: rejected.
-	f = runAsync(context.Background(), b, req("q", 1), g.fn("wrong", nil), bulkhead.WithMode(bulkhead.Observe),
-		bulkhead.WithShadowReasons(bulkhead.BudgetLimit), bulkhead.WithQueueTimeout(10*time.Millisecond))
+	f = runAsync(context.Background(), b, req("q", 1), g.fn("wrong", nil), append(shadowBudget, bulkhead.WithQueueTimeout(10*time.Millisecond))...)
 	waitHits(t, b, 2)
 	clk.Add(10 * time.Millisecond)
 	wantReason(t, (<-f).err, bulkhead.Timeout)
@@ -591,8 +592,8 @@ func TestDedupObserveFollowerBypass(t *testing.T) {
 		t.Fatalf("stats %+v %+v", st.Observe, st.Calls)
 	}
 	close(g.release)
-	if o := <-leader; o.v != "answer" {
-		t.Fatalf("leader %v", o)
+	if o, o2 := <-leader, <-leader2; o.v != "answer" || o2.v != "answer" {
+		t.Fatalf("leaders %v %v", o, o2)
 	}
 	wantIdle(t, b)
 }
@@ -695,4 +696,259 @@ func TestCanonicalKeyCoversEveryField(t *testing.T) {
 	if a, b := bulkhead.CanonicalKey(base()), bulkhead.CanonicalKey(base()); a != b {
 		t.Fatal("not stable")
 	}
+}
+
+// TestDedupObserveFollowerNotBypassedAfterClose: a closed bulkhead is never
+// bypassed, not even for a follower whose own queue timeout fires after
+// Close: it is rejected Timeout and its fn never runs.
+func TestDedupObserveFollowerNotBypassedAfterClose(t *testing.T) {
+	b, clk := mockDedup(t, 2, nil)
+	g := newGate()
+	leader, _ := leaderAndFollowers(t, b, g, req("q", 1), 0, bulkhead.WithMode(bulkhead.Observe))
+	ran := make(chan *bulkhead.Bypass, 1)
+	f := runAsync(context.Background(), b, req("q", 1), func(ctx context.Context, rc *bulkhead.RunContext) (string, error) {
+		ran <- rc.Bypass()
+		return "own", nil
+	}, bulkhead.WithMode(bulkhead.Observe), bulkhead.WithQueueTimeout(10*time.Millisecond))
+	waitHits(t, b, 1)
+	b.Close()
+	clk.Add(10 * time.Millisecond)
+	wantReason(t, (<-f).err, bulkhead.Timeout)
+	select {
+	case bp := <-ran:
+		t.Fatalf("fn ran bypassed on a closed bulkhead: %+v", bp)
+	default:
+	}
+	if st := b.Stats(); st.Observe.Bypassed != 0 || st.Calls.RejectedByReason[bulkhead.Timeout] != 1 {
+		t.Fatalf("stats %+v %+v", st.Observe, st.Calls)
+	}
+	close(g.release)
+	if o := <-leader; o.v != "answer" || o.err != nil {
+		t.Fatalf("leader %v", o)
+	}
+	wantIdle(t, b)
+}
+
+// TestDedupCloseWins: after Close a Run joins no call in flight, it is
+// rejected Shutdown like any later call (and never runs its fn, bypassed or
+// not); a follower that joined before Close still gets its leader's value.
+func TestDedupCloseWins(t *testing.T) {
+	b := newBulkhead(t, dedupConfig(2))
+	g := newGate()
+	leader, fs := leaderAndFollowers(t, b, g, req("q", 1), 1)
+	b.Close()
+	// Were they to join, they would wait for the leader: bounded, so that
+	// the test fails rather than hangs.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	wantReason(t, (<-runAsync(ctx, b, req("q", 1), g.fn("wrong", nil))).err, bulkhead.Shutdown)
+	ran := false
+	_, err := bulkhead.Run(ctx, b, req("q", 1), func(context.Context, *bulkhead.RunContext) (string, error) {
+		ran = true
+		return "own", nil
+	}, bulkhead.WithMode(bulkhead.Observe), bulkhead.WithQueueTimeout(time.Millisecond))
+	wantReason(t, err, bulkhead.Shutdown)
+	if ran {
+		t.Fatal("a Run after Close ran its fn")
+	}
+	if st := b.Stats(); st.Dedup.Hits != 1 || st.Dedup.Active != 1 {
+		t.Fatalf("joined after Close: %+v", st.Dedup)
+	}
+	close(g.release)
+	for _, ch := range append(fs, leader) {
+		if o := <-ch; o.v != "answer" || o.err != nil {
+			t.Fatalf("a call joined before Close: %+v", o)
+		}
+	}
+	wantIdle(t, b)
+}
+
+// TestDedupSettledBeforeRelease: a leader's entry is settled before its
+// admission is released, however fn ends (with or without a borrowed-slot
+// deadline): a listener that sees the leader's release sees the entry gone,
+// and so does a Drain.
+func TestDedupSettledBeforeRelease(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		end  func() (string, error)
+		opts []bulkhead.Option
+	}{
+		{"return", func() (string, error) { return "answer", nil }, nil},
+		{"error", func() (string, error) { return "", errors.New("boom") }, nil},
+		{"panic", func() (string, error) { panic("leader bug") }, nil},
+		{"Goexit", func() (string, error) { runtime.Goexit(); return "", nil }, nil},
+		{"deadline return", func() (string, error) { return "answer", nil }, []bulkhead.Option{bulkhead.WithBorrowedDeadline(time.Hour)}},
+		{"deadline panic", func() (string, error) { panic("leader bug") }, []bulkhead.Option{bulkhead.WithBorrowedDeadline(time.Hour)}},
+	} {
+		// The window it closes is narrow: try it often.
+		t.Run(tc.name, func(t *testing.T) {
+			for range 50 {
+				settledBeforeRelease(t, tc.end, tc.opts)
+			}
+		})
+	}
+}
+
+func settledBeforeRelease(t *testing.T, end func() (string, error), opts []bulkhead.Option) {
+	t.Helper()
+	b, _ := mockDedup(t, 2, func(cfg *bulkhead.Config) {
+		cfg.Classes = &bulkhead.Classes{Default: "a", Limits: map[string]bulkhead.ClassLimits{"a": {}}} // every slot borrowed
+	})
+	// The listener reads the stats as soon as the release is
+	// delivered, while the leader's Run may still be returning.
+	released := make(chan int64, 1)
+	b.Subscribe(bulkhead.Hooks{Release: func(bulkhead.ReleaseEvent) { released <- b.Stats().Dedup.Active }})
+	started, release := make(chan struct{}), make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer func() { _ = recover() }()
+		_, _ = bulkhead.Run(context.Background(), b, req("s", 1), func(context.Context, *bulkhead.RunContext) (string, error) {
+			close(started)
+			<-release
+			return end()
+		}, opts...)
+	}()
+	<-started
+	f := runAsync(context.Background(), b, req("s", 1), newGate().fn("wrong", nil), opts...)
+	waitHits(t, b, 1)
+	close(release)
+	if active := <-released; active != 0 {
+		t.Fatalf("released with %d entries active", active)
+	}
+	if res, err := b.Shutdown(context.Background()); err != nil || !res.Drained || b.Stats().Dedup.Active != 0 {
+		t.Fatalf("Shutdown: %+v, %v, %+v", res, err, b.Stats().Dedup)
+	}
+	<-f
+	<-done
+}
+
+// TestDedupPartitionsByParameters: calls share only with calls of the same
+// priority, mode, shadow reasons and reservation override, whatever their
+// key (the default one, KeyFunc's or WithDedupKey's).
+func TestDedupPartitionsByParameters(t *testing.T) {
+	variants := map[string][]bulkhead.Option{
+		"priority":       {bulkhead.WithPriority(bulkhead.High)},
+		"mode":           {bulkhead.WithMode(bulkhead.Observe)},
+		"shadow reasons": {bulkhead.WithMode(bulkhead.Observe), bulkhead.WithShadowReasons(bulkhead.Timeout)},
+		"override":       {override(10, 10)},
+		"other override": {override(10, 11)},
+	}
+	for name, keyed := range map[string]struct {
+		keyFunc func(*bulkhead.Request) string
+		opts    []bulkhead.Option
+	}{
+		"default key":  {},
+		"KeyFunc":      {keyFunc: func(*bulkhead.Request) string { return "k" }},
+		"WithDedupKey": {opts: []bulkhead.Option{bulkhead.WithDedupKey("k")}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			cfg := dedupConfig(16)
+			cfg.TokenBudget = &bulkhead.TokenBudget{Budget: 1 << 20}
+			cfg.Dedup.KeyFunc = keyed.keyFunc
+			b := newBulkhead(t, cfg)
+			g := newGate()
+			base := append([]bulkhead.Option{override(10, 10)}, keyed.opts...)
+			leader, fs := leaderAndFollowers(t, b, g, req("p", 1), 1, base...)
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			for what, opts := range variants {
+				if what == "override" {
+					opts = nil // no override at all
+				}
+				v, err := bulkhead.Run(ctx, b, req("p", 1), func(context.Context, *bulkhead.RunContext) (string, error) { return "own", nil },
+					append(opts, keyed.opts...)...)
+				if v != "own" || err != nil {
+					t.Errorf("%s: (%q, %v), want its own run", what, v, err)
+				}
+			}
+			if st := b.Stats(); st.Dedup.Hits != 1 {
+				t.Fatalf("hits %d, want only the identical follower", st.Dedup.Hits)
+			}
+			close(g.release)
+			for _, ch := range append(fs, leader) {
+				if o := <-ch; o.v != "answer" || o.err != nil {
+					t.Fatalf("%+v", o)
+				}
+			}
+			wantIdle(t, b)
+		})
+	}
+}
+
+// TestDedupHighFollowerNotRejectedForNormalLeader: a High-priority call
+// does not follow a Normal one, so it never gets a Normal leader's
+// BudgetLimit (the high-priority reserve): it is admitted on its own.
+func TestDedupHighFollowerNotRejectedForNormalLeader(t *testing.T) {
+	cfg := bulkhead.Batch("gpt-4o", 1)
+	cfg.TokenBudget = &bulkhead.TokenBudget{Budget: 100, HighPriorityReserve: 50}
+	cfg.Dedup = &bulkhead.DedupConfig{}
+	b := newBulkhead(t, cfg)
+	hold := mustAcquire(t, b, req("hold", 0), override(5, 5), bulkhead.WithPriority(bulkhead.High))
+	g := newGate()
+	leader := runAsync(context.Background(), b, req("q", 0), g.fn("answer", nil), override(10, 10))
+	testutil.WaitFor(t, "the leader queued", func() bool { return b.Stats().Gate.Pending == 1 })
+	high := runAsync(context.Background(), b, req("q", 0), g.fn("own", nil), override(10, 10), bulkhead.WithPriority(bulkhead.High))
+	testutil.WaitFor(t, "the High call queued", func() bool { return b.Stats().Gate.Pending == 2 })
+	if _, err := b.SetBudget(60); err != nil { // Normal may fill 10 now, High 60
+		t.Fatal(err)
+	}
+	_ = hold.Release(nil)
+	wantReason(t, (<-leader).err, bulkhead.BudgetLimit)
+	close(g.release)
+	if o := <-high; o.v != "own" || o.err != nil {
+		t.Fatalf("High call: %+v", o)
+	}
+	if st := b.Stats(); st.Dedup.Hits != 0 {
+		t.Fatalf("hits %d", st.Dedup.Hits)
+	}
+}
+
+// TestDedupObserveCallDoesNotFollowEnforcedLeader: an Observe call does not
+// follow an enforced one, so it is bypassed where the enforced leader is
+// rejected Timeout, as it would be without deduplication.
+func TestDedupObserveCallDoesNotFollowEnforcedLeader(t *testing.T) {
+	b, clk := mockDedup(t, 1, func(cfg *bulkhead.Config) { cfg.QueueTimeout = 30 * time.Millisecond })
+	hold := mustAcquire(t, b, req("hold", 1))
+	g := newGate()
+	leader := runAsync(context.Background(), b, req("q", 1), g.fn("answer", nil))
+	testutil.WaitFor(t, "the leader queued", func() bool { return b.Stats().Gate.Pending == 1 })
+	observed := runAsync(context.Background(), b, req("q", 1), func(_ context.Context, rc *bulkhead.RunContext) (string, error) {
+		if rc.Bypass() == nil {
+			return "admitted", nil
+		}
+		return "bypassed", nil
+	}, bulkhead.WithMode(bulkhead.Observe))
+	testutil.WaitFor(t, "the observed call queued", func() bool { return b.Stats().Gate.Pending == 2 })
+	clk.Add(30 * time.Millisecond)
+	wantReason(t, (<-leader).err, bulkhead.Timeout)
+	if o := <-observed; o.v != "bypassed" || o.err != nil {
+		t.Fatalf("observed call: %+v", o)
+	}
+	_ = hold.Release(nil)
+}
+
+// TestDedupFollowerSharesLeadersOwnAbort pins the documented behaviour: a
+// leader rejected Aborted by its own context, while queued, hands that
+// rejection (with its cause) to a follower whose context is alive.
+func TestDedupFollowerSharesLeadersOwnAbort(t *testing.T) {
+	b := newBulkhead(t, dedupConfig(1))
+	hold := mustAcquire(t, b, req("hold", 1))
+	g := newGate()
+	lctx, lcancel := context.WithCancel(context.Background())
+	leader := runAsync(lctx, b, req("q", 1), g.fn("answer", nil))
+	testutil.WaitFor(t, "the leader queued", pending(b))
+	f := runAsync(context.Background(), b, req("q", 1), g.fn("own", nil), bulkhead.WithTag("follower"))
+	waitHits(t, b, 1)
+	lcancel()
+	wantReason(t, (<-leader).err, bulkhead.Aborted)
+	o := <-f
+	if r := wantReason(t, o.err, bulkhead.Aborted); r.Tag != "follower" || !errors.Is(o.err, context.Canceled) {
+		t.Fatalf("follower: %+v", r)
+	}
+	if st := b.Stats(); st.Calls.Rejected != 1 || g.count() != 0 {
+		t.Fatalf("calls %+v, fn ran %d", st.Calls, g.count())
+	}
+	_ = hold.Release(nil)
+	wantIdle(t, b)
 }

@@ -65,11 +65,13 @@ func (m *machine) drawCall(t *rapid.T, kind callKind) call {
 		if rapid.Bool().Draw(t, "withReserved") {
 			o.Reserved = in + out
 		}
-		c.opts = append(c.opts, bulkhead.WithReservation(o))
+		c.resOpt = bulkhead.WithReservation(o)
+		c.opts = append(c.opts, c.resOpt)
 		c.res = bulkhead.Reservation{Input: in, MaxOutput: out, Reserved: in + out}
 	case rapid.Bool().Draw(t, "ignoredOverride"):
 		// Without a budget an override is ignored (F10).
-		c.opts = append(c.opts, bulkhead.WithReservation(bulkhead.Reservation{Input: 3, MaxOutput: 4}))
+		c.resOpt = bulkhead.WithReservation(bulkhead.Reservation{Input: 3, MaxOutput: 4})
+		c.opts = append(c.opts, c.resOpt)
 	}
 	if kind == kindWouldAdmit {
 		return c

@@ -36,9 +36,13 @@ func (k *dedupKeys) keyFunc(r *bulkhead.Request) string {
 type dedupGroup struct {
 	key, scope string
 	class      string
-	leader     *waiter
-	followers  []*follower
-	done       bool // the leader's Run returned and the followers were checked
+	// prio and resOpt are the leader's priority and WithReservation, which
+	// its followers share (dedup partitions by them).
+	prio      bulkhead.Priority
+	resOpt    bulkhead.Option
+	leader    *waiter
+	followers []*follower
+	done      bool // the leader's Run returned and the followers were checked
 }
 
 // follower is one follower Run.
@@ -65,7 +69,7 @@ func (m *machine) liveGroups() []*dedupGroup {
 func (m *machine) dedupLead(t *rapid.T) {
 	c := m.drawCall(t, kindRun)
 	m.nextKey++
-	g := &dedupGroup{key: fmt.Sprintf("key-%d", m.nextKey), scope: rapid.SampledFrom([]string{"", "tenant"}).Draw(t, "scope"), class: c.class}
+	g := &dedupGroup{key: fmt.Sprintf("key-%d", m.nextKey), scope: rapid.SampledFrom([]string{"", "tenant"}).Draw(t, "scope"), class: c.class, prio: c.prio, resOpt: c.resOpt}
 	if g.scope != "" {
 		c.opts = append(c.opts, bulkhead.WithDedupScope(g.scope))
 	}
@@ -83,6 +87,11 @@ func (m *machine) dedupLead(t *rapid.T) {
 // dedupFollow makes a Run identical to a live leader's: it joins, holds
 // nothing, and changes no counter but Stats().Dedup.Hits.
 func (m *machine) dedupFollow(t *rapid.T) {
+	if m.closed {
+		// After Close nothing joins: the call is rejected Shutdown as any
+		// Run is, which the other actions cover.
+		t.Skip("closed: nothing joins")
+	}
 	live := m.liveGroups()
 	if len(live) == 0 {
 		m.dedupLead(t) // a leader for the next follow
@@ -96,9 +105,14 @@ func (m *machine) dedupFollow(t *rapid.T) {
 	if g.scope != "" {
 		c.opts = append(c.opts, bulkhead.WithDedupScope(g.scope))
 	}
-	if rapid.Bool().Draw(t, "followerHigh") {
-		c.prio = bulkhead.High
+	// The leader's priority and reservation override: only calls with
+	// equal ones share.
+	c.prio, c.resOpt = g.prio, g.resOpt
+	if c.prio == bulkhead.High || rapid.Bool().Draw(t, "explicitNormal") {
 		c.opts = append(c.opts, bulkhead.WithPriority(c.prio))
+	}
+	if c.resOpt != nil {
+		c.opts = append(c.opts, c.resOpt)
 	}
 	f := &follower{g: g}
 	if k := rapid.IntRange(-1, 3).Draw(t, "followerTimeoutUnits"); k >= 0 {

@@ -207,11 +207,14 @@ func (r *rejectWant) matches(d *bulkhead.RejectDetail) bool {
 
 // call is a drawn call.
 type call struct {
-	req      *bulkhead.Request
-	class    string // resolved: the default class when no WithClass
-	opts     []bulkhead.Option
-	prio     bulkhead.Priority
-	res      bulkhead.Reservation
+	req   *bulkhead.Request
+	class string // resolved: the default class when no WithClass
+	opts  []bulkhead.Option
+	prio  bulkhead.Priority
+	res   bulkhead.Reservation
+	// resOpt is the call's WithReservation, nil for none: dedup
+	// partitions by it.
+	resOpt   bulkhead.Option
 	deadline time.Duration
 	timeout  time.Duration
 	ctxDone  bool

@@ -21,7 +21,8 @@ func (s *state) dedupJoined(m *dedup.Joined) {
 // the call, counted and emitted without a detail (it never reached the
 // gate, so the gate counts nothing). A follower that timed out in observe
 // mode, with Timeout shadowed and its context alive, is then bypassed, as
-// a queued call refused after its wait is.
+// a queued call refused after its wait is, unless the engine is closed: a
+// closed bulkhead is never bypassed.
 func (s *state) rejectFollower(r *AcquireRequest) {
 	why := r.Follower
 	s.callStats.Rejected++
@@ -36,7 +37,7 @@ func (s *state) rejectFollower(r *AcquireRequest) {
 			Class:         s.tab.Name(r.Class),
 		})
 	}
-	if r.Shadow.Has(why) && !r.ctxEnded() {
+	if r.Shadow.Has(why) && !r.ctxEnded() && !s.closed {
 		s.bypass(r, why, true, nil)
 		return
 	}

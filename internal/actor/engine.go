@@ -410,12 +410,20 @@ func (e *Engine) ReportUsage(l *Lease, u admission.Usage, p *admission.Progressi
 	return rep, err
 }
 
-// Close closes the engine to new work. It is idempotent.
+// Close closes the engine to new work, deduplication included. It is
+// idempotent.
 // Every call waits until the close has taken effect.
 func (e *Engine) Close() {
 	q := &closeRequest{done: make(chan struct{}, 1)}
 	e.call(q, q.done)
+	if e.dedup != nil {
+		// Every join sent after Close returns is ordered behind this, so
+		// none joins a call in flight: it is rejected Shutdown instead.
+		e.root.Send(e.dedup, dedupClose)
+	}
 }
+
+var dedupClose = &dedup.Close{}
 
 // Drain waits until nothing is in flight or queued and every admission has
 // been released, or until ctx ends. When the engine is closed and drained

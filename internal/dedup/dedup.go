@@ -194,6 +194,12 @@ type Joined struct {
 	Class, Scope string
 }
 
+// Close tells the actor that the bulkhead is closed: every later join is
+// answered Alone, so that the call goes to admission, which rejects it
+// Shutdown. Entries in flight, and their followers, go on: a follower that
+// joined before Close still gets its leader's outcome.
+type Close struct{}
+
 // StatsRequest asks for the actor's statistics.
 type StatsRequest struct {
 	// Active is the number of keys in flight; Hits counts the followers
@@ -242,6 +248,8 @@ type Actor struct {
 	ctx   actor.Context
 	// free is settled entries kept for reuse: only the actor touches them.
 	free []*entry
+	// closed is set by Close: no join registers or follows after it.
+	closed bool
 }
 
 // NewActor returns the props of a dedup actor whose followers' wait bounds
@@ -281,6 +289,8 @@ func (a *Actor) Receive(ctx actor.Context) {
 	case *StatsRequest:
 		m.Active, m.Hits = int64(len(a.table)), a.hits
 		m.done <- struct{}{}
+	case *Close:
+		a.closed = true
 	}
 }
 
@@ -304,6 +314,8 @@ func (a *Actor) recovered(msg, p any) {
 func (a *Actor) join(j *Join) {
 	e := a.table[j.Digest]
 	switch {
+	case a.closed:
+		j.Role = Alone // closed: admission rejects the call Shutdown
 	case e == nil:
 		e = a.newEntry()
 		e.scope, e.class, e.canon, e.digest = j.Key.Scope, j.Key.Class, append(e.canon, j.Key.Canon...), j.Digest
