@@ -298,6 +298,36 @@ func (p *parser) str() (bool, error) {
 	}
 }
 
+// link makes c the child of container n that follows last (-1 for none).
+func (p *parser) link(n, last, c int32) {
+	if last < 0 {
+		p.d.nodes[n].first = c
+	} else {
+		p.d.nodes[last].next = c
+	}
+}
+
+// next reads what follows a member of container n (an array or object,
+// named what), after whitespace: a comma, or the closing byte, which ends n
+// with count members and returns done.
+func (p *parser) next(n, count int32, closing byte, what string) (done bool, err error) {
+	p.skipSpace()
+	if p.i >= len(p.src) {
+		return false, p.errorf("unexpected end of input in %s", what)
+	}
+	switch p.src[p.i] {
+	case ',':
+		p.i++
+		return false, nil
+	case closing:
+		p.i++
+		nd := &p.d.nodes[n]
+		nd.end, nd.count = int32(p.i), count
+		return true, nil
+	}
+	return false, p.errorf("unexpected %s in %s, want ',' or '%c'", quoteByte(p.src[p.i]), what, closing)
+}
+
 // plain8 reports whether none of the eight bytes of x is a control
 // character, a quote or a backslash (the classic SWAR byte tests).
 func plain8(x uint64) bool { return stop8(x) == 0 }
@@ -344,27 +374,13 @@ func (p *parser) array(depth int) (int32, error) {
 		if err != nil {
 			return -1, inPath(err, "["+strconv.Itoa(int(count))+"]")
 		}
-		if last < 0 {
-			p.d.nodes[n].first = c
-		} else {
-			p.d.nodes[last].next = c
-		}
+		p.link(n, last, c)
 		last = c
 		count++
-		p.skipSpace()
-		if p.i >= len(p.src) {
-			return -1, p.errorf("unexpected end of input in array")
-		}
-		switch p.src[p.i] {
-		case ',':
-			p.i++
-		case ']':
-			p.i++
-			nd := &p.d.nodes[n]
-			nd.end, nd.count = int32(p.i), count
+		if done, err := p.next(n, count, ']', "array"); err != nil {
+			return -1, err
+		} else if done {
 			return n, nil
-		default:
-			return -1, p.errorf("unexpected %s in array, want ',' or ']'", quoteByte(p.src[p.i]))
 		}
 	}
 }
@@ -409,27 +425,13 @@ func (p *parser) object(depth int) (int32, error) {
 		}
 		nd := &p.d.nodes[c]
 		nd.keyStart, nd.keyEnd, nd.keyEsc = int32(ks+1), int32(ke-1), kesc
-		if last < 0 {
-			p.d.nodes[n].first = c
-		} else {
-			p.d.nodes[last].next = c
-		}
+		p.link(n, last, c)
 		last = c
 		count++
-		p.skipSpace()
-		if p.i >= len(p.src) {
-			return -1, p.errorf("unexpected end of input in object")
-		}
-		switch p.src[p.i] {
-		case ',':
-			p.i++
-		case '}':
-			p.i++
-			nd := &p.d.nodes[n]
-			nd.end, nd.count = int32(p.i), count
+		if done, err := p.next(n, count, '}', "object"); err != nil {
+			return -1, err
+		} else if done {
 			return n, nil
-		default:
-			return -1, p.errorf("unexpected %s in object, want ',' or '}'", quoteByte(p.src[p.i]))
 		}
 	}
 }
