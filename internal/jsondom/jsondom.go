@@ -298,6 +298,23 @@ func (p *parser) str() (bool, error) {
 	}
 }
 
+// open starts the container of kind k at p.i, after its opening byte and
+// whitespace; empty says it closed at once (its closing byte read).
+func (p *parser) open(k Kind, closing byte, depth int) (n int32, empty bool, err error) {
+	if depth >= MaxDepth {
+		return -1, false, p.errorf("nested deeper than %d", MaxDepth)
+	}
+	n = p.add(k, p.i)
+	p.i++
+	p.skipSpace()
+	if p.i < len(p.src) && p.src[p.i] == closing {
+		p.i++
+		p.d.nodes[n].end = int32(p.i)
+		return n, true, nil
+	}
+	return n, false, nil
+}
+
 // link makes c the child of container n that follows last (-1 for none).
 func (p *parser) link(n, last, c int32) {
 	if last < 0 {
@@ -355,19 +372,12 @@ func isHex4(b []byte) bool {
 }
 
 func (p *parser) array(depth int) (int32, error) {
-	if depth >= MaxDepth {
-		return -1, p.errorf("nested deeper than %d", MaxDepth)
+	n, empty, err := p.open(Array, ']', depth)
+	if err != nil || empty {
+		return n, err
 	}
-	n := p.add(Array, p.i)
-	p.i++
-	p.skipSpace()
 	last := int32(-1)
 	count := int32(0)
-	if p.i < len(p.src) && p.src[p.i] == ']' {
-		p.i++
-		p.d.nodes[n].end = int32(p.i)
-		return n, nil
-	}
 	for {
 		p.skipSpace()
 		c, err := p.value(depth + 1)
@@ -386,19 +396,12 @@ func (p *parser) array(depth int) (int32, error) {
 }
 
 func (p *parser) object(depth int) (int32, error) {
-	if depth >= MaxDepth {
-		return -1, p.errorf("nested deeper than %d", MaxDepth)
+	n, empty, err := p.open(Object, '}', depth)
+	if err != nil || empty {
+		return n, err
 	}
-	n := p.add(Object, p.i)
-	p.i++
-	p.skipSpace()
 	last := int32(-1)
 	count := int32(0)
-	if p.i < len(p.src) && p.src[p.i] == '}' {
-		p.i++
-		p.d.nodes[n].end = int32(p.i)
-		return n, nil
-	}
 	for {
 		p.skipSpace()
 		if p.i >= len(p.src) || p.src[p.i] != '"' {
