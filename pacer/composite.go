@@ -129,8 +129,17 @@ func (c *Composite) RateLimit(ctx context.Context, key string, weights ...float6
 	return c.decide(ctx, key, weights, modeRateLimit, 0, false)
 }
 
+// Peek answers what RateLimit would answer now, recording nothing in any
+// member: a zero Delay says the call would go, a positive one is the
+// retry-after RateLimit would give. It is advisory: by the time the caller
+// acts, other calls may have changed the answer. weights, errors and
+// failure policies are as for RateLimit.
+func (c *Composite) Peek(ctx context.Context, key string, weights ...float64) (CompositeOutcome, error) {
+	return c.decide(ctx, key, weights, modeRateLimit, peekUs, false)
+}
+
 // decide runs one composite decision. maxWaitUs caps every member's wait; a
-// negative value means each member's own Options.MaxDelay.
+// negative value other than peekUs means each member's own Options.MaxDelay.
 func (c *Composite) decide(ctx context.Context, key string, weights []float64, m mode, maxWaitUs int64, byDeadline bool) (CompositeOutcome, error) {
 	if err := ctx.Err(); err != nil {
 		return CompositeOutcome{}, context.Cause(ctx)
@@ -171,7 +180,7 @@ func (c *Composite) decide(ctx context.Context, key string, weights []float64, m
 			continue // never delayed, books nothing: the member is not asked
 		}
 		mw := maxWaitUs
-		if mw < 0 || (m == modePace && p.maxDelayUs < mw) {
+		if (mw < 0 && mw != peekUs) || (m == modePace && p.maxDelayUs < mw) {
 			mw = p.maxDelayUs
 		}
 		reqs = append(reqs, p.request(key, w, m, mw))

@@ -19,6 +19,10 @@ const (
 	// roundUs is the delay below which a call goes now: a delay that rounds
 	// to zero milliseconds is no delay, and the call is recorded.
 	roundUs = 500
+
+	// peekUs is the maxWaitUs of Peek: no delay is short enough to record,
+	// and the delay is RateLimit's.
+	peekUs = -2
 )
 
 // state is the stored state of one pacer key.
@@ -42,8 +46,9 @@ type params struct {
 	drainUs    int64 // drainTime(burst, qps, factor): time to empty a full bucket
 
 	// maxWaitUs is the longest delay the call may be recorded with:
-	// 0 for RateLimit, the horizon or Options.MaxDelay for Pace, and the time
-	// left before the context's deadline for PaceWait.
+	// 0 for RateLimit, the horizon or Options.MaxDelay for Pace, the time
+	// left before the context's deadline for PaceWait, and peekUs for Peek
+	// (never recorded).
 	maxWaitUs int64
 }
 
@@ -143,7 +148,7 @@ func step(prev state, ok bool, now int64, p *params) stepResult {
 		delay = 0
 	}
 	commit := delay <= p.maxWaitUs
-	if !commit && p.maxWaitUs == 0 {
+	if !commit && p.maxWaitUs <= 0 {
 		// A rejection (RateLimit): its retry-after is when the clock will
 		// reach the slot, which is later than the delay counted from the
 		// key's last call when the clock has stepped back behind it.

@@ -262,6 +262,15 @@ func (p *Pacer) RateLimit(ctx context.Context, key string, weight float64) (Outc
 	return p.decide(ctx, key, weight, modeRateLimit, 0, false)
 }
 
+// Peek answers what RateLimit would answer now, recording nothing: a zero
+// Delay says the call would go, a positive one is the retry-after RateLimit
+// would give. It is advisory: by the time the caller acts, other calls may
+// have changed the answer. Errors and failure policies are as for
+// RateLimit.
+func (p *Pacer) Peek(ctx context.Context, key string, weight float64) (Outcome, error) {
+	return p.decide(ctx, key, weight, modeRateLimit, peekUs, false)
+}
+
 // request builds the pacer's part of a decision.
 func (p *Pacer) request(key string, weight float64, m mode, maxWaitUs int64) request {
 	return request{name: p.opts.Name, key: key, p: params{

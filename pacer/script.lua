@@ -92,7 +92,7 @@ for i = 1, #KEYS do
   if delay < ROUND then delay = 0 end
   if delay > maxWait then
     commit = false
-    if maxWait == 0 then delay = delay + behind end
+    if maxWait <= 0 then delay = delay + behind end
   end
   local ttl = nxt - t
   if burst > 0 then

@@ -288,6 +288,24 @@ func (e *Engine) AcquireAsync(r *AcquireRequest) (done <-chan struct{}, stop fun
 	return r.done, stop
 }
 
+// Confirm confirms l, a provisional admission (see AcquireRequest.Confirm):
+// from then on it is an admission like any other. It does not wait: the
+// messages the caller sends after it (a release) are handled after it.
+func (e *Engine) Confirm(l *Lease) {
+	l.conf.l = l
+	e.send(&l.conf)
+}
+
+// Rollback turns down l, a provisional admission, for why: its slot and
+// tokens go back (admitting the next waiter), and the call is counted and
+// announced as rejected, with rate as the detail's rate limit and cause as
+// its cause. It returns the rejection.
+func (e *Engine) Rollback(l *Lease, why admission.Reason, rate *admission.RateDetail, cause error) error {
+	q := &rollbackRequest{l: l, why: why, rate: rate, cause: cause, done: make(chan struct{}, 1)}
+	e.call(q, q.done)
+	return q.err
+}
+
 // call sends msg and waits for done.
 func (e *Engine) call(msg any, done chan struct{}) {
 	e.send(msg)
@@ -592,6 +610,11 @@ func (a *admissionActor) Receive(ctx actor.Context) {
 		s.acquire(m)
 	case *releaseMsg:
 		s.release(m)
+	case *confirmMsg:
+		s.confirm(m.l)
+	case *rollbackRequest:
+		m.err = s.rollback(m)
+		m.done <- struct{}{}
 	case *usageRequest:
 		m.result, m.err = s.applyUsage(m.l, m.usage, m.progressive)
 		m.done <- struct{}{}

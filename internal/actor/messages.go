@@ -54,6 +54,18 @@ type AcquireRequest struct {
 	// bypassed.
 	Follower      admission.Reason
 	FollowerCause error
+	// Confirm makes an admission provisional: it holds its slot and tokens
+	// but is not counted, announced or timed until the facade has run the
+	// checks made outside the engine (a rate limit) and either confirms it
+	// (Engine.Confirm) or turns it down (Engine.Rollback).
+	Confirm bool
+	// Refuse, when set, rejects the request with that reason before any
+	// capacity check, for a check the facade made outside the engine (a
+	// rate limit): counted, announced with the capacity snapshot and
+	// RefuseRate as its detail, and answered with RefuseCause as the cause.
+	Refuse      admission.Reason
+	RefuseRate  *admission.RateDetail
+	RefuseCause error
 
 	// Err is the rejection, nil when admitted. Set by the engine.
 	Err error
@@ -103,6 +115,7 @@ func (r *AcquireRequest) reset() {
 	r.Start, r.answered = time.Time{}, false
 	r.Class, r.BorrowedDeadline, r.Shadow = classes.None, 0, 0
 	r.Follower, r.FollowerCause = admission.NoReason, nil
+	r.Confirm, r.Refuse, r.RefuseRate, r.RefuseCause = false, admission.NoReason, nil, nil
 }
 
 func (r *AcquireRequest) MailboxNode() *mpscNode { return &r.node }
@@ -162,6 +175,15 @@ type Lease struct {
 	engine    *Engine
 	releasing atomic.Bool
 	rel       releaseMsg
+	conf      confirmMsg
+
+	// provisional is set while an admission made with Confirm waits for
+	// the facade's verdict; timing is its decision timing, announced when
+	// it is confirmed, and startDeadline its borrowed-slot deadline, started
+	// then.
+	provisional   bool
+	timing        admission.Timing
+	startDeadline time.Duration
 
 	held     int64
 	sequence int64
@@ -270,6 +292,28 @@ func (l *Lease) Release(usage *admission.Usage) bool {
 	l.engine.send(&l.rel)
 	return true
 }
+
+// confirmMsg confirms a provisional admission. It lives inside the Lease,
+// so confirming allocates nothing.
+type confirmMsg struct {
+	l    *Lease
+	node mpscNode
+}
+
+func (m *confirmMsg) MailboxNode() *mpscNode { return &m.node }
+
+// rollbackRequest turns a provisional admission down: its slot and tokens
+// go back and the call is counted as rejected for why.
+type rollbackRequest struct {
+	l     *Lease
+	why   admission.Reason
+	rate  *admission.RateDetail
+	cause error
+	err   error
+	done  chan struct{}
+}
+
+func (q *rollbackRequest) fail(err error) chan struct{} { q.err = err; return q.done }
 
 // wouldAdmitRequest asks for an advisory decision.
 type wouldAdmitRequest struct {

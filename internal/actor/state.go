@@ -217,6 +217,9 @@ func (s *state) acquire(r *AcquireRequest) {
 	case r.ended != nil:
 		s.reject(r, admission.Aborted, true, r.ended, "")
 		return
+	case r.Refuse != admission.NoReason:
+		s.refuseOutside(r)
+		return
 	}
 	if why, cons := s.checkCapacity(r.Priority, r.Reservation.Reserved, r.Class, false); why != admission.NoReason {
 		s.refuse(r, why, false, cons)
@@ -255,11 +258,10 @@ func (s *state) returnSlot() {
 	s.gate.Released++
 }
 
-// admit commits a request whose slot is already granted.
+// admit commits a request whose slot is already granted. A request made
+// with Confirm is only held: it is counted and announced by confirm.
 func (s *state) admit(r *AcquireRequest) {
 	reserved := r.Reservation.Reserved
-	s.calls++
-	s.callStats.Admitted++
 	if s.hasBudget {
 		s.tokens += reserved // fits: the budget check passed
 		s.budget.TotalReserved = admission.AddSat(s.budget.TotalReserved, reserved)
@@ -273,28 +275,105 @@ func (s *state) admit(r *AcquireRequest) {
 	l.held = reserved
 	l.classID = r.Class
 	l.Class = s.tab.Name(r.Class)
-	l.Resources = s.tab.Admit(r.Class, reserved)
+	l.Resources = s.tab.Hold(r.Class, reserved)
+	l.startDeadline = 0
 	if r.BorrowedDeadline > 0 && l.Resources.BorrowedConcurrency {
+		l.startDeadline = r.BorrowedDeadline
+		l.expired = make(chan struct{})
+	}
+	l.timing = s.timing(r)
+	l.provisional = r.Confirm
+	if !r.Confirm {
+		s.count(l)
+	}
+	r.Err = nil
+	s.answer(r)
+}
+
+// count counts and announces admission l, and starts its borrowed-slot
+// deadline.
+func (s *state) count(l *Lease) {
+	s.calls++
+	s.callStats.Admitted++
+	s.tab.Count(l.classID, l.Resources)
+	if l.startDeadline > 0 {
 		// The class's child actor owns the deadline; it tells us if it
 		// fires before the admission ends.
-		l.deadline = r.BorrowedDeadline
-		l.expired = make(chan struct{})
-		s.fx.tell(r.Class, &classes.StartDeadline[*Lease]{Lease: l, At: s.fx.now().Add(r.BorrowedDeadline)})
+		l.deadline = l.startDeadline
+		s.fx.tell(l.classID, &classes.StartDeadline[*Lease]{Lease: l, At: s.fx.now().Add(l.deadline)})
 	}
 	if s.listeners[KindAdmit] > 0 {
 		s.fx.emit(&admission.AdmitEvent{
-			Request:        r.Request,
+			Request:        l.Request,
 			AdmissionID:    l.ID,
 			LimitRevision:  l.Revision,
 			Priority:       l.Priority,
 			Class:          l.Class,
-			ReservedTokens: reserved,
+			ReservedTokens: l.held,
 			Resources:      l.Resources,
-			Timing:         s.timing(r),
+			Timing:         l.timing,
 		})
 	}
-	r.Err = nil
+}
+
+// confirm makes provisional admission l an admission like any other.
+func (s *state) confirm(l *Lease) {
+	if !l.provisional {
+		return
+	}
+	l.provisional = false
+	s.count(l)
+}
+
+// rollback turns provisional admission m.l down for m.why: the slot and the
+// tokens go back, refunded in full, and the call is counted and announced
+// as a rejection. It returns the rejection.
+func (s *state) rollback(m *rollbackRequest) error {
+	l := m.l
+	if !l.provisional {
+		return admission.Invalidf("Lease", "is not a provisional admission")
+	}
+	l.provisional, l.released = false, true
+	s.returnSlot()
+	held := l.held
+	if s.hasBudget {
+		s.tokens -= held
+		s.budget.TotalRefunded = admission.AddSat(s.budget.TotalRefunded, held)
+	}
+	s.tab.Unhold(l.classID, held)
+	l.held = 0
+	err := s.rejectOutside(l.Request, l.Priority, l.Reservation.Reserved, l.classID, m.why, m.rate, m.cause, l.timing)
+	s.pump()
+	return err
+}
+
+// refuseOutside rejects a new request for a check the facade made outside
+// the engine (r.Refuse).
+func (s *state) refuseOutside(r *AcquireRequest) {
+	r.Err = s.rejectOutside(r.Request, r.Priority, r.Reservation.Reserved, r.Class, r.Refuse, r.RefuseRate, r.RefuseCause, s.timing(r))
 	s.answer(r)
+}
+
+// rejectOutside counts and announces the rejection of a call for a check
+// made outside the engine, and returns it.
+func (s *state) rejectOutside(req any, p admission.Priority, reserved int64, c classes.Class, why admission.Reason, rate *admission.RateDetail, cause error, t admission.Timing) error {
+	s.callStats.Rejected++
+	s.callsByWhy[why]++
+	s.tab.Reject(c, why)
+	d := s.detail(p, reserved, c, "")
+	d.Rate = rate
+	if s.listeners[KindReject] > 0 {
+		s.fx.emit(&admission.RejectEvent{
+			Request:       req,
+			Reason:        why,
+			LimitRevision: d.LimitRevision,
+			Detail:        d,
+			Priority:      p,
+			Class:         s.tab.Name(c),
+			Timing:        t,
+		})
+	}
+	return &admission.RejectedError{Reason: why, Detail: d, Cause: cause}
 }
 
 // reject answers r with a rejection. atGate counts it as a gate-level one;
@@ -453,6 +532,9 @@ func (s *state) release(m *releaseMsg) {
 	if l.Bypass != nil {
 		s.endBypass(m)
 		return
+	}
+	if l.provisional {
+		s.confirm(l) // the facade releases only what it confirmed; never lose a count
 	}
 	l.released = true
 	if !l.abandoned {

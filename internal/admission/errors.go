@@ -18,6 +18,8 @@ const (
 	Shutdown                 // the bulkhead is closed
 	BudgetLimit              // the token reservation does not fit the budget
 	UnshareableResult        // a dedup follower cannot share its leader's value
+	RateLimit                // the call is over a rate limit
+	RateUnavailable          // the rate limit's store could not decide
 	numReasons
 )
 
@@ -34,6 +36,8 @@ var reasonNames = [...]string{
 	Shutdown:          "shutdown",
 	BudgetLimit:       "budget_limit",
 	UnshareableResult: "unshareable_result",
+	RateLimit:         "rate_limit",
+	RateUnavailable:   "rate_unavailable",
 }
 
 // String returns the reason's wire name, such as "concurrency_limit".

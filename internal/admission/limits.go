@@ -1,5 +1,7 @@
 package admission
 
+import "time"
+
 // Limits is the engine's form of bulkhead.Limits; the facade
 // converts it, and the root type documents the fields.
 type Limits struct {
@@ -66,6 +68,22 @@ type RejectDetail struct {
 	TokenBudget    *BudgetDetail
 	SharedCapacity *SharedCapacityDetail
 	Class          *ClassDetail
+	// Rate is the rate limit that decided a RateLimit or RateUnavailable
+	// rejection, nil for every other.
+	Rate *RateDetail
+}
+
+// RateDetail is the engine's form of bulkhead.RateDetail; the facade
+// fills it in and converts it, and the root type documents the fields.
+type RateDetail struct {
+	Scope      string
+	Key        string
+	Limit      string
+	PerMinute  float64
+	Burst      float64
+	Weight     float64
+	RetryAfter time.Duration
+	Fallback   error
 }
 
 // BudgetDetail is the engine's form of bulkhead.BudgetDetail; the facade
