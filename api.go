@@ -21,6 +21,8 @@ type Bulkhead struct {
 	timeout   time.Duration
 	// dedup is in-flight deduplication, nil when off.
 	dedup *deduper
+	// rate is the rate limits, nil without any.
+	rate *rateLimiter
 }
 
 // New validates cfg and starts a Bulkhead.
@@ -28,7 +30,11 @@ func New(cfg Config) (*Bulkhead, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	b := &Bulkhead{timeout: cfg.QueueTimeout}
+	rate, err := newRateLimiter(&cfg)
+	if err != nil {
+		return nil, err
+	}
+	b := &Bulkhead{timeout: cfg.QueueTimeout, rate: rate}
 	limits := Limits{Revision: cfg.InitialRevision, MaxConcurrent: cfg.MaxConcurrent, MaxQueue: cfg.MaxQueue}
 	if tb := cfg.TokenBudget; tb != nil {
 		b.hasBudget = true
@@ -92,7 +98,7 @@ func (b *Bulkhead) acquire(ctx context.Context, req *Request, o *callOptions, me
 	if err != nil {
 		return nil, err
 	}
-	return b.send(r, p, o.tag)
+	return b.admit(ctx, r, p, o)
 }
 
 // send sends r, prepared with its permit p, to the engine and returns the
@@ -173,7 +179,11 @@ func (b *Bulkhead) check(req *Request, o *callOptions, method string, queueing b
 }
 
 // WouldAdmit says whether a call would be admitted now (or would queue),
-// without reserving, counting or emitting anything. It is advisory: by the
+// without reserving, counting, booking a rate or emitting anything. With
+// rate limits, a call that capacity would admit is then checked against
+// them: over the rate it answers RateLimit (with the retry-after in the
+// detail); a store that cannot decide answers RateUnavailable unless its
+// failure policy decides. It is advisory: by the
 // time the caller acts, other calls may have changed the answer. Invalid
 // input is an error, even on a closed bulkhead. Options: WithPriority,
 // WithClass, WithReservation, WithDetail.
@@ -184,6 +194,9 @@ func (b *Bulkhead) WouldAdmit(req *Request, opts ...Option) (Decision, error) {
 		return Decision{}, err
 	}
 	d := b.eng.WouldAdmit(class, admission.Priority(o.priority), admission.Reservation(res), o.detail)
+	if d.Admit && b.rate != nil {
+		b.wouldAdmitRate(req, class, res, &d)
+	}
 	return Decision{Admit: d.Admit, Reason: Reason(d.Reason), Detail: rejectDetailFor(d.Detail, Reason(d.Reason))}, nil
 }
 
@@ -203,6 +216,7 @@ func (b *Bulkhead) Estimate(req *Request) (*Reservation, error) {
 func (b *Bulkhead) Stats() Stats {
 	st := stats(b.eng.Stats())
 	st.Events.Backlog = b.eng.Backlog()
+	st.Rate = b.rate.stats()
 	return st
 }
 
@@ -262,7 +276,12 @@ func (b *Bulkhead) Subscribe(h Hooks) (unsubscribe func()) {
 // Close stops admitting: queued calls and every later call are rejected
 // Shutdown, while calls in flight run on and release normally. It is
 // idempotent and final.
-func (b *Bulkhead) Close() { b.eng.Close() }
+func (b *Bulkhead) Close() {
+	b.eng.Close()
+	if b.rate != nil {
+		b.rate.closeOnce.Do(func() { close(b.rate.closing) })
+	}
+}
 
 // Drain waits until nothing is in flight or queued, every admission has
 // been released, every call bypassed in Observe mode has ended and every
@@ -346,7 +365,7 @@ func runAdmitted[T any](ctx context.Context, p *Permit, fn func(context.Context,
 		if !failed && rc.hasUsage {
 			u = (*admission.Usage)(&rc.usage)
 		}
-		p.l.Release(u)
+		p.release(u)
 	}()
 	v, err := fn(ctx, rc)
 	failed = err != nil

@@ -43,6 +43,10 @@ type Config struct {
 	// ceilings a class may not exceed. Nil means none.
 	Classes *Classes
 
+	// RateLimits caps the calls and tokens per minute, per model or per
+	// class, on top of the concurrency and token limits. Nil means none.
+	RateLimits *RateLimits
+
 	// Dedup turns on in-flight deduplication for Run: identical calls made
 	// while one of them is in flight share its result instead of each
 	// calling the provider. Nil means off.

@@ -337,7 +337,7 @@ func runDedup[T any](ctx context.Context, b *Bulkhead, req *Request, fn func(con
 	case j != nil:
 		b.eng.PutJoin(j) // alone: the actor is done with it
 	}
-	if p, err = b.send(r, p, o.tag); err != nil {
+	if p, err = b.admit(ctx, r, p, o); err != nil {
 		return zero, err
 	}
 	return runPermit(ctx, p, fn)
@@ -365,7 +365,7 @@ func lead[T any](ctx context.Context, b *Bulkhead, r *actor.AcquireRequest, p *P
 			panic(pv)
 		}
 	}()
-	p, err = b.send(r, p, o.tag)
+	p, err = b.admit(ctx, r, p, o)
 	if err == nil {
 		rc := &p.run
 		rc.p = p
@@ -418,7 +418,7 @@ func leadAdmitted[T any](ctx context.Context, p *Permit, fn func(context.Context
 		if !returned {
 			pv := recover()
 			l.settle(&shared{failed: true, panicValue: pv})
-			p.l.Release(nil)
+			p.release(nil)
 			if pv != nil {
 				panic(pv)
 			}
@@ -437,7 +437,7 @@ func leadAdmitted[T any](ctx context.Context, p *Permit, fn func(context.Context
 		if err == nil && rc.hasUsage {
 			u = (*admission.Usage)(&rc.usage)
 		}
-		p.l.Release(u)
+		p.release(u)
 	}()
 	v, err = fn(ctx, rc)
 	returned = true

@@ -40,6 +40,10 @@ type RejectDetail struct {
 	// when its class is at or above its floor, and the part of its
 	// reservation that its class's unused token floor does not cover.
 	WouldBorrow Resources
+
+	// Rate is the rate limit that decided a RateLimit or RateUnavailable
+	// rejection, nil for every other.
+	Rate *RateDetail
 }
 
 // String formats the detail with its pointers followed.
@@ -80,6 +84,15 @@ func (d *RejectDetail) LogValue() slog.Value {
 			g = append(g, slog.Int64("budget", t.Budget), slog.Int64("in_flight_tokens", t.InFlightTokens))
 		}
 		attrs = append(attrs, slog.Group("shared", g...))
+	}
+	if r := d.Rate; r != nil {
+		g := []any{slog.String("scope", r.Scope), slog.String("key", r.Key), slog.String("limit", r.Limit),
+			slog.Float64("per_minute", r.PerMinute), slog.Float64("burst", r.Burst), slog.Float64("weight", r.Weight),
+			slog.Duration("retry_after", r.RetryAfter)}
+		if r.Fallback != nil {
+			g = append(g, slog.String("store_error", r.Fallback.Error()))
+		}
+		attrs = append(attrs, slog.Group("rate", g...))
 	}
 	return slog.GroupValue(attrs...)
 }

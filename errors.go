@@ -34,6 +34,12 @@ const (
 	// channel, an iterator, a response with a body) and cannot be shared
 	// without DedupConfig.ShareResult.
 	UnshareableResult
+	// RateLimit: the call is over one of Config.RateLimits; RetryAfter
+	// says when it would go.
+	RateLimit
+	// RateUnavailable: the rate limits' store (Redis) could not decide, and
+	// its failure policy is to say so.
+	RateUnavailable
 	numReasons
 )
 
@@ -45,6 +51,8 @@ var reasonNames = [...]string{
 	Shutdown:          "shutdown",
 	BudgetLimit:       "budget_limit",
 	UnshareableResult: "unshareable_result",
+	RateLimit:         "rate_limit",
+	RateUnavailable:   "rate_unavailable",
 }
 
 // String returns the reason's wire name, such as "concurrency_limit"; ""
@@ -73,6 +81,8 @@ var (
 	ErrShutdown          = errors.New("bulkhead: rejected: shutdown")
 	ErrBudgetLimit       = errors.New("bulkhead: rejected: budget_limit")
 	ErrUnshareableResult = errors.New("bulkhead: rejected: unshareable_result")
+	ErrRateLimit         = errors.New("bulkhead: rejected: rate_limit")
+	ErrRateUnavailable   = errors.New("bulkhead: rejected: rate_unavailable")
 )
 
 var sentinels = [...]error{
@@ -83,6 +93,8 @@ var sentinels = [...]error{
 	Shutdown:          ErrShutdown,
 	BudgetLimit:       ErrBudgetLimit,
 	UnshareableResult: ErrUnshareableResult,
+	RateLimit:         ErrRateLimit,
+	RateUnavailable:   ErrRateUnavailable,
 }
 
 // RejectedError is the error of a call the bulkhead did not admit.
@@ -108,7 +120,8 @@ type RejectedError struct {
 	// Tag is the caller's tag for the call (see WithTag), "" for none.
 	Tag string
 
-	// Cause is what ended an Aborted wait: the context's cause.
+	// Cause is what ended an Aborted wait (the context's cause), or the
+	// store's error of a RateUnavailable rejection.
 	Cause error
 }
 
@@ -139,8 +152,21 @@ func (e *RejectedError) Is(target error) bool {
 	return target != nil && int(e.Reason) < len(sentinels) && target == sentinels[e.Reason]
 }
 
-// Unwrap returns the cause of an Aborted rejection, or nil.
+// Unwrap returns the cause of an Aborted or RateUnavailable rejection, or
+// nil.
 func (e *RejectedError) Unwrap() error { return e.Cause }
+
+// RetryAfter returns how long after the rejection the call would be
+// admitted, when the bulkhead knows: for a RateLimit rejection, the time
+// its rate limit frees its turn (exact, unless other calls take it first).
+// ok is false for every other rejection: capacity frees when calls finish,
+// at no time the bulkhead can promise.
+func (e *RejectedError) RetryAfter() (d time.Duration, ok bool) {
+	if e.Reason != RateLimit || e.Detail == nil || e.Detail.Rate == nil || e.Detail.Rate.RetryAfter <= 0 {
+		return 0, false
+	}
+	return e.Detail.Rate.RetryAfter, true
+}
 
 // NeverFits reports whether the call cannot be admitted under the current
 // limits however long it waits: its reservation exceeds the whole budget
@@ -183,6 +209,8 @@ func explain(why Reason, d *RejectDetail) string {
 		return "the identical call in flight returned a single-consumer value, and Config.Dedup.ShareResult is not set"
 	case d == nil:
 		return ""
+	case (why == RateLimit || why == RateUnavailable) && d.Rate != nil:
+		return d.Rate.explain(why)
 	}
 	var s string
 	class := ""

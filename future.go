@@ -57,6 +57,21 @@ var closedChan = func() chan struct{} {
 // future that is already done with the *ConfigError.
 func (b *Bulkhead) AcquireAsync(ctx context.Context, req *Request, opts ...Option) *AcquireFuture {
 	o := resolve(opts)
+	if b.rate != nil {
+		// The rate check (a Redis round trip, or a Pace-mode wait) happens
+		// after the engine's answer, so it runs on a goroutine of its own.
+		r, p, err := b.prepare(ctx, req, &o, "AcquireAsync", b.eng.NewRequest)
+		if err != nil {
+			return &AcquireFuture{done: closedChan, err: err}
+		}
+		done := make(chan struct{})
+		f := &AcquireFuture{done: done}
+		go func() {
+			defer close(done)
+			f.res, f.err = b.admit(ctx, r, p, &o)
+		}()
+		return f
+	}
 	r, p, err := b.prepare(ctx, req, &o, "AcquireAsync", b.eng.NewAsyncRequest)
 	if err != nil {
 		f := &AcquireFuture{done: closedChan, err: err}

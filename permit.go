@@ -1,6 +1,8 @@
 package bulkhead
 
 import (
+	"sync/atomic"
+
 	"github.com/llmbulkhead/bulkhead/internal/actor"
 	"github.com/llmbulkhead/bulkhead/internal/admission"
 )
@@ -16,6 +18,26 @@ type Permit struct {
 	l   actor.Lease
 	b   *Bulkhead
 	run RunContext
+	// used is the largest cumulative usage (Input + Output) reported, for
+	// the rate limits' overrun booking at release.
+	used atomic.Int64
+}
+
+// release settles the admission with usage u (nil: the last report) and
+// books, on a tokens-per-minute rate, what it used beyond its reservation.
+// It reports whether this was the first release.
+func (p *Permit) release(u *admission.Usage) bool {
+	if !p.l.Release(u) {
+		return false
+	}
+	if p.b.rate != nil {
+		used := p.used.Load()
+		if u != nil && u.Valid() {
+			used = u.Total()
+		}
+		p.b.bookOverrun(p, used)
+	}
+	return true
 }
 
 // ID returns the admission's unique ID.
@@ -108,7 +130,7 @@ func (p *Permit) Release(usage *Usage) error {
 	if err != nil {
 		usage = nil
 	}
-	if !p.l.Release((*admission.Usage)(usage)) {
+	if !p.release((*admission.Usage)(usage)) {
 		return nil
 	}
 	return err
@@ -149,6 +171,8 @@ func (p *Permit) ReportUsage(u Usage, prog *Progressive) (UsageReport, error) {
 	rep, err := p.b.eng.ReportUsage(&p.l, admission.Usage(u), (*admission.Progressive)(prog))
 	if err != nil {
 		return UsageReport{}, publicError(err)
+	}
+	for prev := p.used.Load(); rep.Consumed > prev && !p.used.CompareAndSwap(prev, rep.Consumed); prev = p.used.Load() {
 	}
 	return usageReport(rep), nil
 }

@@ -17,6 +17,10 @@ type Stats struct {
 	Observe ObserveStats
 	// Dedup is in-flight deduplication, nil when Config.Dedup is not set.
 	Dedup *DedupStats
+	// Rate is the rate limits' checks, nil without Config.RateLimits. The
+	// calls they turned away are in Calls.RejectedByReason, as RateLimit
+	// and RateUnavailable.
+	Rate *RateStats
 	// Events is the delivery of events to listeners.
 	Events EventStats
 	// LedgerDrift counts the times the bulkhead found its books out of

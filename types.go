@@ -41,6 +41,9 @@ type Timing struct {
 	// QueueWait is the time spent waiting for a slot; zero for a call that
 	// never queued.
 	QueueWait time.Duration
+	// RateWait is the time spent waiting for a rate-limit turn before
+	// asking for a slot (RateLimits.Pace); zero for a call that did not.
+	RateWait time.Duration
 }
 
 // AbandonCause says why a borrowed slot was given back early.

@@ -129,6 +129,19 @@ func (c *Composite) RateLimit(ctx context.Context, key string, weights ...float6
 	return c.decide(ctx, key, weights, modeRateLimit, 0, false)
 }
 
+// PaceWithin is Pace for a caller that waits itself but only up to maxDelay:
+// it books the call in every member only when no member's delay exceeds
+// maxDelay (nor that member's Options.MaxDelay); otherwise it records
+// nothing and returns the outcome with an error matching ErrTooLong. A
+// negative maxDelay is invalid. The caller waits CompositeOutcome.Delay on
+// its own clock, as after Pace.
+func (c *Composite) PaceWithin(ctx context.Context, key string, maxDelay time.Duration, weights ...float64) (CompositeOutcome, error) {
+	if maxDelay < 0 {
+		return CompositeOutcome{}, invalidf("maxDelay", "must be >= 0, got %v", maxDelay)
+	}
+	return c.decide(ctx, key, weights, modePace, min(int64(maxDelay/time.Microsecond), horizonUs), false)
+}
+
 // Peek answers what RateLimit would answer now, recording nothing in any
 // member: a zero Delay says the call would go, a positive one is the
 // retry-after RateLimit would give. It is advisory: by the time the caller

@@ -63,6 +63,9 @@ type AcquireRequest struct {
 	// capacity check, for a check the facade made outside the engine (a
 	// rate limit): counted, announced with the capacity snapshot and
 	// RefuseRate as its detail, and answered with RefuseCause as the cause.
+	// RateWait is how long the call waited for its rate-limit turn before
+	// it was sent, reported in its timing.
+	RateWait    time.Duration
 	Refuse      admission.Reason
 	RefuseRate  *admission.RateDetail
 	RefuseCause error
@@ -115,6 +118,7 @@ func (r *AcquireRequest) reset() {
 	r.Start, r.answered = time.Time{}, false
 	r.Class, r.BorrowedDeadline, r.Shadow = classes.None, 0, 0
 	r.Follower, r.FollowerCause = admission.NoReason, nil
+	r.RateWait = 0
 	r.Confirm, r.Refuse, r.RefuseRate, r.RefuseCause = false, admission.NoReason, nil, nil
 }
 

@@ -432,12 +432,12 @@ func (s *state) timing(r *AcquireRequest) admission.Timing {
 	}
 	now := s.fx.now()
 	if r.enqueuedAt.IsZero() {
-		return admission.Timing{DecisionDuration: now.Sub(r.Start)}
+		return admission.Timing{DecisionDuration: now.Sub(r.Start), RateWait: r.RateWait}
 	}
 	// A request that queued waited from enqueue to now; its own work was
 	// what came before the enqueue (the work after the grant is this call).
 	wait := now.Sub(r.enqueuedAt)
-	return admission.Timing{DecisionDuration: r.enqueuedAt.Sub(r.Start), QueueWait: wait}
+	return admission.Timing{DecisionDuration: r.enqueuedAt.Sub(r.Start), QueueWait: wait, RateWait: r.RateWait}
 }
 
 func (s *state) enqueue(r *AcquireRequest) {

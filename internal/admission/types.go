@@ -111,4 +111,5 @@ func (c AbandonCause) String() string {
 type Timing struct {
 	DecisionDuration time.Duration
 	QueueWait        time.Duration
+	RateWait         time.Duration
 }

@@ -1,0 +1,587 @@
+package bulkhead
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/llmbulkhead/bulkhead/clock"
+	"github.com/llmbulkhead/bulkhead/internal/actor"
+	"github.com/llmbulkhead/bulkhead/internal/admission"
+	"github.com/llmbulkhead/bulkhead/internal/classes"
+	"github.com/llmbulkhead/bulkhead/pacer"
+)
+
+// RateLimits caps the rate of calls and of tokens, per model, per class, or
+// both, on top of the concurrency and token limits: the requests and tokens
+// per minute of a provider account.
+//
+// The rate is checked when a call is about to take its slot, after every
+// capacity check has passed, so a call that the bulkhead turns away for
+// capacity spends no rate, and a queued call is counted when it leaves the
+// queue, not when it arrives. A call over the rate is rejected RateLimit
+// with the exact time after which it would go (RejectedError.RetryAfter),
+// and records nothing; with Pace set, it waits for its turn instead, before
+// it takes a slot.
+//
+// A call's token weight is its reservation (input estimate plus max output),
+// the way providers count tokens per minute on entry. When the usage
+// settled at release exceeds the reservation, the excess is booked then, so
+// the calls after it wait for it; a call that used less than its
+// reservation gets nothing back (a rate, unlike the in-flight budget, has
+// no refund).
+type RateLimits struct {
+	// Store keeps the rate state. Nil means an in-process store on
+	// Config.Clock, private to this bulkhead. Pass a pacer.NewRedis store
+	// to share the rates between the replicas of a service: bulkheads with
+	// the same Name on one Redis share them. The store's failure policy
+	// (pacer.RedisOptions.OnFailure) decides a call while Redis is down:
+	// FailOpen lets it go; FailClosed rejects it RateLimit with the
+	// policy's FailureDelay as retry-after (RateUnavailable with Pace,
+	// which cannot book a turn without the store); FailError, the default,
+	// rejects it RateUnavailable.
+	Store pacer.Store
+
+	// Name identifies the bulkhead's rates in Store; zero means
+	// "bulkhead". It must not contain '{' or '}'. Its rates live under the
+	// pacer names "<Name>:model:<model>:requests" (and ":tokens") and
+	// "<Name>:class:<class>:requests" (and ":tokens").
+	Name string
+
+	// Pace makes a call over the rate wait for its turn (bounded by its
+	// context and its queue timeout, which also bounds its wait for a slot
+	// after that) instead of being rejected. A call whose turn comes after
+	// its queue timeout or its context's deadline is rejected RateLimit at
+	// once, booking nothing. A call that waited its turn has booked it:
+	// should capacity then turn it away, or its context end while it waits,
+	// the turn is spent.
+	Pace bool
+
+	// PerModel applies to every call, counted per model: the request's
+	// Model, or Config.Model for a request that names none. The zero Rate
+	// means no per-model rate.
+	PerModel Rate
+
+	// PerClass applies to the calls of each class it names, counted per
+	// class, across models. It needs Config.Classes, and every name must
+	// be one of its classes. A call of a class it does not name has no
+	// class rate.
+	PerClass map[string]Rate
+}
+
+// Rate is a requests-per-minute and a tokens-per-minute limit. A zero
+// field means no limit of that kind.
+type Rate struct {
+	// RequestsPerMinute is the most calls per minute, on average.
+	RequestsPerMinute float64
+	// TokensPerMinute is the most tokens per minute, on average, each call
+	// weighing its reservation. It needs Config.TokenBudget, whose
+	// estimator makes the reservations.
+	TokensPerMinute float64
+	// RequestBurst is how many calls may go at once on top of the steady
+	// rate after a quiet period. Zero means none: calls are spaced
+	// 60/RequestsPerMinute seconds apart (the first call after a quiet
+	// period, and the one after it, go at once).
+	RequestBurst float64
+	// TokenBurst is the same for tokens.
+	TokenBurst float64
+}
+
+// MaxPerMinute is the highest rate a Rate may set: the rate state keeps
+// whole microseconds, so a one-token call must book at least one.
+const MaxPerMinute = pacer.MaxQPS * 60
+
+func (r Rate) zero() bool { return r.RequestsPerMinute == 0 && r.TokensPerMinute == 0 }
+
+// RateDetail describes the rate limit that decided a RateLimit or
+// RateUnavailable rejection.
+type RateDetail struct {
+	// Scope is "model" or "class", and Key the model or the class.
+	Scope string
+	Key   string
+	// Limit is "requests" or "tokens".
+	Limit string
+	// PerMinute and Burst are the limit's rate and burst.
+	PerMinute float64
+	Burst     float64
+	// Weight is what the call weighed: 1, or its reservation in tokens.
+	Weight float64
+	// RetryAfter is how long after the decision the call would go: the
+	// exact time for a call over the rate; the store's FailureDelay when
+	// the store failed under the FailClosed policy; zero when the store
+	// failed otherwise.
+	RetryAfter time.Duration
+	// Fallback is the store's error when the store could not decide and
+	// its failure policy did (or, for RateUnavailable, nobody did).
+	Fallback error
+}
+
+// RateStats counts the rate checks.
+type RateStats struct {
+	// Checked counts the calls whose rate was checked (or booked, in Pace
+	// mode); RejectedByReason counts those turned away.
+	Checked int64
+	// Paced counts the calls that waited for their turn, and PacedTime the
+	// time they waited in all.
+	Paced     int64
+	PacedTime time.Duration
+	// Fallbacks counts the calls the store's failure policy decided while
+	// the store could not.
+	Fallbacks int64
+	// OverrunTokens counts the tokens booked at release beyond the
+	// reservations, and Overruns the releases that booked them. OverrunErrors
+	// counts such bookings the store failed.
+	Overruns      int64
+	OverrunTokens int64
+	OverrunErrors int64
+}
+
+// rateLimiter is a bulkhead's rate limits.
+type rateLimiter struct {
+	store pacer.Store
+	name  string
+	key   string // the pacers' call key: every rate of the bulkhead shares it
+	pace  bool
+	model string // Config.Model
+	clk   clock.Clock
+
+	perModel Rate
+	perClass map[string]Rate
+
+	// closing is closed by Close: Pace-mode waits end at once, and the
+	// calls are rejected Shutdown.
+	closing   chan struct{}
+	closeOnce sync.Once
+
+	sets      sync.Map // rateSetKey -> *rateSet
+	setsCount atomic.Int64
+
+	checked, paced, pacedNs, fallbacks  atomic.Int64
+	overruns, overrunTokens, overrunErr atomic.Int64
+}
+
+// maxRateSets bounds the cache of rate sets: beyond it (a flood of model
+// names), sets are built per call.
+const maxRateSets = 1024
+
+type rateSetKey struct{ model, class string }
+
+// rateSet is the rates that apply to calls of one model and class: one
+// composite, deciding every rate at once.
+type rateSet struct {
+	comp    *pacer.Composite
+	members []rateMember
+	tokens  bool // some member counts tokens
+}
+
+type rateMember struct {
+	p      *pacer.Pacer
+	detail admission.RateDetail // without the call's numbers
+	tokens bool
+}
+
+var keyEscaper = strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D")
+
+func validateRate(field string, r Rate, hasBudget bool) error {
+	check := func(name string, v float64, max float64) error {
+		if math.IsNaN(v) || v < 0 || v > max {
+			return invalidf(field+"."+name, "must be in [0, %g], got %v", max, v)
+		}
+		return nil
+	}
+	for _, f := range []struct {
+		name string
+		v    float64
+		max  float64
+	}{
+		{"RequestsPerMinute", r.RequestsPerMinute, MaxPerMinute},
+		{"TokensPerMinute", r.TokensPerMinute, MaxPerMinute},
+		{"RequestBurst", r.RequestBurst, math.MaxFloat64},
+		{"TokenBurst", r.TokenBurst, math.MaxFloat64},
+	} {
+		if err := check(f.name, f.v, f.max); err != nil {
+			return err
+		}
+	}
+	if r.TokensPerMinute > 0 && !hasBudget {
+		return invalidf(field+".TokensPerMinute", "needs Config.TokenBudget: its estimator makes the reservations that tokens per minute count")
+	}
+	if r.RequestBurst > 0 && r.RequestsPerMinute == 0 {
+		return invalidf(field+".RequestBurst", "applies only with RequestsPerMinute set")
+	}
+	if r.TokenBurst > 0 && r.TokensPerMinute == 0 {
+		return invalidf(field+".TokenBurst", "applies only with TokensPerMinute set")
+	}
+	return nil
+}
+
+// newRateLimiter validates cfg.RateLimits and builds the limiter, nil when
+// there are none.
+func newRateLimiter(cfg *Config) (*rateLimiter, error) {
+	rl := cfg.RateLimits
+	if rl == nil {
+		return nil, nil
+	}
+	name := rl.Name
+	if name == "" {
+		name = "bulkhead"
+	}
+	if strings.ContainsAny(name, "{}") {
+		return nil, invalidf("Config.RateLimits.Name", "must not contain '{' or '}', got %q", name)
+	}
+	hasBudget := cfg.TokenBudget != nil
+	if err := validateRate("Config.RateLimits.PerModel", rl.PerModel, hasBudget); err != nil {
+		return nil, err
+	}
+	if len(rl.PerClass) > 0 && cfg.Classes == nil {
+		return nil, invalidf("Config.RateLimits.PerClass", "needs Config.Classes")
+	}
+	perClass := make(map[string]Rate, len(rl.PerClass))
+	for c, r := range rl.PerClass {
+		field := fmt.Sprintf("Config.RateLimits.PerClass[%q]", c)
+		if c == "" {
+			return nil, invalidf(field, "must name a class")
+		}
+		if _, ok := cfg.Classes.Limits[c]; !ok {
+			return nil, invalidf(field, "is not one of Config.Classes")
+		}
+		if err := validateRate(field, r, hasBudget); err != nil {
+			return nil, err
+		}
+		if !r.zero() {
+			perClass[c] = r
+		}
+	}
+	if rl.PerModel.zero() && len(perClass) == 0 {
+		return nil, invalidf("Config.RateLimits", "sets no rate: set PerModel or PerClass")
+	}
+	store := rl.Store
+	if store == nil {
+		store = pacer.NewLocal(pacer.LocalOptions{Clock: cfg.Clock})
+	}
+	return &rateLimiter{
+		store: store, name: name, key: name, pace: rl.Pace, model: cfg.Model,
+		clk: clock.OrReal(cfg.Clock), perModel: rl.PerModel, perClass: perClass,
+		closing: make(chan struct{}),
+	}, nil
+}
+
+// set returns the rates of a call of model and class, nil when none apply.
+func (rl *rateLimiter) set(model, class string) (*rateSet, error) {
+	if model == "" {
+		model = rl.model
+	}
+	k := rateSetKey{model, class}
+	if s, ok := rl.sets.Load(k); ok {
+		return s.(*rateSet), nil
+	}
+	s, err := rl.build(model, class)
+	if err != nil || s == nil {
+		return s, err
+	}
+	if rl.setsCount.Load() < maxRateSets {
+		if prev, loaded := rl.sets.LoadOrStore(k, s); loaded {
+			return prev.(*rateSet), nil
+		}
+		rl.setsCount.Add(1)
+	}
+	return s, nil
+}
+
+func (rl *rateLimiter) build(model, class string) (*rateSet, error) {
+	s := &rateSet{}
+	add := func(scope, key string, r Rate) error {
+		for _, m := range []struct {
+			limit     string
+			perMinute float64
+			burst     float64
+		}{
+			{"requests", r.RequestsPerMinute, r.RequestBurst},
+			{"tokens", r.TokensPerMinute, r.TokenBurst},
+		} {
+			if m.perMinute == 0 {
+				continue
+			}
+			p, err := pacer.New(rl.store, pacer.Options{
+				Name:     rl.name + ":" + scope + ":" + keyEscaper.Replace(key) + ":" + m.limit,
+				QPS:      m.perMinute / 60,
+				MaxBurst: m.burst,
+			})
+			if err != nil {
+				return err
+			}
+			tokens := m.limit == "tokens"
+			s.tokens = s.tokens || tokens
+			s.members = append(s.members, rateMember{p: p, tokens: tokens, detail: admission.RateDetail{
+				Scope: scope, Key: key, Limit: m.limit, PerMinute: m.perMinute, Burst: m.burst,
+			}})
+		}
+		return nil
+	}
+	if !rl.perModel.zero() {
+		if err := add("model", model, rl.perModel); err != nil {
+			return nil, err
+		}
+	}
+	if r, ok := rl.perClass[class]; ok {
+		if err := add("class", class, r); err != nil {
+			return nil, err
+		}
+	}
+	if len(s.members) == 0 {
+		return nil, nil
+	}
+	ps := make([]*pacer.Pacer, len(s.members))
+	for i := range s.members {
+		ps[i] = s.members[i].p
+	}
+	comp, err := pacer.NewComposite(ps...)
+	if err != nil {
+		return nil, err
+	}
+	s.comp = comp
+	return s, nil
+}
+
+// weights returns each member's weight for a call reserving reserved
+// tokens, in buf.
+func (s *rateSet) weights(buf []float64, reserved int64) []float64 {
+	w := buf[:0]
+	for _, m := range s.members {
+		if m.tokens {
+			w = append(w, float64(reserved))
+		} else {
+			w = append(w, 1)
+		}
+	}
+	return w
+}
+
+// detail describes the outcome's deciding member, with the call's weight
+// and its retry-after.
+func (s *rateSet) detail(out pacer.CompositeOutcome) *admission.RateDetail {
+	for i, m := range s.members {
+		if m.p == out.Pacer {
+			d := m.detail
+			d.Weight = out.Members[i].Weight
+			d.RetryAfter = out.Delay
+			return &d
+		}
+	}
+	d := &admission.RateDetail{RetryAfter: out.Delay, Fallback: out.Fallback}
+	return d
+}
+
+// rateOf returns the rate set of a prepared call, nil when none applies.
+func (b *Bulkhead) rateOf(r *actor.AcquireRequest) (*rateSet, error) {
+	req, _ := callOf(r.Request)
+	model := ""
+	if req != nil {
+		model = req.Model
+	}
+	return b.rate.set(model, b.eng.ClassName(r.Class))
+}
+
+// admit sends r, prepared with its permit p, for admission, through the
+// bulkhead's rate limits when it has any.
+func (b *Bulkhead) admit(ctx context.Context, r *actor.AcquireRequest, p *Permit, o *callOptions) (*Permit, error) {
+	if b.rate == nil {
+		return b.send(r, p, o.tag)
+	}
+	set, err := b.rateOf(r)
+	if err != nil {
+		b.eng.PutRequest(r)
+		return nil, publicError(err)
+	}
+	if set == nil {
+		return b.send(r, p, o.tag)
+	}
+	var buf [4]float64
+	weights := set.weights(buf[:], r.Reservation.Reserved)
+	if b.rate.pace {
+		return b.paceThenSend(ctx, r, p, o, set, weights)
+	}
+	r.Confirm = true
+	if p, err = b.send(r, p, o.tag); err != nil {
+		return nil, err
+	}
+	if p.l.Bypass != nil {
+		return p, nil // observe mode ran it without admission: it books nothing
+	}
+	b.rate.checked.Add(1)
+	out, err := set.comp.RateLimit(ctx, b.rate.key, weights...)
+	why, rd, cause := b.rate.failure(ctx, out, err, true)
+	if why == admission.NoReason && out.Delay > 0 {
+		why, rd = admission.RateLimit, set.detail(out)
+	}
+	if why == admission.NoReason {
+		b.eng.Confirm(&p.l)
+		return p, nil
+	}
+	err = b.eng.Rollback(&p.l, why, rd, cause)
+	return nil, withTag(publicError(err), o.tag)
+}
+
+// failure turns a failed rate decision into a reason to reject, its detail
+// and its cause; NoReason when the decision did not fail (or the store's
+// failure policy decided it).
+func (rl *rateLimiter) failure(ctx context.Context, out pacer.CompositeOutcome, err error, count bool) (admission.Reason, *admission.RateDetail, error) {
+	switch {
+	case err == nil:
+		if out.Fallback != nil && count {
+			rl.fallbacks.Add(1)
+		}
+		return admission.NoReason, nil, nil
+	case errors.Is(err, pacer.ErrUnavailable):
+		return admission.RateUnavailable, &admission.RateDetail{Fallback: err}, err
+	case ctx.Err() != nil:
+		return admission.Aborted, nil, context.Cause(ctx)
+	}
+	// The pacer refused its input: a bug of ours, never the caller's.
+	return admission.RateUnavailable, &admission.RateDetail{Fallback: err}, err
+}
+
+// paceThenSend books a Pace-mode call's turn, waits for it and sends the
+// call for admission with what is left of its queue timeout.
+func (b *Bulkhead) paceThenSend(ctx context.Context, r *actor.AcquireRequest, p *Permit, o *callOptions, set *rateSet, weights []float64) (*Permit, error) {
+	// A call that capacity would turn away now books no turn: it is sent
+	// as it is, and rejected with its own reason.
+	if d := b.eng.WouldAdmit(r.Class, r.Priority, r.Reservation, false); !d.Admit {
+		return b.send(r, p, o.tag)
+	}
+	rl := b.rate
+	maxWait := pacer.Horizon
+	if r.QueueTimeout > 0 {
+		maxWait = r.QueueTimeout
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		// Context deadlines are on the wall clock.
+		maxWait = min(maxWait, time.Until(dl))
+	}
+	if maxWait <= 0 {
+		return b.send(r, p, o.tag) // the context has ended: rejected Aborted
+	}
+	rl.checked.Add(1)
+	out, err := set.comp.PaceWithin(ctx, rl.key, maxWait, weights...)
+	if errors.Is(err, pacer.ErrTooLong) {
+		r.Refuse, r.RefuseRate = admission.RateLimit, set.detail(out)
+		return b.send(r, p, o.tag)
+	}
+	if why, rd, cause := rl.failure(ctx, out, err, true); why == admission.Aborted {
+		return b.send(r, p, o.tag) // the engine rejects it Aborted, with the cause
+	} else if why != admission.NoReason {
+		r.Refuse, r.RefuseRate, r.RefuseCause = why, rd, cause
+		return b.send(r, p, o.tag)
+	}
+	if out.Delay > 0 {
+		t := rl.clk.NewTimer(out.Delay)
+		select {
+		case <-t.C():
+		case <-ctx.Done(): // the engine rejects it Aborted; the turn is spent
+			t.Stop()
+		case <-rl.closing: // the engine rejects it Shutdown
+			t.Stop()
+		}
+		rl.paced.Add(1)
+		rl.pacedNs.Add(int64(out.Delay))
+		r.RateWait = out.Delay
+		if r.QueueTimeout > 0 {
+			r.QueueTimeout -= out.Delay // > 0: the turn came within it
+		}
+		if !r.Start.IsZero() {
+			r.Start = b.eng.Now()
+		}
+	}
+	return b.send(r, p, o.tag)
+}
+
+// bookOverrun books, at release, the tokens an admission used beyond its
+// reservation.
+func (b *Bulkhead) bookOverrun(p *Permit, used int64) {
+	over := used - p.l.Reservation.Reserved
+	if b.rate == nil || over <= 0 || p.l.Bypass != nil {
+		return
+	}
+	set, err := b.rate.set(modelOf(p), p.l.Class)
+	if err != nil || set == nil || !set.tokens {
+		return
+	}
+	var buf [4]float64
+	w := buf[:0]
+	for _, m := range set.members {
+		if m.tokens {
+			w = append(w, float64(over))
+		} else {
+			w = append(w, 0)
+		}
+	}
+	b.rate.overruns.Add(1)
+	b.rate.overrunTokens.Add(over)
+	if _, err := set.comp.Pace(context.Background(), b.rate.key, w...); err != nil {
+		b.rate.overrunErr.Add(1)
+	}
+}
+
+// modelOf returns the model of p's request, "" when it names none.
+func modelOf(p *Permit) string {
+	if req, _ := callOf(p.l.Request); req != nil {
+		return req.Model
+	}
+	return ""
+}
+
+// stats returns the rate counters.
+func (rl *rateLimiter) stats() *RateStats {
+	if rl == nil {
+		return nil
+	}
+	return &RateStats{
+		Checked: rl.checked.Load(), Paced: rl.paced.Load(), PacedTime: time.Duration(rl.pacedNs.Load()),
+		Fallbacks: rl.fallbacks.Load(), Overruns: rl.overruns.Load(), OverrunTokens: rl.overrunTokens.Load(),
+		OverrunErrors: rl.overrunErr.Load(),
+	}
+}
+
+// explain says, with numbers, why the rate limit rejected a call for why.
+func (d *RateDetail) explain(why Reason) string {
+	if d.Scope == "" {
+		// The store failed: its policy decided, or nobody did.
+		if why == RateLimit {
+			return fmt.Sprintf("the rate limits' store failed (its policy rejects), retry after %v: %v", d.RetryAfter, d.Fallback)
+		}
+		return fmt.Sprintf("the rate limits' store failed: %v", d.Fallback)
+	}
+	return fmt.Sprintf("%s %q: %s: %g per minute (burst %g), this call weighs %g, retry after %v",
+		d.Scope, d.Key, d.Limit, d.PerMinute, d.Burst, d.Weight, d.RetryAfter)
+}
+
+// wouldAdmitRate completes d, an advisory decision to admit, with the rate
+// limits' advisory answer for the call.
+func (b *Bulkhead) wouldAdmitRate(req *Request, class classes.Class, res Reservation, d *admission.Decision) {
+	model := ""
+	if req != nil {
+		model = req.Model
+	}
+	set, err := b.rate.set(model, b.eng.ClassName(class))
+	if err != nil || set == nil {
+		return
+	}
+	var buf [4]float64
+	out, err := set.comp.Peek(context.Background(), b.rate.key, set.weights(buf[:], res.Reserved)...)
+	why, rd, _ := b.rate.failure(context.Background(), out, err, false)
+	if why == admission.NoReason && out.Delay > 0 {
+		why, rd = admission.RateLimit, set.detail(out)
+	}
+	if why == admission.NoReason {
+		return
+	}
+	d.Admit, d.Reason = false, why
+	if d.Detail != nil { // asked for (WithDetail)
+		d.Detail.Rate = rd
+	}
+}
