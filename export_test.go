@@ -1,6 +1,10 @@
 package bulkhead
 
-import "github.com/llmbulkhead/bulkhead/internal/dedup"
+import (
+	"time"
+
+	"github.com/llmbulkhead/bulkhead/internal/dedup"
+)
 
 // SetDedupHash replaces b's dedup digest, for tests that force collisions.
 func SetDedupHash(b *Bulkhead, h func(scope, class, key string) uint64) {
@@ -12,3 +16,7 @@ func CanonicalKey(r *Request) string { return string(appendCanonical(nil, r)) }
 
 // Unshareable reports whether followers cannot share v without ShareResult.
 func Unshareable(v any) bool { return unshareable(v) }
+
+// SetRateWaitHook sets the hook called once a Pace-mode wait's timer is
+// armed; nil removes it.
+func SetRateWaitHook(f func(time.Duration)) { testHookRateWait = f }

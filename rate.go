@@ -84,9 +84,9 @@ type Rate struct {
 	// estimator makes the reservations.
 	TokensPerMinute float64
 	// RequestBurst is how many calls may go at once on top of the steady
-	// rate after a quiet period. Zero means none: calls are spaced
-	// 60/RequestsPerMinute seconds apart (the first call after a quiet
-	// period, and the one after it, go at once).
+	// rate after a quiet period: RequestBurst+1 calls go at once, then one
+	// per 60/RequestsPerMinute seconds. Zero means no burst: calls are
+	// spaced 60/RequestsPerMinute seconds apart.
 	RequestBurst float64
 	// TokenBurst is the same for tokens.
 	TokenBurst float64
@@ -480,6 +480,9 @@ func (b *Bulkhead) paceThenSend(ctx context.Context, r *actor.AcquireRequest, p 
 	}
 	if out.Delay > 0 {
 		t := rl.clk.NewTimer(out.Delay)
+		if testHookRateWait != nil {
+			testHookRateWait(out.Delay)
+		}
 		select {
 		case <-t.C():
 		case <-ctx.Done(): // the engine rejects it Aborted; the turn is spent
@@ -499,6 +502,10 @@ func (b *Bulkhead) paceThenSend(ctx context.Context, r *actor.AcquireRequest, p 
 	}
 	return b.send(r, p, o.tag)
 }
+
+// testHookRateWait, when set by a test, is called once a Pace-mode wait's
+// timer is armed, so the test can move a mock clock.
+var testHookRateWait func(time.Duration)
 
 // bookOverrun books, at release, the tokens an admission used beyond its
 // reservation.

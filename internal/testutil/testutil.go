@@ -52,6 +52,8 @@ var Sentinel = map[bulkhead.Reason]error{
 	bulkhead.Shutdown:          bulkhead.ErrShutdown,
 	bulkhead.BudgetLimit:       bulkhead.ErrBudgetLimit,
 	bulkhead.UnshareableResult: bulkhead.ErrUnshareableResult,
+	bulkhead.RateLimit:         bulkhead.ErrRateLimit,
+	bulkhead.RateUnavailable:   bulkhead.ErrRateUnavailable,
 }
 
 // Fataler is what WantReason needs of a *testing.T or a *rapid.T.

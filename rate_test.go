@@ -1,0 +1,435 @@
+package bulkhead_test
+
+import (
+	"context"
+	"errors"
+	"math"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/llmbulkhead/bulkhead"
+	"github.com/llmbulkhead/bulkhead/clock"
+	"github.com/llmbulkhead/bulkhead/internal/redistest"
+	"github.com/llmbulkhead/bulkhead/internal/testutil"
+	"github.com/llmbulkhead/bulkhead/pacer"
+)
+
+// rateConfig is a config with a fixed estimator (1 input token plus the
+// request's MaxTokens) and the given rate limits on a mock clock.
+func rateConfig(clk *clock.Mock, rl *bulkhead.RateLimits) bulkhead.Config {
+	return bulkhead.Config{
+		Model: "gpt-4o", MaxConcurrent: 8, MaxQueue: 8, Clock: clk,
+		TokenBudget: &bulkhead.TokenBudget{Budget: 1 << 40, Estimator: estimatorFunc(nil)},
+		RateLimits:  rl,
+	}
+}
+
+// wantRate checks a RateLimit rejection's retry-after and rate detail.
+func wantRate(t *testing.T, err error, retry time.Duration, scope, key, limit string) *bulkhead.RejectedError {
+	t.Helper()
+	re := wantReason(t, err, bulkhead.RateLimit)
+	got, ok := re.RetryAfter()
+	if !ok || got != retry {
+		t.Fatalf("RetryAfter = %v, %v; want %v (%v)", got, ok, retry, err)
+	}
+	r := re.Detail.Rate
+	if r == nil || r.Scope != scope || r.Key != key || r.Limit != limit || r.RetryAfter != retry {
+		t.Fatalf("rate detail %+v; want %s %q %s", r, scope, key, limit)
+	}
+	return re
+}
+
+func TestRateLimitRequests(t *testing.T) {
+	clk := clock.NewMock()
+	b := newBulkhead(t, rateConfig(clk, &bulkhead.RateLimits{PerModel: bulkhead.Rate{RequestsPerMinute: 60}}))
+	a := mustAcquire(t, b, req("a", 10))
+	_, err := b.Acquire(context.Background(), req("b", 10), bulkhead.WithTag("t-b"))
+	re := wantRate(t, err, time.Second, "model", "gpt-4o", "requests")
+	if re.Tag != "t-b" || !strings.Contains(err.Error(), `model "gpt-4o": requests: 60 per minute (burst 0), this call weighs 1, retry after 1s`) {
+		t.Fatalf("message %q, tag %q", err, re.Tag)
+	}
+	if re.NeverFits() {
+		t.Fatal("a rate rejection never fits")
+	}
+	st := b.Stats()
+	if st.Gate.InFlight != 1 || st.Calls.InFlight != 1 || st.Calls.Admitted != 1 || st.Calls.RejectedByReason[bulkhead.RateLimit] != 1 ||
+		st.TokenBudget.InFlightTokens != 11 || st.Rate == nil || st.Rate.Checked != 2 {
+		t.Fatalf("stats after the rejection: %v", st)
+	}
+	// The rejection holds nothing and booked nothing: a second later the
+	// next call goes.
+	clk.Add(999 * time.Millisecond)
+	_, err = b.Acquire(context.Background(), req("c", 10))
+	wantRate(t, err, time.Millisecond, "model", "gpt-4o", "requests")
+	clk.Add(time.Millisecond)
+	c := mustAcquire(t, b, req("c", 10))
+	_ = a.Release(nil)
+	_ = c.Release(nil)
+	// A request naming its own model is counted on its own.
+	other := req("d", 10)
+	other.Model = "gpt-4o-mini"
+	_ = mustAcquire(t, b, other).Release(nil)
+	if st := b.Stats(); st.Gate.InFlight != 0 || st.TokenBudget.InFlightTokens != 0 || st.Calls.Rejected != 2 {
+		t.Fatalf("stats at the end: %v", st)
+	}
+}
+
+// TestRateLimitAfterCapacity checks that a call turned away for capacity
+// spends no rate, and that a queued call is counted when it leaves the
+// queue.
+func TestRateLimitAfterCapacity(t *testing.T) {
+	clk := clock.NewMock()
+	cfg := rateConfig(clk, &bulkhead.RateLimits{PerModel: bulkhead.Rate{RequestsPerMinute: 60, RequestBurst: 1}})
+	cfg.MaxConcurrent, cfg.MaxQueue = 1, 0
+	b := newBulkhead(t, cfg)
+	a := mustAcquire(t, b, req("a", 10))
+	for i := 0; i < 5; i++ {
+		_, err := b.Acquire(context.Background(), req("b", 10))
+		wantReason(t, err, bulkhead.ConcurrencyLimit)
+	}
+	_ = a.Release(nil)
+	c := mustAcquire(t, b, req("c", 10)) // the second call of the burst
+	_ = c.Release(nil)
+	_, err := b.Acquire(context.Background(), req("d", 10))
+	wantRate(t, err, time.Second, "model", "gpt-4o", "requests")
+	if st := b.Stats(); st.Rate.Checked != 3 {
+		t.Fatalf("checked %d; want 3 (capacity rejections are not checked)", st.Rate.Checked)
+	}
+}
+
+// TestRateLimitQueued checks that a waiter is rate-checked when it is
+// granted its slot, and that its rate rejection gives the slot to the next
+// waiter.
+func TestRateLimitQueued(t *testing.T) {
+	clk := clock.NewMock()
+	cfg := rateConfig(clk, &bulkhead.RateLimits{PerClass: map[string]bulkhead.Rate{"batch": {RequestsPerMinute: 60}}})
+	cfg.MaxConcurrent, cfg.MaxQueue = 1, 4
+	cfg.Classes = &bulkhead.Classes{Default: "web", Limits: map[string]bulkhead.ClassLimits{"web": {}, "batch": {}}}
+	b := newBulkhead(t, cfg)
+	var mu sync.Mutex
+	var events []bulkhead.RejectEvent
+	var admits []string
+	unsub := b.Subscribe(bulkhead.Hooks{
+		Reject: func(e bulkhead.RejectEvent) { mu.Lock(); events = append(events, e); mu.Unlock() },
+		Admit:  func(e bulkhead.AdmitEvent) { mu.Lock(); admits = append(admits, e.Tag); mu.Unlock() },
+	})
+	defer unsub()
+	batch := bulkhead.WithClass("batch")
+	first := mustAcquire(t, b, req("a", 10), batch, bulkhead.WithTag("first"))
+	_ = first.Release(nil) // the batch class's one call this second
+	web := mustAcquire(t, b, req("w", 10), bulkhead.WithTag("web1"))
+	queued := acquireAsync(context.Background(), b, req("b", 10), batch, bulkhead.WithTag("batch2"))
+	testutil.WaitFor(t, "the batch call to queue", pending(b))
+	next := acquireAsync(context.Background(), b, req("w2", 10), bulkhead.WithTag("web2"))
+	testutil.WaitFor(t, "two waiters", func() bool { return b.Stats().Gate.Pending == 2 })
+	_ = web.Release(nil)
+	res := <-queued
+	wantRate(t, res.err, time.Second, "class", "batch", "requests")
+	w2 := <-next
+	if w2.err != nil {
+		t.Fatalf("the next waiter: %v", w2.err)
+	}
+	_ = w2.tok.Release(nil)
+	if _, err := b.Drain(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	st := b.Stats()
+	if st.Calls.Admitted != 3 || st.Calls.Rejected != 1 || st.Classes.Classes["batch"].RejectedByReason[bulkhead.RateLimit] != 1 ||
+		st.Gate.Admitted != 4 || st.Gate.Released != 4 {
+		t.Fatalf("stats: %v", st)
+	}
+	if tb := st.TokenBudget; tb.TotalReserved != 4*11 || tb.TotalRefunded != 11 || tb.InFlightTokens != 0 {
+		t.Fatalf("ledger: %+v; the rolled-back reservation is refunded in full", tb)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(events) != 1 || events[0].Reason != bulkhead.RateLimit || events[0].Tag != "batch2" || events[0].Detail.Rate == nil {
+		t.Fatalf("reject events %+v", events)
+	}
+	if strings.Join(admits, ",") != "first,web1,web2" {
+		t.Fatalf("admit events %v: a rolled-back call is never announced as admitted", admits)
+	}
+}
+
+func TestRateLimitTokens(t *testing.T) {
+	clk := clock.NewMock()
+	b := newBulkhead(t, rateConfig(clk, &bulkhead.RateLimits{PerModel: bulkhead.Rate{TokensPerMinute: 6000}}))
+	a := mustAcquire(t, b, req("a", 999)) // 1000 tokens: 10 s of a 100 tokens/s rate
+	_, err := b.Acquire(context.Background(), req("b", 99))
+	re := wantRate(t, err, 10*time.Second, "model", "gpt-4o", "tokens")
+	if re.Detail.Rate.Weight != 100 {
+		t.Fatalf("weight %v; want the reservation, 100", re.Detail.Rate.Weight)
+	}
+	// The call used 3000 tokens: the 2000 beyond its reservation are
+	// booked at release, 20 s more.
+	_ = a.Release(&bulkhead.Usage{Input: 1000, Output: 2000})
+	_, err = b.Acquire(context.Background(), req("b", 99))
+	wantRate(t, err, 30*time.Second, "model", "gpt-4o", "tokens")
+	if st := b.Stats().Rate; st.Overruns != 1 || st.OverrunTokens != 2000 || st.OverrunErrors != 0 {
+		t.Fatalf("rate stats %+v", st)
+	}
+	// A call that reserves nothing is never held back.
+	zero := req("z", 0)
+	p, err := b.Acquire(context.Background(), zero, bulkhead.WithReservation(bulkhead.Reservation{}))
+	if err != nil {
+		t.Fatalf("zero-token call: %v", err)
+	}
+	_ = p.Release(nil)
+	// Usage reported during the call counts too.
+	clk.Add(30 * time.Second)
+	c := mustAcquire(t, b, req("c", 99))
+	if _, err := c.ReportUsage(bulkhead.Usage{Input: 100, Output: 500}, nil); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.Release(nil)
+	_, err = b.Acquire(context.Background(), req("d", 99))
+	wantRate(t, err, 6*time.Second, "model", "gpt-4o", "tokens")
+}
+
+func TestRateLimitRun(t *testing.T) {
+	clk := clock.NewMock()
+	cfg := rateConfig(clk, &bulkhead.RateLimits{PerModel: bulkhead.Rate{RequestsPerMinute: 60}})
+	cfg.Dedup = &bulkhead.DedupConfig{}
+	b := newBulkhead(t, cfg)
+	calls := 0
+	fn := func(ctx context.Context, rc *bulkhead.RunContext) (int, error) { calls++; return 7, nil }
+	if v, err := bulkhead.Run(context.Background(), b, req("a", 10), fn); err != nil || v != 7 {
+		t.Fatalf("first Run: %v, %v", v, err)
+	}
+	_, err := bulkhead.Run(context.Background(), b, req("b", 10), fn)
+	wantRate(t, err, time.Second, "model", "gpt-4o", "requests")
+	_, err = bulkhead.Run(context.Background(), b, req("c", 10), fn, bulkhead.NoDedup())
+	wantRate(t, err, time.Second, "model", "gpt-4o", "requests")
+	if calls != 1 {
+		t.Fatalf("fn ran %d times; want 1", calls)
+	}
+	f := b.AcquireAsync(context.Background(), req("d", 10))
+	<-f.Done()
+	if _, err := f.Result(); err == nil {
+		t.Fatal("AcquireAsync over the rate admitted")
+	} else {
+		wantRate(t, err, time.Second, "model", "gpt-4o", "requests")
+	}
+	clk.Add(time.Second)
+	f = b.AcquireAsync(context.Background(), req("d", 10))
+	p, err := f.Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = p.Release(nil)
+}
+
+func TestRateLimitWouldAdmit(t *testing.T) {
+	clk := clock.NewMock()
+	b := newBulkhead(t, rateConfig(clk, &bulkhead.RateLimits{PerModel: bulkhead.Rate{RequestsPerMinute: 60}}))
+	for i := 0; i < 3; i++ {
+		d, err := b.WouldAdmit(req("a", 10))
+		if err != nil || !d.Admit {
+			t.Fatalf("WouldAdmit %d: %+v, %v", i, d, err)
+		}
+	}
+	p := mustAcquire(t, b, req("a", 10)) // WouldAdmit booked nothing
+	defer func() { _ = p.Release(nil) }()
+	d, err := b.WouldAdmit(req("b", 10), bulkhead.WithDetail())
+	if err != nil || d.Admit || d.Reason != bulkhead.RateLimit || d.Detail == nil || d.Detail.Rate == nil || d.Detail.Rate.RetryAfter != time.Second {
+		t.Fatalf("WouldAdmit over the rate: %+v, %v", d, err)
+	}
+	d, err = b.WouldAdmit(req("b", 10))
+	if err != nil || d.Admit || d.Reason != bulkhead.RateLimit || d.Detail != nil {
+		t.Fatalf("WouldAdmit over the rate, no detail: %+v, %v", d, err)
+	}
+}
+
+func TestRateLimitPace(t *testing.T) {
+	clk := clock.NewMock()
+	cfg := rateConfig(clk, &bulkhead.RateLimits{Pace: true, PerModel: bulkhead.Rate{RequestsPerMinute: 60}})
+	cfg.QueueTimeout = 1500 * time.Millisecond
+	b := newBulkhead(t, cfg)
+	armed := make(chan time.Duration, 4)
+	bulkhead.SetRateWaitHook(func(d time.Duration) { armed <- d })
+	defer bulkhead.SetRateWaitHook(nil)
+	var mu sync.Mutex
+	var admits []bulkhead.AdmitEvent
+	unsub := b.Subscribe(bulkhead.Hooks{Admit: func(e bulkhead.AdmitEvent) { mu.Lock(); admits = append(admits, e); mu.Unlock() }})
+	defer unsub()
+
+	a := mustAcquire(t, b, req("a", 10))
+	_ = a.Release(nil)
+	second := acquireAsync(context.Background(), b, req("b", 10))
+	if d := <-armed; d != time.Second {
+		t.Fatalf("paced for %v; want 1s", d)
+	}
+	// Its turn is at 1 s, the next one's at 2 s: beyond a 1.5 s queue
+	// timeout, so that one is rejected at once, booking nothing.
+	_, err := b.Acquire(context.Background(), req("c", 10))
+	wantRate(t, err, 2*time.Second, "model", "gpt-4o", "requests")
+	clk.Add(time.Second)
+	res := <-second
+	if res.err != nil {
+		t.Fatalf("paced call: %v", res.err)
+	}
+	_ = res.tok.Release(nil)
+	if _, err := b.Drain(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	if len(admits) != 2 || admits[1].Timing.RateWait != time.Second {
+		t.Fatalf("admit events %+v; want the second to have waited 1s for its turn", admits)
+	}
+	mu.Unlock()
+	if st := b.Stats().Rate; st.Paced != 1 || st.PacedTime != time.Second || st.Checked != 3 {
+		t.Fatalf("rate stats %+v", st)
+	}
+
+	// A paced call whose context ends while it waits is Aborted; one
+	// waiting when the bulkhead closes is rejected Shutdown.
+	ctx, cancel := context.WithCancel(context.Background())
+	aborted := acquireAsync(ctx, b, req("d", 10))
+	<-armed
+	cancel()
+	wantReason(t, (<-aborted).err, bulkhead.Aborted)
+	clk.Add(time.Second) // the aborted call's turn is spent: the next is 1 s away
+	closing := acquireAsync(context.Background(), b, req("e", 10))
+	<-armed
+	b.Close()
+	wantReason(t, (<-closing).err, bulkhead.Shutdown)
+}
+
+// TestRateLimitPaceCapacity checks that in Pace mode a call that capacity
+// turns away books no turn.
+func TestRateLimitPaceCapacity(t *testing.T) {
+	clk := clock.NewMock()
+	cfg := rateConfig(clk, &bulkhead.RateLimits{Pace: true, PerModel: bulkhead.Rate{RequestsPerMinute: 60}})
+	cfg.MaxConcurrent, cfg.MaxQueue = 1, 0
+	b := newBulkhead(t, cfg)
+	a := mustAcquire(t, b, req("a", 10))
+	for i := 0; i < 3; i++ {
+		_, err := b.Acquire(context.Background(), req("b", 10))
+		wantReason(t, err, bulkhead.ConcurrencyLimit)
+	}
+	_ = a.Release(nil)
+	clk.Add(time.Second)
+	_ = mustAcquire(t, b, req("c", 10)).Release(nil) // its turn is free: no wait
+	if st := b.Stats().Rate; st.Paced != 0 || st.Checked != 2 {
+		t.Fatalf("rate stats %+v", st)
+	}
+}
+
+// TestRateLimitStoreFailure checks each failure policy of a Redis store
+// that cannot be reached.
+func TestRateLimitStoreFailure(t *testing.T) {
+	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialerRetries: 1, DialTimeout: 50 * time.Millisecond})
+	t.Cleanup(func() { _ = client.Close() })
+	for _, tc := range []struct {
+		policy pacer.FailurePolicy
+		pace   bool
+		want   bulkhead.Reason
+	}{
+		{pacer.FailError, false, bulkhead.RateUnavailable},
+		{pacer.FailClosed, false, bulkhead.RateLimit},
+		{pacer.FailOpen, false, 0},
+		{pacer.FailError, true, bulkhead.RateUnavailable},
+		{pacer.FailClosed, true, bulkhead.RateUnavailable},
+		{pacer.FailOpen, true, 0},
+	} {
+		t.Run(tc.policy.String()+map[bool]string{true: "/pace", false: "/reject"}[tc.pace], func(t *testing.T) {
+			store, err := pacer.NewRedis(client, pacer.RedisOptions{OnFailure: tc.policy, FailureDelay: 3 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			b := newBulkhead(t, rateConfig(clock.NewMock(), &bulkhead.RateLimits{Store: store, Pace: tc.pace, PerModel: bulkhead.Rate{RequestsPerMinute: 60}}))
+			p, err := b.Acquire(context.Background(), req("a", 10))
+			st := b.Stats()
+			if tc.want == 0 {
+				if err != nil {
+					t.Fatalf("FailOpen: %v", err)
+				}
+				_ = p.Release(nil)
+				if st.Rate.Fallbacks != 1 {
+					t.Fatalf("fallbacks %d; want 1", st.Rate.Fallbacks)
+				}
+				return
+			}
+			re := wantReason(t, err, tc.want)
+			if re.Detail == nil || re.Detail.Rate == nil || !errors.Is(re.Detail.Rate.Fallback, pacer.ErrUnavailable) {
+				t.Fatalf("detail %+v", re.Detail)
+			}
+			retry, ok := re.RetryAfter()
+			if tc.want == bulkhead.RateLimit && (!ok || retry != 3*time.Second) {
+				t.Fatalf("RetryAfter %v, %v; want the policy's 3s", retry, ok)
+			}
+			if tc.want == bulkhead.RateUnavailable && (ok || !errors.Is(err, pacer.ErrUnavailable)) {
+				t.Fatalf("%v: want no retry-after and the store's error", err)
+			}
+			if st.Gate.InFlight != 0 || st.TokenBudget.InFlightTokens != 0 {
+				t.Fatalf("the rejection holds something: %v", st)
+			}
+		})
+	}
+}
+
+// TestRateLimitRedisShared checks that two bulkheads on one Redis with the
+// same name, two replicas of a service, share their rate.
+func TestRateLimitRedisShared(t *testing.T) {
+	srv := redistest.TryStart(t)
+	if srv == nil {
+		t.Skip("redis-server not installed")
+	}
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { _ = client.Close() })
+	var replicas []*bulkhead.Bulkhead
+	for i := 0; i < 2; i++ {
+		store, err := pacer.NewRedis(client, pacer.RedisOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := rateConfig(nil, &bulkhead.RateLimits{Store: store, Name: "svc", PerModel: bulkhead.Rate{RequestsPerMinute: 1}})
+		cfg.Clock = nil
+		replicas = append(replicas, newBulkhead(t, cfg))
+	}
+	_ = mustAcquire(t, replicas[0], req("a", 10)).Release(nil)
+	_, err := replicas[1].Acquire(context.Background(), req("b", 10))
+	re := wantReason(t, err, bulkhead.RateLimit)
+	if retry, ok := re.RetryAfter(); !ok || retry <= 50*time.Second || retry > time.Minute {
+		t.Fatalf("RetryAfter %v, %v; want about a minute", retry, ok)
+	}
+}
+
+func TestRateLimitsConfig(t *testing.T) {
+	budget := &bulkhead.TokenBudget{Budget: 100}
+	classes := &bulkhead.Classes{Default: "a", Limits: map[string]bulkhead.ClassLimits{"a": {}}}
+	for _, tc := range []struct {
+		name  string
+		cfg   bulkhead.Config
+		field string
+	}{
+		{"no rate", bulkhead.Config{RateLimits: &bulkhead.RateLimits{}}, "Config.RateLimits"},
+		{"tokens without budget", bulkhead.Config{RateLimits: &bulkhead.RateLimits{PerModel: bulkhead.Rate{TokensPerMinute: 10}}}, "Config.RateLimits.PerModel.TokensPerMinute"},
+		{"negative", bulkhead.Config{RateLimits: &bulkhead.RateLimits{PerModel: bulkhead.Rate{RequestsPerMinute: -1}}}, "Config.RateLimits.PerModel.RequestsPerMinute"},
+		{"NaN", bulkhead.Config{RateLimits: &bulkhead.RateLimits{PerModel: bulkhead.Rate{RequestsPerMinute: math.NaN()}}}, "Config.RateLimits.PerModel.RequestsPerMinute"},
+		{"too fast", bulkhead.Config{RateLimits: &bulkhead.RateLimits{PerModel: bulkhead.Rate{RequestsPerMinute: 2 * bulkhead.MaxPerMinute}}}, "Config.RateLimits.PerModel.RequestsPerMinute"},
+		{"infinite burst", bulkhead.Config{RateLimits: &bulkhead.RateLimits{PerModel: bulkhead.Rate{RequestsPerMinute: 1, RequestBurst: math.Inf(1)}}}, "Config.RateLimits.PerModel.RequestBurst"},
+		{"burst alone", bulkhead.Config{RateLimits: &bulkhead.RateLimits{PerModel: bulkhead.Rate{RequestsPerMinute: 1, TokenBurst: 5}}}, "Config.RateLimits.PerModel.TokenBurst"},
+		{"braces", bulkhead.Config{RateLimits: &bulkhead.RateLimits{Name: "a{b}", PerModel: bulkhead.Rate{RequestsPerMinute: 1}}}, "Config.RateLimits.Name"},
+		{"class without classes", bulkhead.Config{RateLimits: &bulkhead.RateLimits{PerClass: map[string]bulkhead.Rate{"a": {RequestsPerMinute: 1}}}}, "Config.RateLimits.PerClass"},
+		{"unknown class", bulkhead.Config{Classes: classes, RateLimits: &bulkhead.RateLimits{PerClass: map[string]bulkhead.Rate{"b": {RequestsPerMinute: 1}}}}, `Config.RateLimits.PerClass["b"]`},
+		{"class tokens without budget", bulkhead.Config{Classes: classes, RateLimits: &bulkhead.RateLimits{PerClass: map[string]bulkhead.Rate{"a": {TokensPerMinute: 1}}}}, `Config.RateLimits.PerClass["a"].TokensPerMinute`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.cfg.MaxConcurrent = 1
+			_, err := bulkhead.New(tc.cfg)
+			var ce *bulkhead.ConfigError
+			if !errors.As(err, &ce) || ce.Field != tc.field || !errors.Is(err, bulkhead.ErrInvalid) {
+				t.Fatalf("New: %v; want a ConfigError on %s", err, tc.field)
+			}
+		})
+	}
+	// A valid one, with a budget.
+	b := newBulkhead(t, bulkhead.Config{Model: "m", MaxConcurrent: 1, TokenBudget: budget,
+		RateLimits: &bulkhead.RateLimits{PerModel: bulkhead.Rate{TokensPerMinute: bulkhead.MaxPerMinute}}})
+	_ = mustAcquire(t, b, req("a", 10)).Release(nil)
+}
