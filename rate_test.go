@@ -142,8 +142,8 @@ func TestRateLimitQueued(t *testing.T) {
 		st.Gate.Admitted != 4 || st.Gate.Released != 4 {
 		t.Fatalf("stats: %v", st)
 	}
-	if tb := st.TokenBudget; tb.TotalReserved != 4*11 || tb.TotalRefunded != 11 || tb.InFlightTokens != 0 {
-		t.Fatalf("ledger: %+v; the rolled-back reservation is refunded in full", tb)
+	if tb := st.TokenBudget; tb.TotalReserved != 3*11 || tb.TotalRefunded != 0 || tb.InFlightTokens != 0 {
+		t.Fatalf("ledger: %+v; a rejection changes no token counter", tb)
 	}
 	mu.Lock()
 	defer mu.Unlock()

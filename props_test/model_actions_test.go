@@ -109,6 +109,16 @@ func (m *machine) call(t *rapid.T, c call, run bool) *hold {
 	switch d, why, cons, atGate := m.decide(c); d {
 	case admitNow:
 		m.gate.Admitted++
+		if rd := m.rate.check(m, c.res.Reserved); rd != nil {
+			// Held, then turned down by the rate limit: the slot goes back
+			// and no token counter moves (I4).
+			m.gate.Released++
+			m.tokensFrozen = true
+			e := m.reject(w, bulkhead.RateLimit, "", false)
+			e.reject.ev.Detail.Rate = rd
+			m.awaitAll(t, []expect{e})
+			return nil
+		}
 		h := m.admit(w)
 		m.awaitAll(t, []expect{{w: w, h: h}})
 		return h
@@ -177,6 +187,9 @@ func (m *machine) floorProbe(t *rapid.T) {
 		r := rapid.Int64Range(0, max(0, c.Limits.ProtectedInFlightTokens-c.InFlightTokens)).Draw(t, "probeTokens")
 		probe.res = bulkhead.Reservation{Input: r, Reserved: r}
 		probe.opts = append(probe.opts, bulkhead.WithReservation(bulkhead.Reservation{Input: r}))
+	}
+	if m.rate != nil {
+		t.Skip("the rate limits may turn the probe away")
 	}
 	if d, why, cons, _ := m.decide(probe); d != admitNow {
 		t.Fatalf("FloorProbe: the model rejects (%v %v %v) a call of class %s below its floor in steady state\n%s",
@@ -493,6 +506,9 @@ func (m *machine) drawLimits(t *rapid.T, rev int64) bulkhead.Limits {
 		MaxConcurrent: rapid.IntRange(0, 5).Draw(t, "nextMaxConcurrent"), // 0: a kill switch (F24)
 		MaxQueue:      rapid.IntRange(0, 5).Draw(t, "nextMaxQueue"),
 	}
+	if m.rate != nil {
+		l.MaxQueue = 0 // see machine.rate
+	}
 	budget := int64(-1)
 	if m.hasBudget {
 		budget = int64(rapid.IntRange(0, 250).Draw(t, "nextBudget"))
@@ -698,10 +714,18 @@ func (m *machine) wouldAdmit(t *rapid.T) {
 	if dec != rejectNow {
 		why, cons = noReason, ""
 	}
+	var rd *bulkhead.RateDetail
+	if why == noReason {
+		if rd = m.rate.peek(m, c.res.Reserved); rd != nil {
+			why = bulkhead.RateLimit
+		}
+	}
 	if d.Admit != (why == noReason) || d.Reason != why {
 		t.Fatalf("%s: = %+v, want reason %q", m.descr, d, why)
 	}
-	if want := m.detailFor(c.class, c.prio, c.res.Reserved, cons, why); detail != (d.Detail != nil) || (detail && !reflect.DeepEqual(*d.Detail, want)) {
+	want := m.detailFor(c.class, c.prio, c.res.Reserved, cons, why)
+	want.Rate = rd
+	if detail != (d.Detail != nil) || (detail && !reflect.DeepEqual(*d.Detail, want)) {
 		t.Fatalf("%s: detail (asked: %v)\n got %s\nwant %s", m.descr, detail, fmtDetail(d.Detail), fmtDetail(&want))
 	}
 }

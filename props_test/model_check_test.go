@@ -28,6 +28,10 @@ func (m *machine) wantStats() bulkhead.Stats {
 	if m.hasDedup {
 		st.Dedup = &bulkhead.DedupStats{Active: m.activeKeys(), Hits: m.hits}
 	}
+	if m.rate != nil {
+		rs := m.rateStats
+		st.Rate = &rs
+	}
 	if m.hasBudget {
 		b := m.limits.TokenBudget
 		st.TokenBudget = &bulkhead.BudgetStats{

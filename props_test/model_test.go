@@ -263,6 +263,13 @@ type machine struct {
 	hits        int64
 	dedupEvents []bulkhead.DedupEvent
 
+	// Rate limits, when rate is set: an oracle pacer on the same clock,
+	// deciding what the bulkhead's rate limits must (SPEC P6). The queue is
+	// kept at 0 with rates, so each check is made by the one call a step
+	// makes, in a known order.
+	rate      *rateOracle
+	rateStats bulkhead.RateStats
+
 	// What the events must show.
 	ev         *eventLog
 	admitOrder []bulkhead.ID
@@ -342,6 +349,11 @@ func newMachine(t *rapid.T, classes bool, seen map[string]int) *machine {
 	}
 	for _, name := range m.classNames() {
 		m.cls[name] = &classModel{}
+	}
+	if rapid.IntRange(0, 2).Draw(t, "rateLimits") == 0 {
+		cfg.MaxQueue, m.limits.MaxQueue = 0, 0
+		m.rate = newRateOracle(t, m.clk, m.hasBudget && budget > 0)
+		cfg.RateLimits = m.rate.cfg
 	}
 	m.exactUsage = rapid.Bool().Draw(t, "exactUsage")
 	if m.hasDedup = rapid.Bool().Draw(t, "dedup"); m.hasDedup {
@@ -806,4 +818,7 @@ func (m *machine) settle(h *hold, u *bulkhead.Usage) {
 		m.ledger.releasedReserved += held
 	}
 	m.releases[h.id] = ev
+	if u != nil {
+		m.rate.overrun(m, h.res.Reserved, u.Input+u.Output)
+	}
 }

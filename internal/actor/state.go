@@ -264,7 +264,6 @@ func (s *state) admit(r *AcquireRequest) {
 	reserved := r.Reservation.Reserved
 	if s.hasBudget {
 		s.tokens += reserved // fits: the budget check passed
-		s.budget.TotalReserved = admission.AddSat(s.budget.TotalReserved, reserved)
 	}
 	l := r.Lease
 	l.ID = s.newID()
@@ -295,7 +294,10 @@ func (s *state) admit(r *AcquireRequest) {
 func (s *state) count(l *Lease) {
 	s.calls++
 	s.callStats.Admitted++
-	s.tab.Count(l.classID, l.Resources)
+	if s.hasBudget {
+		s.budget.TotalReserved = admission.AddSat(s.budget.TotalReserved, l.held)
+	}
+	s.tab.Count(l.classID, l.held, l.Resources)
 	if l.startDeadline > 0 {
 		// The class's child actor owns the deadline; it tells us if it
 		// fires before the admission ends.
@@ -326,8 +328,9 @@ func (s *state) confirm(l *Lease) {
 }
 
 // rollback turns provisional admission m.l down for m.why: the slot and the
-// tokens go back, refunded in full, and the call is counted and announced
-// as a rejection. It returns the rejection.
+// tokens go back, and the call is counted and announced as a rejection (a
+// rejection changes no token counter: the hold was never counted as
+// reserved). It returns the rejection.
 func (s *state) rollback(m *rollbackRequest) error {
 	l := m.l
 	if !l.provisional {
@@ -338,7 +341,6 @@ func (s *state) rollback(m *rollbackRequest) error {
 	held := l.held
 	if s.hasBudget {
 		s.tokens -= held
-		s.budget.TotalRefunded = admission.AddSat(s.budget.TotalRefunded, held)
 	}
 	s.tab.Unhold(l.classID, held)
 	l.held = 0

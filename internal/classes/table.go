@@ -361,15 +361,14 @@ func (t *Table) recount() {
 // token budget reserved must be 0. It does not allocate.
 func (t *Table) Admit(c Class, reserved int64) admission.Resources {
 	r := t.Hold(c, reserved)
-	t.Count(c, r)
+	t.Count(c, reserved, r)
 	return r
 }
 
 // Hold takes a slot and reserved tokens for a call of class c and returns
-// what it borrows, without counting an admission: Admit is Hold then Count.
-// A hold that an outside check turns down afterwards is given back by
-// Unhold. The reservation is counted as reserved at once, so the class's
-// ledger balances while the hold waits for the check.
+// what it borrows, without counting an admission or its reservation: Admit
+// is Hold then Count. A hold that an outside check turns down afterwards is
+// given back by Unhold.
 func (t *Table) Hold(c Class, reserved int64) admission.Resources {
 	k := t.get(c)
 	if k == nil {
@@ -378,17 +377,18 @@ func (t *Table) Hold(c Class, reserved int64) admission.Resources {
 	r := admission.Resources{BorrowedConcurrency: k.borrowsSlot(), BorrowedTokens: k.borrowedTokens(reserved)}
 	t.setInFlight(k, k.inFlight+1)
 	t.addTokens(k, reserved)
-	k.reserved = admission.AddSat(k.reserved, reserved)
 	return r
 }
 
-// Count counts the admission of a call of class c whose Hold borrowed r.
-func (t *Table) Count(c Class, r admission.Resources) {
+// Count counts the admission of a call of class c reserving reserved
+// tokens, whose Hold borrowed r.
+func (t *Table) Count(c Class, reserved int64, r admission.Resources) {
 	k := t.get(c)
 	if k == nil {
 		return
 	}
 	k.admitted++
+	k.reserved = admission.AddSat(k.reserved, reserved)
 	if r.BorrowedConcurrency {
 		k.borrowedAdmissions++
 	}
@@ -396,7 +396,7 @@ func (t *Table) Count(c Class, r admission.Resources) {
 }
 
 // Unhold gives back a Hold of held tokens that was never counted as an
-// admission: the slot returns and the tokens are refunded in full.
+// admission: the slot and the tokens return, and no counter moves.
 func (t *Table) Unhold(c Class, held int64) {
 	k := t.get(c)
 	if k == nil {
@@ -404,7 +404,6 @@ func (t *Table) Unhold(c Class, held int64) {
 	}
 	t.setInFlight(k, k.inFlight-1)
 	t.addTokens(k, -held)
-	k.refunded = admission.AddSat(k.refunded, held)
 }
 
 // Reject counts a rejection, for reason why, of a call of class c. The

@@ -1,0 +1,145 @@
+package props_test
+
+import (
+	"context"
+
+	"pgregory.net/rapid"
+
+	"github.com/llmbulkhead/bulkhead"
+	"github.com/llmbulkhead/bulkhead/clock"
+	"github.com/llmbulkhead/bulkhead/pacer"
+)
+
+// rateOracle predicts the bulkhead's rate limits: the same pacers on a
+// store of its own, on the same clock, asked at the moments the bulkhead
+// asks its own (a call that passes every capacity check, a WouldAdmit that
+// capacity admits, a release beyond its reservation).
+type rateOracle struct {
+	cfg     *bulkhead.RateLimits
+	comp    *pacer.Composite
+	members []bulkhead.RateDetail // the detail of each member
+	tokens  []bool                // members counting tokens
+}
+
+func newRateOracle(t *rapid.T, clk clock.Clock, tokens bool) *rateOracle {
+	r := bulkhead.Rate{RequestsPerMinute: float64(rapid.IntRange(60, 6000).Draw(t, "rpm"))}
+	if rapid.Bool().Draw(t, "requestBurst") {
+		r.RequestBurst = float64(rapid.IntRange(1, 3).Draw(t, "RequestBurst"))
+	}
+	if tokens && rapid.Bool().Draw(t, "tpm") {
+		r.TokensPerMinute = float64(rapid.IntRange(600, 60000).Draw(t, "TokensPerMinute"))
+		if rapid.Bool().Draw(t, "tokenBurst") {
+			r.TokenBurst = float64(rapid.IntRange(1, 100).Draw(t, "TokenBurst"))
+		}
+		if rapid.Bool().Draw(t, "tokensOnly") {
+			r.RequestsPerMinute, r.RequestBurst = 0, 0
+		}
+	}
+	o := &rateOracle{cfg: &bulkhead.RateLimits{PerModel: r}}
+	store := pacer.NewLocal(pacer.LocalOptions{Clock: clk})
+	var ps []*pacer.Pacer
+	for _, m := range []struct {
+		limit            string
+		perMinute, burst float64
+	}{{"requests", r.RequestsPerMinute, r.RequestBurst}, {"tokens", r.TokensPerMinute, r.TokenBurst}} {
+		if m.perMinute == 0 {
+			continue
+		}
+		p, err := pacer.New(store, pacer.Options{Name: "bulkhead:model:gpt-4o:" + m.limit, QPS: m.perMinute / 60, MaxBurst: m.burst})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ps = append(ps, p)
+		o.members = append(o.members, bulkhead.RateDetail{Scope: "model", Key: "gpt-4o", Limit: m.limit, PerMinute: m.perMinute, Burst: m.burst})
+		o.tokens = append(o.tokens, m.limit == "tokens")
+	}
+	comp, err := pacer.NewComposite(ps...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.comp = comp
+	return o
+}
+
+func (o *rateOracle) weights(reserved int64) []float64 {
+	w := make([]float64, len(o.tokens))
+	for i, tok := range o.tokens {
+		w[i] = 1
+		if tok {
+			w[i] = float64(reserved)
+		}
+	}
+	return w
+}
+
+// detail is the rate detail the bulkhead reports for out.
+func (o *rateOracle) detail(out pacer.CompositeOutcome) *bulkhead.RateDetail {
+	for i, p := range o.comp.Members() {
+		if p.Name() == out.Pacer.Name() {
+			d := o.members[i]
+			d.Weight, d.RetryAfter = out.Members[i].Weight, out.Delay
+			return &d
+		}
+	}
+	return nil
+}
+
+// check decides, and records, the rate check of a call that passed every
+// capacity check: nil when it goes, else its rejection's rate detail. It
+// counts the check in m's rate statistics. A nil oracle admits everything.
+func (o *rateOracle) check(m *machine, reserved int64) *bulkhead.RateDetail {
+	if o == nil {
+		return nil
+	}
+	m.rateStats.Checked++
+	out, err := o.comp.RateLimit(context.Background(), "bulkhead", o.weights(reserved)...)
+	if err != nil {
+		panic(err)
+	}
+	if out.Delay == 0 {
+		m.seen["rate admitted"]++
+		return nil
+	}
+	m.seen["rate rejected "+out.Pacer.Name()]++
+	return o.detail(out)
+}
+
+// peek is check for WouldAdmit: it records nothing.
+func (o *rateOracle) peek(_ *machine, reserved int64) *bulkhead.RateDetail {
+	if o == nil {
+		return nil
+	}
+	out, err := o.comp.Peek(context.Background(), "bulkhead", o.weights(reserved)...)
+	if err != nil {
+		panic(err)
+	}
+	if out.Delay == 0 {
+		return nil
+	}
+	return o.detail(out)
+}
+
+// overrun books, as the bulkhead does at release, the tokens a call used
+// beyond its reservation.
+func (o *rateOracle) overrun(m *machine, reserved, used int64) {
+	over := used - reserved
+	if o == nil || over <= 0 {
+		return
+	}
+	w := make([]float64, len(o.tokens))
+	any := false
+	for i, tok := range o.tokens {
+		if tok {
+			w[i], any = float64(over), true
+		}
+	}
+	if !any {
+		return
+	}
+	m.rateStats.Overruns++
+	m.rateStats.OverrunTokens += over
+	m.seen["rate overrun"]++
+	if _, err := o.comp.Pace(context.Background(), "bulkhead", w...); err != nil {
+		panic(err)
+	}
+}
