@@ -147,6 +147,7 @@ type rateLimiter struct {
 	name  string
 	key   string // the pacers' call key: every rate of the bulkhead shares it
 	pace  bool
+	local bool   // store is in-process: the engine checks the rates itself
 	model string // Config.Model
 	clk   clock.Clock
 
@@ -267,8 +268,29 @@ func newRateLimiter(cfg *Config) (*rateLimiter, error) {
 	return &rateLimiter{
 		store: store, name: name, key: name, pace: rl.Pace, model: cfg.Model,
 		clk: clock.OrReal(cfg.Clock), perModel: rl.PerModel, perClass: perClass,
-		closing: make(chan struct{}),
+		closing: make(chan struct{}), local: isLocal(store),
 	}, nil
+}
+
+func isLocal(s pacer.Store) bool {
+	_, ok := s.(*pacer.Local)
+	return ok
+}
+
+// Check decides the rate check of a call whose slot the engine is granting
+// (an in-process store only: it never blocks). It implements actor.Checker.
+func (rl *rateLimiter) Check(r *actor.AcquireRequest) (admission.Reason, *admission.RateDetail) {
+	set := r.CheckArg.(*rateSet)
+	var buf [4]float64
+	rl.checked.Add(1)
+	out, err := set.comp.RateLimit(context.Background(), rl.key, set.weights(buf[:], r.Reservation.Reserved)...)
+	if err != nil {
+		return admission.RateUnavailable, &admission.RateDetail{Fallback: err}
+	}
+	if out.Delay > 0 {
+		return admission.RateLimit, set.detail(out)
+	}
+	return admission.NoReason, nil
 }
 
 // set returns the rates of a call of model and class, nil when none apply.
@@ -405,6 +427,12 @@ func (b *Bulkhead) admit(ctx context.Context, r *actor.AcquireRequest, p *Permit
 	weights := set.weights(buf[:], r.Reservation.Reserved)
 	if b.rate.pace {
 		return b.paceThenSend(ctx, r, p, o, set, weights)
+	}
+	if b.rate.local {
+		// An in-process decision never blocks: the engine makes it itself,
+		// at the moment it grants the slot.
+		r.Check, r.CheckArg = b.rate, set
+		return b.send(r, p, o.tag)
 	}
 	r.Confirm = true
 	if p, err = b.send(r, p, o.tag); err != nil {

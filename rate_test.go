@@ -28,6 +28,28 @@ func rateConfig(clk *clock.Mock, rl *bulkhead.RateLimits) bulkhead.Config {
 	}
 }
 
+// forRateStores runs f on a mock clock with each rate store: the
+// in-process one (nil), whose checks the engine makes itself, and, when
+// redis-server is installed, a Redis store on the same mock clock, whose
+// checks run on the caller's goroutine against a provisional admission.
+func forRateStores(t *testing.T, f func(t *testing.T, clk *clock.Mock, store pacer.Store)) {
+	t.Run("local", func(t *testing.T) { f(t, clock.NewMock(), nil) })
+	srv := redistest.TryStart(t)
+	if srv == nil {
+		return
+	}
+	t.Run("redis", func(t *testing.T) {
+		client := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+		t.Cleanup(func() { _ = client.Close() })
+		clk := clock.NewMock()
+		store, err := pacer.NewRedis(client, pacer.RedisOptions{Clock: clk, Prefix: t.Name() + ":"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f(t, clk, store)
+	})
+}
+
 // wantRate checks a RateLimit rejection's retry-after and rate detail.
 func wantRate(t *testing.T, err error, retry time.Duration, scope, key, limit string) *bulkhead.RejectedError {
 	t.Helper()
@@ -44,204 +66,210 @@ func wantRate(t *testing.T, err error, retry time.Duration, scope, key, limit st
 }
 
 func TestRateLimitRequests(t *testing.T) {
-	clk := clock.NewMock()
-	b := newBulkhead(t, rateConfig(clk, &bulkhead.RateLimits{PerModel: bulkhead.Rate{RequestsPerMinute: 60}}))
-	a := mustAcquire(t, b, req("a", 10))
-	_, err := b.Acquire(context.Background(), req("b", 10), bulkhead.WithTag("t-b"))
-	re := wantRate(t, err, time.Second, "model", "gpt-4o", "requests")
-	if re.Tag != "t-b" || !strings.Contains(err.Error(), `model "gpt-4o": requests: 60 per minute (burst 0), this call weighs 1, retry after 1s`) {
-		t.Fatalf("message %q, tag %q", err, re.Tag)
-	}
-	if re.NeverFits() {
-		t.Fatal("a rate rejection never fits")
-	}
-	st := b.Stats()
-	if st.Gate.InFlight != 1 || st.Calls.InFlight != 1 || st.Calls.Admitted != 1 || st.Calls.RejectedByReason[bulkhead.RateLimit] != 1 ||
-		st.TokenBudget.InFlightTokens != 11 || st.Rate == nil || st.Rate.Checked != 2 {
-		t.Fatalf("stats after the rejection: %v", st)
-	}
-	// The rejection holds nothing and booked nothing: a second later the
-	// next call goes.
-	clk.Add(999 * time.Millisecond)
-	_, err = b.Acquire(context.Background(), req("c", 10))
-	wantRate(t, err, time.Millisecond, "model", "gpt-4o", "requests")
-	clk.Add(time.Millisecond)
-	c := mustAcquire(t, b, req("c", 10))
-	_ = a.Release(nil)
-	_ = c.Release(nil)
-	// A request naming its own model is counted on its own.
-	other := req("d", 10)
-	other.Model = "gpt-4o-mini"
-	_ = mustAcquire(t, b, other).Release(nil)
-	if st := b.Stats(); st.Gate.InFlight != 0 || st.TokenBudget.InFlightTokens != 0 || st.Calls.Rejected != 2 {
-		t.Fatalf("stats at the end: %v", st)
-	}
+	forRateStores(t, func(t *testing.T, clk *clock.Mock, store pacer.Store) {
+		b := newBulkhead(t, rateConfig(clk, &bulkhead.RateLimits{Store: store, PerModel: bulkhead.Rate{RequestsPerMinute: 60}}))
+		a := mustAcquire(t, b, req("a", 10))
+		_, err := b.Acquire(context.Background(), req("b", 10), bulkhead.WithTag("t-b"))
+		re := wantRate(t, err, time.Second, "model", "gpt-4o", "requests")
+		if re.Tag != "t-b" || !strings.Contains(err.Error(), `model "gpt-4o": requests: 60 per minute (burst 0), this call weighs 1, retry after 1s`) {
+			t.Fatalf("message %q, tag %q", err, re.Tag)
+		}
+		if re.NeverFits() {
+			t.Fatal("a rate rejection never fits")
+		}
+		st := b.Stats()
+		if st.Gate.InFlight != 1 || st.Calls.InFlight != 1 || st.Calls.Admitted != 1 || st.Calls.RejectedByReason[bulkhead.RateLimit] != 1 ||
+			st.TokenBudget.InFlightTokens != 11 || st.Rate == nil || st.Rate.Checked != 2 {
+			t.Fatalf("stats after the rejection: %v", st)
+		}
+		// The rejection holds nothing and booked nothing: a second later the
+		// next call goes.
+		clk.Add(999 * time.Millisecond)
+		_, err = b.Acquire(context.Background(), req("c", 10))
+		wantRate(t, err, time.Millisecond, "model", "gpt-4o", "requests")
+		clk.Add(time.Millisecond)
+		c := mustAcquire(t, b, req("c", 10))
+		_ = a.Release(nil)
+		_ = c.Release(nil)
+		// A request naming its own model is counted on its own.
+		other := req("d", 10)
+		other.Model = "gpt-4o-mini"
+		_ = mustAcquire(t, b, other).Release(nil)
+		if st := b.Stats(); st.Gate.InFlight != 0 || st.TokenBudget.InFlightTokens != 0 || st.Calls.Rejected != 2 {
+			t.Fatalf("stats at the end: %v", st)
+		}
+	})
 }
 
 // TestRateLimitAfterCapacity checks that a call turned away for capacity
 // spends no rate, and that a queued call is counted when it leaves the
 // queue.
 func TestRateLimitAfterCapacity(t *testing.T) {
-	clk := clock.NewMock()
-	cfg := rateConfig(clk, &bulkhead.RateLimits{PerModel: bulkhead.Rate{RequestsPerMinute: 60, RequestBurst: 1}})
-	cfg.MaxConcurrent, cfg.MaxQueue = 1, 0
-	b := newBulkhead(t, cfg)
-	a := mustAcquire(t, b, req("a", 10))
-	for i := 0; i < 5; i++ {
-		_, err := b.Acquire(context.Background(), req("b", 10))
-		wantReason(t, err, bulkhead.ConcurrencyLimit)
-	}
-	_ = a.Release(nil)
-	c := mustAcquire(t, b, req("c", 10)) // the second call of the burst
-	_ = c.Release(nil)
-	_, err := b.Acquire(context.Background(), req("d", 10))
-	wantRate(t, err, time.Second, "model", "gpt-4o", "requests")
-	if st := b.Stats(); st.Rate.Checked != 3 {
-		t.Fatalf("checked %d; want 3 (capacity rejections are not checked)", st.Rate.Checked)
-	}
+	forRateStores(t, func(t *testing.T, clk *clock.Mock, store pacer.Store) {
+		cfg := rateConfig(clk, &bulkhead.RateLimits{Store: store, PerModel: bulkhead.Rate{RequestsPerMinute: 60, RequestBurst: 1}})
+		cfg.MaxConcurrent, cfg.MaxQueue = 1, 0
+		b := newBulkhead(t, cfg)
+		a := mustAcquire(t, b, req("a", 10))
+		for i := 0; i < 5; i++ {
+			_, err := b.Acquire(context.Background(), req("b", 10))
+			wantReason(t, err, bulkhead.ConcurrencyLimit)
+		}
+		_ = a.Release(nil)
+		c := mustAcquire(t, b, req("c", 10)) // the second call of the burst
+		_ = c.Release(nil)
+		_, err := b.Acquire(context.Background(), req("d", 10))
+		wantRate(t, err, time.Second, "model", "gpt-4o", "requests")
+		if st := b.Stats(); st.Rate.Checked != 3 {
+			t.Fatalf("checked %d; want 3 (capacity rejections are not checked)", st.Rate.Checked)
+		}
+	})
 }
 
 // TestRateLimitQueued checks that a waiter is rate-checked when it is
 // granted its slot, and that its rate rejection gives the slot to the next
 // waiter.
 func TestRateLimitQueued(t *testing.T) {
-	clk := clock.NewMock()
-	cfg := rateConfig(clk, &bulkhead.RateLimits{PerClass: map[string]bulkhead.Rate{"batch": {RequestsPerMinute: 60}}})
-	cfg.MaxConcurrent, cfg.MaxQueue = 1, 4
-	cfg.Classes = &bulkhead.Classes{Default: "web", Limits: map[string]bulkhead.ClassLimits{"web": {}, "batch": {}}}
-	b := newBulkhead(t, cfg)
-	var mu sync.Mutex
-	var events []bulkhead.RejectEvent
-	var admits []string
-	unsub := b.Subscribe(bulkhead.Hooks{
-		Reject: func(e bulkhead.RejectEvent) { mu.Lock(); events = append(events, e); mu.Unlock() },
-		Admit:  func(e bulkhead.AdmitEvent) { mu.Lock(); admits = append(admits, e.Tag); mu.Unlock() },
+	forRateStores(t, func(t *testing.T, clk *clock.Mock, store pacer.Store) {
+		cfg := rateConfig(clk, &bulkhead.RateLimits{Store: store, PerClass: map[string]bulkhead.Rate{"batch": {RequestsPerMinute: 60}}})
+		cfg.MaxConcurrent, cfg.MaxQueue = 1, 4
+		cfg.Classes = &bulkhead.Classes{Default: "web", Limits: map[string]bulkhead.ClassLimits{"web": {}, "batch": {}}}
+		b := newBulkhead(t, cfg)
+		var mu sync.Mutex
+		var events []bulkhead.RejectEvent
+		var admits []string
+		unsub := b.Subscribe(bulkhead.Hooks{
+			Reject: func(e bulkhead.RejectEvent) { mu.Lock(); events = append(events, e); mu.Unlock() },
+			Admit:  func(e bulkhead.AdmitEvent) { mu.Lock(); admits = append(admits, e.Tag); mu.Unlock() },
+		})
+		defer unsub()
+		batch := bulkhead.WithClass("batch")
+		first := mustAcquire(t, b, req("a", 10), batch, bulkhead.WithTag("first"))
+		_ = first.Release(nil) // the batch class's one call this second
+		web := mustAcquire(t, b, req("w", 10), bulkhead.WithTag("web1"))
+		queued := acquireAsync(context.Background(), b, req("b", 10), batch, bulkhead.WithTag("batch2"))
+		testutil.WaitFor(t, "the batch call to queue", pending(b))
+		next := acquireAsync(context.Background(), b, req("w2", 10), bulkhead.WithTag("web2"))
+		testutil.WaitFor(t, "two waiters", func() bool { return b.Stats().Gate.Pending == 2 })
+		_ = web.Release(nil)
+		res := <-queued
+		wantRate(t, res.err, time.Second, "class", "batch", "requests")
+		w2 := <-next
+		if w2.err != nil {
+			t.Fatalf("the next waiter: %v", w2.err)
+		}
+		_ = w2.tok.Release(nil)
+		if _, err := b.Drain(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		st := b.Stats()
+		if st.Calls.Admitted != 3 || st.Calls.Rejected != 1 || st.Classes.Classes["batch"].RejectedByReason[bulkhead.RateLimit] != 1 ||
+			st.Gate.Admitted != 4 || st.Gate.Released != 4 {
+			t.Fatalf("stats: %v", st)
+		}
+		if tb := st.TokenBudget; tb.TotalReserved != 3*11 || tb.TotalRefunded != 0 || tb.InFlightTokens != 0 {
+			t.Fatalf("ledger: %+v; a rejection changes no token counter", tb)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if len(events) != 1 || events[0].Reason != bulkhead.RateLimit || events[0].Tag != "batch2" || events[0].Detail.Rate == nil {
+			t.Fatalf("reject events %+v", events)
+		}
+		if strings.Join(admits, ",") != "first,web1,web2" {
+			t.Fatalf("admit events %v: a rolled-back call is never announced as admitted", admits)
+		}
 	})
-	defer unsub()
-	batch := bulkhead.WithClass("batch")
-	first := mustAcquire(t, b, req("a", 10), batch, bulkhead.WithTag("first"))
-	_ = first.Release(nil) // the batch class's one call this second
-	web := mustAcquire(t, b, req("w", 10), bulkhead.WithTag("web1"))
-	queued := acquireAsync(context.Background(), b, req("b", 10), batch, bulkhead.WithTag("batch2"))
-	testutil.WaitFor(t, "the batch call to queue", pending(b))
-	next := acquireAsync(context.Background(), b, req("w2", 10), bulkhead.WithTag("web2"))
-	testutil.WaitFor(t, "two waiters", func() bool { return b.Stats().Gate.Pending == 2 })
-	_ = web.Release(nil)
-	res := <-queued
-	wantRate(t, res.err, time.Second, "class", "batch", "requests")
-	w2 := <-next
-	if w2.err != nil {
-		t.Fatalf("the next waiter: %v", w2.err)
-	}
-	_ = w2.tok.Release(nil)
-	if _, err := b.Drain(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	st := b.Stats()
-	if st.Calls.Admitted != 3 || st.Calls.Rejected != 1 || st.Classes.Classes["batch"].RejectedByReason[bulkhead.RateLimit] != 1 ||
-		st.Gate.Admitted != 4 || st.Gate.Released != 4 {
-		t.Fatalf("stats: %v", st)
-	}
-	if tb := st.TokenBudget; tb.TotalReserved != 3*11 || tb.TotalRefunded != 0 || tb.InFlightTokens != 0 {
-		t.Fatalf("ledger: %+v; a rejection changes no token counter", tb)
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	if len(events) != 1 || events[0].Reason != bulkhead.RateLimit || events[0].Tag != "batch2" || events[0].Detail.Rate == nil {
-		t.Fatalf("reject events %+v", events)
-	}
-	if strings.Join(admits, ",") != "first,web1,web2" {
-		t.Fatalf("admit events %v: a rolled-back call is never announced as admitted", admits)
-	}
 }
 
 func TestRateLimitTokens(t *testing.T) {
-	clk := clock.NewMock()
-	b := newBulkhead(t, rateConfig(clk, &bulkhead.RateLimits{PerModel: bulkhead.Rate{TokensPerMinute: 6000}}))
-	a := mustAcquire(t, b, req("a", 999)) // 1000 tokens: 10 s of a 100 tokens/s rate
-	_, err := b.Acquire(context.Background(), req("b", 99))
-	re := wantRate(t, err, 10*time.Second, "model", "gpt-4o", "tokens")
-	if re.Detail.Rate.Weight != 100 {
-		t.Fatalf("weight %v; want the reservation, 100", re.Detail.Rate.Weight)
-	}
-	// The call used 3000 tokens: the 2000 beyond its reservation are
-	// booked at release, 20 s more.
-	_ = a.Release(&bulkhead.Usage{Input: 1000, Output: 2000})
-	_, err = b.Acquire(context.Background(), req("b", 99))
-	wantRate(t, err, 30*time.Second, "model", "gpt-4o", "tokens")
-	if st := b.Stats().Rate; st.Overruns != 1 || st.OverrunTokens != 2000 || st.OverrunErrors != 0 {
-		t.Fatalf("rate stats %+v", st)
-	}
-	// A call that reserves nothing is never held back.
-	zero := req("z", 0)
-	p, err := b.Acquire(context.Background(), zero, bulkhead.WithReservation(bulkhead.Reservation{}))
-	if err != nil {
-		t.Fatalf("zero-token call: %v", err)
-	}
-	_ = p.Release(nil)
-	// Usage reported during the call counts too.
-	clk.Add(30 * time.Second)
-	c := mustAcquire(t, b, req("c", 99))
-	if _, err := c.ReportUsage(bulkhead.Usage{Input: 100, Output: 500}, nil); err != nil {
-		t.Fatal(err)
-	}
-	_ = c.Release(nil)
-	_, err = b.Acquire(context.Background(), req("d", 99))
-	wantRate(t, err, 6*time.Second, "model", "gpt-4o", "tokens")
+	forRateStores(t, func(t *testing.T, clk *clock.Mock, store pacer.Store) {
+		b := newBulkhead(t, rateConfig(clk, &bulkhead.RateLimits{Store: store, PerModel: bulkhead.Rate{TokensPerMinute: 6000}}))
+		a := mustAcquire(t, b, req("a", 999)) // 1000 tokens: 10 s of a 100 tokens/s rate
+		_, err := b.Acquire(context.Background(), req("b", 99))
+		re := wantRate(t, err, 10*time.Second, "model", "gpt-4o", "tokens")
+		if re.Detail.Rate.Weight != 100 {
+			t.Fatalf("weight %v; want the reservation, 100", re.Detail.Rate.Weight)
+		}
+		// The call used 3000 tokens: the 2000 beyond its reservation are
+		// booked at release, 20 s more.
+		_ = a.Release(&bulkhead.Usage{Input: 1000, Output: 2000})
+		_, err = b.Acquire(context.Background(), req("b", 99))
+		wantRate(t, err, 30*time.Second, "model", "gpt-4o", "tokens")
+		if st := b.Stats().Rate; st.Overruns != 1 || st.OverrunTokens != 2000 || st.OverrunErrors != 0 {
+			t.Fatalf("rate stats %+v", st)
+		}
+		// A call that reserves nothing is never held back.
+		zero := req("z", 0)
+		p, err := b.Acquire(context.Background(), zero, bulkhead.WithReservation(bulkhead.Reservation{}))
+		if err != nil {
+			t.Fatalf("zero-token call: %v", err)
+		}
+		_ = p.Release(nil)
+		// Usage reported during the call counts too.
+		clk.Add(30 * time.Second)
+		c := mustAcquire(t, b, req("c", 99))
+		if _, err := c.ReportUsage(bulkhead.Usage{Input: 100, Output: 500}, nil); err != nil {
+			t.Fatal(err)
+		}
+		_ = c.Release(nil)
+		_, err = b.Acquire(context.Background(), req("d", 99))
+		wantRate(t, err, 6*time.Second, "model", "gpt-4o", "tokens")
+	})
 }
 
 func TestRateLimitRun(t *testing.T) {
-	clk := clock.NewMock()
-	cfg := rateConfig(clk, &bulkhead.RateLimits{PerModel: bulkhead.Rate{RequestsPerMinute: 60}})
-	cfg.Dedup = &bulkhead.DedupConfig{}
-	b := newBulkhead(t, cfg)
-	calls := 0
-	fn := func(ctx context.Context, rc *bulkhead.RunContext) (int, error) { calls++; return 7, nil }
-	if v, err := bulkhead.Run(context.Background(), b, req("a", 10), fn); err != nil || v != 7 {
-		t.Fatalf("first Run: %v, %v", v, err)
-	}
-	_, err := bulkhead.Run(context.Background(), b, req("b", 10), fn)
-	wantRate(t, err, time.Second, "model", "gpt-4o", "requests")
-	_, err = bulkhead.Run(context.Background(), b, req("c", 10), fn, bulkhead.NoDedup())
-	wantRate(t, err, time.Second, "model", "gpt-4o", "requests")
-	if calls != 1 {
-		t.Fatalf("fn ran %d times; want 1", calls)
-	}
-	f := b.AcquireAsync(context.Background(), req("d", 10))
-	<-f.Done()
-	if _, err := f.Result(); err == nil {
-		t.Fatal("AcquireAsync over the rate admitted")
-	} else {
+	forRateStores(t, func(t *testing.T, clk *clock.Mock, store pacer.Store) {
+		cfg := rateConfig(clk, &bulkhead.RateLimits{Store: store, PerModel: bulkhead.Rate{RequestsPerMinute: 60}})
+		cfg.Dedup = &bulkhead.DedupConfig{}
+		b := newBulkhead(t, cfg)
+		calls := 0
+		fn := func(ctx context.Context, rc *bulkhead.RunContext) (int, error) { calls++; return 7, nil }
+		if v, err := bulkhead.Run(context.Background(), b, req("a", 10), fn); err != nil || v != 7 {
+			t.Fatalf("first Run: %v, %v", v, err)
+		}
+		_, err := bulkhead.Run(context.Background(), b, req("b", 10), fn)
 		wantRate(t, err, time.Second, "model", "gpt-4o", "requests")
-	}
-	clk.Add(time.Second)
-	f = b.AcquireAsync(context.Background(), req("d", 10))
-	p, err := f.Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	_ = p.Release(nil)
+		_, err = bulkhead.Run(context.Background(), b, req("c", 10), fn, bulkhead.NoDedup())
+		wantRate(t, err, time.Second, "model", "gpt-4o", "requests")
+		if calls != 1 {
+			t.Fatalf("fn ran %d times; want 1", calls)
+		}
+		f := b.AcquireAsync(context.Background(), req("d", 10))
+		<-f.Done()
+		if _, err := f.Result(); err == nil {
+			t.Fatal("AcquireAsync over the rate admitted")
+		} else {
+			wantRate(t, err, time.Second, "model", "gpt-4o", "requests")
+		}
+		clk.Add(time.Second)
+		f = b.AcquireAsync(context.Background(), req("d", 10))
+		p, err := f.Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = p.Release(nil)
+	})
 }
 
 func TestRateLimitWouldAdmit(t *testing.T) {
-	clk := clock.NewMock()
-	b := newBulkhead(t, rateConfig(clk, &bulkhead.RateLimits{PerModel: bulkhead.Rate{RequestsPerMinute: 60}}))
-	for i := 0; i < 3; i++ {
-		d, err := b.WouldAdmit(req("a", 10))
-		if err != nil || !d.Admit {
-			t.Fatalf("WouldAdmit %d: %+v, %v", i, d, err)
+	forRateStores(t, func(t *testing.T, clk *clock.Mock, store pacer.Store) {
+		b := newBulkhead(t, rateConfig(clk, &bulkhead.RateLimits{Store: store, PerModel: bulkhead.Rate{RequestsPerMinute: 60}}))
+		for i := 0; i < 3; i++ {
+			d, err := b.WouldAdmit(req("a", 10))
+			if err != nil || !d.Admit {
+				t.Fatalf("WouldAdmit %d: %+v, %v", i, d, err)
+			}
 		}
-	}
-	p := mustAcquire(t, b, req("a", 10)) // WouldAdmit booked nothing
-	defer func() { _ = p.Release(nil) }()
-	d, err := b.WouldAdmit(req("b", 10), bulkhead.WithDetail())
-	if err != nil || d.Admit || d.Reason != bulkhead.RateLimit || d.Detail == nil || d.Detail.Rate == nil || d.Detail.Rate.RetryAfter != time.Second {
-		t.Fatalf("WouldAdmit over the rate: %+v, %v", d, err)
-	}
-	d, err = b.WouldAdmit(req("b", 10))
-	if err != nil || d.Admit || d.Reason != bulkhead.RateLimit || d.Detail != nil {
-		t.Fatalf("WouldAdmit over the rate, no detail: %+v, %v", d, err)
-	}
+		p := mustAcquire(t, b, req("a", 10)) // WouldAdmit booked nothing
+		defer func() { _ = p.Release(nil) }()
+		d, err := b.WouldAdmit(req("b", 10), bulkhead.WithDetail())
+		if err != nil || d.Admit || d.Reason != bulkhead.RateLimit || d.Detail == nil || d.Detail.Rate == nil || d.Detail.Rate.RetryAfter != time.Second {
+			t.Fatalf("WouldAdmit over the rate: %+v, %v", d, err)
+		}
+		d, err = b.WouldAdmit(req("b", 10))
+		if err != nil || d.Admit || d.Reason != bulkhead.RateLimit || d.Detail != nil {
+			t.Fatalf("WouldAdmit over the rate, no detail: %+v, %v", d, err)
+		}
+	})
 }
 
 func TestRateLimitPace(t *testing.T) {

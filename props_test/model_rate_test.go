@@ -2,12 +2,17 @@ package props_test
 
 import (
 	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
 
 	"pgregory.net/rapid"
 
 	"github.com/llmbulkhead/bulkhead"
 	"github.com/llmbulkhead/bulkhead/clock"
+	"github.com/llmbulkhead/bulkhead/internal/redistest"
 	"github.com/llmbulkhead/bulkhead/pacer"
+	"github.com/redis/go-redis/v9"
 )
 
 // rateOracle predicts the bulkhead's rate limits: the same pacers on a
@@ -21,7 +26,26 @@ type rateOracle struct {
 	tokens  []bool                // members counting tokens
 }
 
-func newRateOracle(t *rapid.T, clk clock.Clock, tokens bool) *rateOracle {
+// rateRedis returns a client of a redis-server for the rate limits of the
+// model's runs, nil when redis-server is not installed (and CI unset).
+func rateRedis(t *testing.T) *redis.Client {
+	srv := redistest.TryStart(t)
+	if srv == nil {
+		return nil
+	}
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// rateRuns numbers the model's runs on Redis, so each has keys of its own.
+var rateRuns atomic.Int64
+
+// newRateOracle draws rate limits and returns their oracle. With rdb, half
+// the runs keep the bulkhead's rates in Redis (on the model's clock), where
+// each check runs on the caller's goroutine against a provisional
+// admission, instead of in the engine.
+func newRateOracle(t *rapid.T, clk clock.Clock, tokens bool, rdb *redis.Client) *rateOracle {
 	r := bulkhead.Rate{RequestsPerMinute: float64(rapid.IntRange(60, 6000).Draw(t, "rpm"))}
 	if rapid.Bool().Draw(t, "requestBurst") {
 		r.RequestBurst = float64(rapid.IntRange(1, 3).Draw(t, "RequestBurst"))
@@ -36,6 +60,13 @@ func newRateOracle(t *rapid.T, clk clock.Clock, tokens bool) *rateOracle {
 		}
 	}
 	o := &rateOracle{cfg: &bulkhead.RateLimits{PerModel: r}}
+	if rdb != nil && rapid.Bool().Draw(t, "rateOnRedis") {
+		store, err := pacer.NewRedis(rdb, pacer.RedisOptions{Clock: clk, Prefix: fmt.Sprintf("model%d:", rateRuns.Add(1))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		o.cfg.Store = store
+	}
 	store := pacer.NewLocal(pacer.LocalOptions{Clock: clk})
 	var ps []*pacer.Pacer
 	for _, m := range []struct {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"pgregory.net/rapid"
 
 	"github.com/llmbulkhead/bulkhead"
@@ -50,8 +51,9 @@ func TestModel(t *testing.T) {
 			t.Parallel() // each variant has its own bulkheads and clocks
 			seen := map[string]int{}
 			defer func() { t.Logf("outcomes seen: %v", seen) }()
+			rdb := rateRedis(t)
 			rapid.Check(t, func(t *rapid.T) {
-				m := newMachine(t, classes, seen)
+				m := newMachine(t, classes, seen, rdb)
 				actions := m.actions()
 				t.Repeat(actions)
 				if classes {
@@ -298,7 +300,7 @@ type machine struct {
 	seen map[string]int
 }
 
-func newMachine(t *rapid.T, classes bool, seen map[string]int) *machine {
+func newMachine(t *rapid.T, classes bool, seen map[string]int, rdb *redis.Client) *machine {
 	m := &machine{
 		clk:        &countingClock{Mock: clock.NewMock()},
 		hasClasses: classes,
@@ -352,7 +354,7 @@ func newMachine(t *rapid.T, classes bool, seen map[string]int) *machine {
 	}
 	if rapid.IntRange(0, 2).Draw(t, "rateLimits") == 0 {
 		cfg.MaxQueue, m.limits.MaxQueue = 0, 0
-		m.rate = newRateOracle(t, m.clk, m.hasBudget && budget > 0)
+		m.rate = newRateOracle(t, m.clk, m.hasBudget && budget > 0, rdb)
 		cfg.RateLimits = m.rate.cfg
 	}
 	m.exactUsage = rapid.Bool().Draw(t, "exactUsage")

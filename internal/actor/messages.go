@@ -63,6 +63,14 @@ type AcquireRequest struct {
 	// capacity check, for a check the facade made outside the engine (a
 	// rate limit): counted, announced with the capacity snapshot and
 	// RefuseRate as its detail, and answered with RefuseCause as the cause.
+	// Check, when set, is a check the engine makes itself at the moment
+	// of admission, after every capacity check has passed and the slot is
+	// granted (a rate limit on an in-process store): it must never block
+	// and never call user code. A call it turns down gives its slot back
+	// and is rejected for the reason it returns, with the detail's rate
+	// limit. CheckArg is the facade's, for Check.
+	Check    Checker
+	CheckArg any
 	// RateWait is how long the call waited for its rate-limit turn before
 	// it was sent, reported in its timing.
 	RateWait    time.Duration
@@ -118,7 +126,7 @@ func (r *AcquireRequest) reset() {
 	r.Start, r.answered = time.Time{}, false
 	r.Class, r.BorrowedDeadline, r.Shadow = classes.None, 0, 0
 	r.Follower, r.FollowerCause = admission.NoReason, nil
-	r.RateWait = 0
+	r.RateWait, r.Check, r.CheckArg = 0, nil, nil
 	r.Confirm, r.Refuse, r.RefuseRate, r.RefuseCause = false, admission.NoReason, nil, nil
 }
 
@@ -295,6 +303,12 @@ func (l *Lease) Release(usage *admission.Usage) bool {
 	}
 	l.engine.send(&l.rel)
 	return true
+}
+
+// Checker is a check the engine makes at the moment of admission; see
+// AcquireRequest.Check.
+type Checker interface {
+	Check(r *AcquireRequest) (admission.Reason, *admission.RateDetail)
 }
 
 // confirmMsg confirms a provisional admission. It lives inside the Lease,

@@ -227,7 +227,9 @@ func (s *state) acquire(r *AcquireRequest) {
 	}
 	if s.inFlight < s.limits.MaxConcurrent {
 		s.grantSlot()
-		s.admit(r)
+		if s.passes(r) {
+			s.admit(r)
+		}
 		return
 	}
 	if why := s.gateReason(); why != admission.NoReason {
@@ -347,6 +349,23 @@ func (s *state) rollback(m *rollbackRequest) error {
 	err := s.rejectOutside(l.Request, l.Priority, l.Reservation.Reserved, l.classID, m.why, m.rate, m.cause, l.timing)
 	s.pump()
 	return err
+}
+
+// passes runs r's own check, if it has one, for a call whose slot is
+// granted: when the check turns it down, the slot goes back and the call is
+// rejected, and passes returns false.
+func (s *state) passes(r *AcquireRequest) bool {
+	if r.Check == nil {
+		return true
+	}
+	why, rate := r.Check.Check(r)
+	if why == admission.NoReason {
+		return true
+	}
+	s.returnSlot()
+	r.Err = s.rejectOutside(r.Request, r.Priority, r.Reservation.Reserved, r.Class, why, rate, nil, s.timing(r))
+	s.answer(r)
+	return false
 }
 
 // refuseOutside rejects a new request for a check the facade made outside
@@ -495,7 +514,7 @@ func (s *state) pump() {
 		if why, cons := s.checkCapacity(w.Priority, w.Reservation.Reserved, w.Class, true); why != admission.NoReason {
 			s.returnSlot()
 			s.reject(w, why, false, nil, cons)
-		} else {
+		} else if s.passes(w) {
 			s.admit(w)
 		}
 		w = next
