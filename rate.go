@@ -281,8 +281,26 @@ func isLocal(s pacer.Store) bool {
 // (an in-process store only: it never blocks). It implements actor.Checker.
 func (rl *rateLimiter) Check(r *actor.AcquireRequest) (admission.Reason, *admission.RateDetail) {
 	set := r.CheckArg.(*rateSet)
-	var buf [4]float64
 	rl.checked.Add(1)
+	if len(set.members) == 1 {
+		// One rate: the pacer alone, without the composite's bookkeeping.
+		m := &set.members[0]
+		w := 1.0
+		if m.tokens {
+			w = float64(r.Reservation.Reserved)
+		}
+		out, err := m.p.RateLimit(context.Background(), rl.key, w)
+		switch {
+		case err != nil:
+			return admission.RateUnavailable, &admission.RateDetail{Fallback: err}
+		case out.Delay > 0:
+			d := m.detail
+			d.Weight, d.RetryAfter = w, out.Delay
+			return admission.RateLimit, &d
+		}
+		return admission.NoReason, nil
+	}
+	var buf [4]float64
 	out, err := set.comp.RateLimit(context.Background(), rl.key, set.weights(buf[:], r.Reservation.Reserved)...)
 	if err != nil {
 		return admission.RateUnavailable, &admission.RateDetail{Fallback: err}
