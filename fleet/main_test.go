@@ -77,6 +77,17 @@ func testConfig(client redis.UniversalClient) Config {
 	}
 }
 
+// mustPool returns a pool for cfg, closed when t ends.
+func mustPool(t testing.TB, cfg Config) *Pool {
+	t.Helper()
+	p, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close(bg) })
+	return p
+}
+
 // ledger is a pool's state read from Redis.
 type ledger struct {
 	slots, tokens int64 // agg
@@ -89,28 +100,32 @@ type ledger struct {
 func readLedger(t testing.TB, client redis.UniversalClient, keys []string) ledger {
 	t.Helper()
 	var l ledger
-	agg, err := client.HGetAll(bg, keys[2]).Result()
+	var agg *redis.MapStringStringCmd
+	var vals *redis.MapStringStringCmd
+	var holds, gone *redis.ZSliceCmd
+	// One transaction: a consistent snapshot between two scripts.
+	_, err := client.TxPipelined(bg, func(pipe redis.Pipeliner) error {
+		holds = pipe.ZRangeWithScores(bg, keys[0], 0, -1)
+		vals = pipe.HGetAll(bg, keys[1])
+		agg = pipe.HGetAll(bg, keys[2])
+		gone = pipe.ZRangeWithScores(bg, keys[3], 0, -1)
+		return nil
+	})
 	if err != nil {
 		t.Fatalf("ledger: %v", err)
 	}
-	l.slots, _ = strconv.ParseInt(agg["slots"], 10, 64)
-	l.tokens, _ = strconv.ParseInt(agg["tokens"], 10, 64)
-	l.gen = agg["gen"]
-	zset := func(key string) map[string]float64 {
-		zs, err := client.ZRangeWithScores(bg, key, 0, -1).Result()
-		if err != nil {
-			t.Fatalf("ledger: %v", err)
-		}
+	a := agg.Val()
+	l.slots, _ = strconv.ParseInt(a["slots"], 10, 64)
+	l.tokens, _ = strconv.ParseInt(a["tokens"], 10, 64)
+	l.gen = a["gen"]
+	zset := func(zs []redis.Z) map[string]float64 {
 		m := make(map[string]float64, len(zs))
 		for _, z := range zs {
 			m[z.Member.(string)] = z.Score
 		}
 		return m
 	}
-	l.holds, l.gone = zset(keys[0]), zset(keys[3])
-	if l.vals, err = client.HGetAll(bg, keys[1]).Result(); err != nil {
-		t.Fatalf("ledger: %v", err)
-	}
+	l.holds, l.gone, l.vals = zset(holds.Val()), zset(gone.Val()), vals.Val()
 	return l
 }
 
