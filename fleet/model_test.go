@@ -312,7 +312,9 @@ func TestModel(t *testing.T) {
 				r.live, r.gen = map[ID]entry{}, ""
 			},
 			"advance": func(rt *rapid.T) {
-				now += rapid.Int64Range(0, ttl*6/5).Draw(rt, "µs")
+				// Whole steps of 100 µs: leases, tombstones and relearn
+				// windows often end exactly now.
+				now += 100 * rapid.Int64Range(0, 12).Draw(rt, "steps")
 			},
 			"lose state": func(rt *rapid.T) {
 				if rapid.IntRange(0, 4).Draw(rt, "rarely") != 0 {
