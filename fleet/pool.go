@@ -165,7 +165,7 @@ func (p *Pool) Reserve(ctx context.Context, id ID, h Hold, high bool) (Result, e
 	skip := p.breakerLocked(started)
 	p.mu.Unlock()
 	if skip != nil {
-		return p.fallback(id, h, skip, started), nil
+		return p.fallback(id, h, skip, started, false), nil
 	}
 	for attempt := 0; ; attempt++ {
 		r, err := p.st.reserve(ctx, p.scriptNow(), id, h, slotLimit, tokenLimit, gen)
@@ -179,7 +179,7 @@ func (p *Pool) Reserve(ctx context.Context, id ID, h Hold, high bool) (Result, e
 				return Result{}, ce.cause
 			}
 			p.failed(opReserve, err)
-			return p.fallback(id, h, unavailable(err), started), nil
+			return p.fallback(id, h, unavailable(err), started, true), nil
 		}
 		view.Slots, view.Tokens, view.Gen, view.Reclaimed = r.slots, r.tokens, r.gen, r.reclaimed
 		res := Result{View: view}
@@ -214,7 +214,7 @@ func (p *Pool) Reserve(ctx context.Context, id ID, h Hold, high bool) (Result, e
 			p.mu.Unlock()
 			err := fmt.Errorf("%w: reserve code %d", errReply, r.extra[0])
 			p.failed(opReserve, err)
-			return p.fallback(id, h, unavailable(err), started), nil
+			return p.fallback(id, h, unavailable(err), started, true), nil
 		}
 		p.mu.Unlock()
 		// A rejection that reclaimed a full batch may have left more
@@ -227,8 +227,8 @@ func (p *Pool) Reserve(ctx context.Context, id ID, h Hold, high bool) (Result, e
 }
 
 // fallback applies the failure policy to a reserve that Redis could not
-// decide.
-func (p *Pool) fallback(id ID, h Hold, cause error, started time.Time) Result {
+// decide; sent says whether the reserve went to Redis (and may have run).
+func (p *Pool) fallback(id ID, h Hold, cause error, started time.Time, sent bool) Result {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.stats.Reserves.Error++
@@ -251,8 +251,10 @@ func (p *Pool) fallback(id ID, h Hold, cause error, started time.Time) Result {
 	}
 	if !res.Admitted {
 		p.stats.PolicyRejections++
-		// The reserve may have run with its reply lost: undo it.
-		p.queueReleaseLocked(id, started.Add(p.s.LeaseTTL))
+		if sent {
+			// The reserve may have run with its reply lost: undo it.
+			p.queueReleaseLocked(id, started.Add(p.s.LeaseTTL))
+		}
 		return res
 	}
 	p.stats.PolicyAdmissions++

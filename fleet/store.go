@@ -159,16 +159,13 @@ func appendEntries(a []any, es []entry) []any {
 // gen reads the pool's generation; "" when the pool has none (new, or Redis
 // lost it).
 func (s *store) gen(ctx context.Context) (string, error) {
-	var gen string
-	err := s.bounded(ctx, func(ctx context.Context) error {
-		var err error
-		gen, err = s.client.HGet(ctx, s.keys[2], "gen").Result()
+	return bounded(s, ctx, func(ctx context.Context) (string, error) {
+		gen, err := s.client.HGet(ctx, s.keys[2], "gen").Result()
 		if err == redis.Nil {
-			gen, err = "", nil
+			return "", nil
 		}
-		return err
+		return gen, err
 	})
-	return gen, err
 }
 
 // errReply is the error of a reply the scripts cannot have sent.
@@ -177,16 +174,13 @@ var errReply = errors.New("fleet: unexpected reply from the Redis script")
 // run runs a script, by digest and in full when the server lacks it, and
 // decodes its reply, which must carry want extra values.
 func (s *store) run(ctx context.Context, o op, sc *redis.Script, args []any, want int) (reply, error) {
-	var vals []any
-	err := s.bounded(ctx, func(ctx context.Context) error {
+	vals, err := bounded(s, ctx, func(ctx context.Context) ([]any, error) {
 		cmd := sc.EvalSha(ctx, s.client, s.keys, args...)
 		if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 			s.noScript(o)
 			cmd = sc.Eval(ctx, s.client, s.keys, args...)
 		}
-		var err error
-		vals, err = cmd.Slice()
-		return err
+		return cmd.Slice()
 	})
 	if err != nil {
 		return reply{}, err
@@ -231,36 +225,43 @@ var errNoAnswer = errors.New("fleet: Redis did not answer")
 
 // bounded runs f with a context that ends at s.timeout. When Redis has not
 // answered by then it returns an error saying so, wrapping
-// context.DeadlineExceeded; when the caller's own context ended first, an
-// error wrapping the caller's context error.
-func (s *store) bounded(ctx context.Context, f func(context.Context) error) error {
+// context.DeadlineExceeded; when the caller's own context ended first, a
+// *callerError.
+func bounded[T any](s *store, ctx context.Context, f func(context.Context) (T, error)) (T, error) {
 	rctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
+	var v T
 	var err error
 	if s.inline {
-		err = f(rctx)
+		v, err = f(rctx)
 	} else {
-		done := make(chan error, 1)
+		type result struct {
+			v   T
+			err error
+		}
+		done := make(chan result, 1)
 		s.inflight.Add(1)
 		go func() {
 			defer s.inflight.Done()
-			done <- f(rctx)
+			v, err := f(rctx)
+			done <- result{v, err}
 		}()
 		select {
-		case err = <-done:
+		case r := <-done:
+			v, err = r.v, r.err
 		case <-rctx.Done():
 			err = errNoAnswer
 		}
 	}
 	switch {
 	case err == nil:
-		return nil
+		return v, nil
 	case ctx.Err() != nil:
-		return &callerError{cause: context.Cause(ctx), err: err}
+		return v, &callerError{cause: context.Cause(ctx), err: err}
 	case rctx.Err() != nil || errors.Is(err, context.DeadlineExceeded):
-		return fmt.Errorf("fleet: Redis did not answer within %v: %w (%v)", s.timeout, context.DeadlineExceeded, err)
+		return v, fmt.Errorf("fleet: Redis did not answer within %v: %w (%v)", s.timeout, context.DeadlineExceeded, err)
 	}
-	return err
+	return v, err
 }
 
 // callerError is the error of a call whose caller's context ended first.
