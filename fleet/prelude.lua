@@ -62,7 +62,14 @@ if #expired > 0 then
   reclaimed = #expired
   dirty = true
 end
-redis.call('ZREMRANGEBYSCORE', K_GONE, '-inf', now)
+
+-- released reports whether id carries a live tombstone. (Expired ones are
+-- dropped by release, the only script that adds them, and with the key's
+-- own TTL.)
+local function released(id)
+  local until_ = redis.call('ZSCORE', K_GONE, id)
+  return until_ and tonumber(until_) > now
+end
 
 -- add changes the sums by a hold's (signed) slots and tokens.
 local function add(s, t)

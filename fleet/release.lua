@@ -1,6 +1,7 @@
 -- release: end the holds of ARGV[5], ARGV[6], ... and tombstone every id,
 -- known or not, so that a late reserve of it is refused.
 -- Extra reply: { freed, unknown }.
+redis.call('ZREMRANGEBYSCORE', K_GONE, '-inf', now)
 local freed, unknown = 0, 0
 local until_ = now + tomb
 for i = 5, #ARGV do

@@ -18,7 +18,7 @@ for i = 6, #ARGV - 3, 4 do
       redis.call('HSET', K_VALS, id, fmt(s, t, q))
     end
     code = 1
-  elseif redis.call('ZSCORE', K_GONE, id) then
+  elseif released(id) then
     code = -2
   elseif reinstate then
     redis.call('ZADD', K_HOLDS, now + ttl, id)

@@ -12,7 +12,7 @@ local code, expiry = 1, 0
 local cur = redis.call('ZSCORE', K_HOLDS, id)
 if cur then
   code, expiry = 2, tonumber(cur)
-elseif redis.call('ZSCORE', K_GONE, id) then
+elseif released(id) then
   code = -2
 elseif seen ~= '' and seen ~= gen and now < born + relearn then
   code = -3
