@@ -128,4 +128,3 @@ func BenchmarkPacerRedis(b *testing.B) {
 		})
 	}
 }
-
