@@ -39,7 +39,8 @@ type Pool struct {
 	now func() int64 // the scripts' time in µs; nil: Redis TIME (tests)
 
 	mu          sync.Mutex
-	closed      bool
+	closed      bool // no new reserves
+	drained     bool // nothing is sent any more
 	live        map[ID]*hold
 	localSlots  int64
 	localTokens int64
@@ -61,7 +62,8 @@ type Pool struct {
 	stop      chan struct{} // closed: the renewer stops
 	stopSend  chan struct{} // closed: the sender stops
 	wg        sync.WaitGroup
-	done      chan struct{} // closed when Close has finished
+	reserves  sync.WaitGroup // Reserve calls in flight
+	done      chan struct{}  // closed when Close has finished
 }
 
 // hold is a live hold of this replica.
@@ -159,6 +161,9 @@ func (p *Pool) Reserve(ctx context.Context, id ID, h Hold, high bool) (Result, e
 		p.mu.Unlock()
 		return Result{}, ErrClosed
 	}
+	// Close waits for this call, so that its hold is released too.
+	p.reserves.Add(1)
+	defer p.reserves.Done()
 	slotLimit, tokenLimit := p.slotLimit, p.tokenLimitLocked(high)
 	view := View{MaxConcurrent: slotLimit, TokenBudget: tokenLimit}
 	gen := p.gen
@@ -332,7 +337,7 @@ func (p *Pool) Release(id ID) {
 }
 
 func (p *Pool) queueReleaseLocked(id ID, deadline time.Time) {
-	if p.closed {
+	if p.drained {
 		return
 	}
 	p.relQ = append(p.relQ, pendingRelease{id: id, deadline: deadline})
@@ -525,14 +530,20 @@ func (p *Pool) Close(ctx context.Context) error {
 		<-p.done
 		return nil
 	}
+	p.closed = true
+	p.mu.Unlock()
+	p.reserves.Wait() // each ends within CallTimeout
+	p.stopGoroutines()
+	p.mu.Lock()
 	for id, hd := range p.live {
 		p.relQ = append(p.relQ, pendingRelease{id: id, deadline: hd.leaseEnd})
 		p.removeLocked(id)
 	}
-	p.closed = true
 	p.mu.Unlock()
-	p.stopGoroutines()
 	err := p.drain(ctx)
+	p.mu.Lock()
+	p.drained = true
+	p.mu.Unlock()
 	p.st.inflight.Wait()
 	close(p.done)
 	return err
@@ -580,7 +591,7 @@ func (p *Pool) crash() {
 		p.mu.Unlock()
 		return
 	}
-	p.closed = true
+	p.closed, p.drained = true, true
 	p.live, p.relQ, p.dirty = map[ID]*hold{}, nil, map[ID]struct{}{}
 	p.mu.Unlock()
 	p.stopGoroutines()

@@ -3,6 +3,8 @@ package fleet
 import (
 	"context"
 	"errors"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -261,5 +263,43 @@ func TestReserveCallerContext(t *testing.T) {
 	}
 	if st := p.Stats(); st.Reserves.Error != 0 || st.PolicyAdmissions != 0 {
 		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestCloseRacingReserves closes a pool while reserves are in flight and
+// checks that every hold they took is released.
+func TestCloseRacingReserves(t *testing.T) {
+	_, client := startRedis(t)
+	cfg := testConfig(client)
+	cfg.MaxConcurrent, cfg.TokenBudget = -1, -1
+	p := mustPool(t, cfg)
+	var wg sync.WaitGroup
+	var admitted atomic.Int64
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				res, err := p.Reserve(bg, idn(g*100_000+i), Hold{1, 10}, false)
+				if err == ErrClosed {
+					return
+				}
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if res.Admitted {
+					admitted.Add(1)
+				}
+			}
+		}()
+	}
+	poll(t, 5*time.Second, "some admissions", func() bool { return admitted.Load() > 50 })
+	if err := p.Close(bg); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	if l := checkLedger(t, client, p.st.keys); len(l.holds) != 0 || l.slots != 0 {
+		t.Fatalf("after Close: %d holds, %d slots (%d admitted)", len(l.holds), l.slots, admitted.Load())
 	}
 }
