@@ -12,15 +12,27 @@ import (
 
 // The defaults of the Config fields left zero.
 const (
-	DefaultPrefix            = "bh:"
-	DefaultLeaseTTL          = 30 * time.Second
-	DefaultRenewBatch        = 200
-	DefaultRelearnWindow     = 2 * time.Second
-	DefaultGenCheckEvery     = time.Second
-	DefaultCallTimeout       = 250 * time.Millisecond
+	// DefaultPrefix starts every key when Config.Prefix is empty.
+	DefaultPrefix = "bh:"
+	// DefaultLeaseTTL is each hold's lease when Config.LeaseTTL is zero.
+	DefaultLeaseTTL = 30 * time.Second
+	// DefaultRenewBatch bounds the holds one script renews when
+	// Config.RenewBatch is zero.
+	DefaultRenewBatch = 200
+	// DefaultRelearnWindow is Config.RelearnWindow when zero.
+	DefaultRelearnWindow = 2 * time.Second
+	// DefaultGenCheckEvery is Config.GenCheckEvery when zero.
+	DefaultGenCheckEvery = time.Second
+	// DefaultCallTimeout bounds each Redis call when Config.CallTimeout is
+	// zero.
+	DefaultCallTimeout = 250 * time.Millisecond
+	// DefaultAdjustMinInterval is Config.AdjustMinInterval when zero.
 	DefaultAdjustMinInterval = time.Second
-	DefaultReclaimBatch      = 64
-	DefaultBreakerCooldown   = time.Second
+	// DefaultReclaimBatch bounds the expired holds one script reclaims when
+	// Config.ReclaimBatch is zero.
+	DefaultReclaimBatch = 64
+	// DefaultBreakerCooldown is Config.BreakerCooldown when zero.
+	DefaultBreakerCooldown = time.Second
 )
 
 // maxBatch bounds RenewBatch and ReclaimBatch: one script must stay short,

@@ -148,7 +148,15 @@ type Stats struct {
 
 // ReserveStats counts reserves by outcome.
 type ReserveStats struct {
-	Admitted, Duplicate, RejectedSlots, RejectedTokens, Relearning, Released uint64
+	// Admitted counts new holds; Duplicate, reserves of an ID that held
+	// already.
+	Admitted, Duplicate uint64
+	// RejectedSlots and RejectedTokens count rejections by the fleet's
+	// concurrency limit and token budget.
+	RejectedSlots, RejectedTokens uint64
+	// Relearning counts reserves refused after a state loss; Released,
+	// late reserves of released IDs.
+	Relearning, Released uint64
 	// Error counts reserves that Redis failed (or the open breaker
 	// skipped); the failure policy decided them.
 	Error uint64
@@ -156,14 +164,18 @@ type ReserveStats struct {
 
 // ErrorStats counts failed Redis calls by operation.
 type ErrorStats struct {
+	// Reserve, Release, Adjust and Renew count the failures of each
+	// script; Gen, of the generation checks.
 	Reserve, Release, Adjust, Renew, Gen ErrorKinds
 }
 
 // ErrorKinds counts failed Redis calls by kind: a timeout (CallTimeout or a
 // client timeout), a connection error, a script missing from the server's
-// cache (then sent in full; not a failure of the operation), or any other
-// error.
+// cache, or any other error. A missing script (on the first call to a new
+// or restarted server, or after SCRIPT FLUSH) is sent in full at once: it
+// is counted, but the operation does not fail.
 type ErrorKinds struct {
+	// Timeout, Conn, NoScript and Other count the errors of each kind.
 	Timeout, Conn, NoScript, Other uint64
 }
 
@@ -172,6 +184,7 @@ type ErrorKinds struct {
 // released (the ID was tombstoned meanwhile; the hold is dropped); lost
 // (Redis no longer had it and it was not added back).
 type RenewStats struct {
+	// Renewed, Reinstated, Released and Lost count the outcomes.
 	Renewed, Reinstated, Released, Lost uint64
 }
 
@@ -180,5 +193,6 @@ type RenewStats struct {
 // registers it again); coalesced (superseded by a later adjustment before
 // being sent).
 type AdjustStats struct {
+	// Applied, Stale, Lost and Coalesced count the outcomes.
 	Applied, Stale, Lost, Coalesced uint64
 }
