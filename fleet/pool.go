@@ -188,46 +188,55 @@ func (p *Pool) Reserve(ctx context.Context, id ID, h Hold, high bool) (Result, e
 		}
 		view.Slots, view.Tokens, view.Gen, view.Reclaimed = r.slots, r.tokens, r.gen, r.reclaimed
 		res := Result{View: view}
-		p.mu.Lock()
-		p.observeLocked(r, view)
-		rs := &p.stats.Reserves
 		switch r.extra[0] {
 		case codeAdmitted, codeDuplicate:
-			res.Admitted = true
-			res.Duplicate = r.extra[0] == codeDuplicate
-			if res.Duplicate {
-				rs.Duplicate++
-			} else {
-				rs.Admitted++
-			}
-			if p.live[id] == nil {
-				p.addLocked(id, h, started, false)
-			}
+			res.Admitted, res.Duplicate = true, r.extra[0] == codeDuplicate
 		case codeSlots:
 			res.Reason = Slots
-			rs.RejectedSlots++
 		case codeTokens:
 			res.Reason = Tokens
-			rs.RejectedTokens++
 		case codeReleased:
 			res.Reason = Released
-			rs.Released++
 		case codeRelearning:
 			res.Reason = Relearning
-			rs.Relearning++
 		default:
-			p.mu.Unlock()
 			err := fmt.Errorf("%w: reserve code %d", errReply, r.extra[0])
 			p.failed(opReserve, err)
 			return p.fallback(id, h, unavailable(err), started, true), nil
 		}
-		p.mu.Unlock()
+		p.mu.Lock()
+		p.observeLocked(r, view)
 		// A rejection that reclaimed a full batch may have left more
 		// expired holds: look once more.
 		if (res.Reason == Slots || res.Reason == Tokens) && r.reclaimed >= p.s.ReclaimBatch && attempt == 0 {
+			p.mu.Unlock()
 			continue
 		}
+		p.countLocked(res)
+		if res.Admitted && p.live[id] == nil {
+			p.addLocked(id, h, started, false)
+		}
+		p.mu.Unlock()
 		return res, nil
+	}
+}
+
+// countLocked counts the outcome of a reserve that Redis decided.
+func (p *Pool) countLocked(res Result) {
+	rs := &p.stats.Reserves
+	switch {
+	case res.Duplicate:
+		rs.Duplicate++
+	case res.Admitted:
+		rs.Admitted++
+	case res.Reason == Slots:
+		rs.RejectedSlots++
+	case res.Reason == Tokens:
+		rs.RejectedTokens++
+	case res.Reason == Released:
+		rs.Released++
+	case res.Reason == Relearning:
+		rs.Relearning++
 	}
 }
 

@@ -303,3 +303,33 @@ func TestCloseRacingReserves(t *testing.T) {
 		t.Fatalf("after Close: %d holds, %d slots (%d admitted)", len(l.holds), l.slots, admitted.Load())
 	}
 }
+
+// TestReserveLooksTwice checks that a reserve rejected after reclaiming a
+// full batch of expired holds reclaims once more before it answers.
+func TestReserveLooksTwice(t *testing.T) {
+	_, client := startRedis(t)
+	cfg := testConfig(client)
+	cfg.MaxConcurrent, cfg.TokenBudget, cfg.ReclaimBatch = -1, 100, 1
+	var now atomic.Int64
+	now.Store(t0)
+	mk := func() *Pool {
+		p, err := newPool(cfg, now.Load)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Close(bg) })
+		return p
+	}
+	crashed, p := mk(), mk()
+	reserveOK(t, crashed, idn(1), Hold{1, 50}, false)
+	reserveOK(t, crashed, idn(2), Hold{1, 50}, false)
+	crashed.crash()
+	now.Add(cfg.LeaseTTL.Microseconds())
+	res := reserveOK(t, p, idn(3), Hold{1, 100}, false)
+	if res.View.Tokens != 100 || res.View.Reclaimed != 1 {
+		t.Fatalf("%+v", res)
+	}
+	if st := p.Stats(); st.Reclaimed != 2 || st.Reserves != (ReserveStats{Admitted: 1}) {
+		t.Fatalf("stats %+v", st.Reserves)
+	}
+}
