@@ -333,3 +333,38 @@ func TestReserveLooksTwice(t *testing.T) {
 		t.Fatalf("stats %+v", st.Reserves)
 	}
 }
+
+// TestHoldLostAndReinstated pauses a holder past its lease (through the
+// time hook): another replica reclaims the hold and takes the capacity, an
+// adjustment finds the hold lost, and the next renewal registers it again,
+// above the limit, with the latest values.
+func TestHoldLostAndReinstated(t *testing.T) {
+	_, client := startRedis(t)
+	cfg := testConfig(client)
+	cfg.MaxConcurrent, cfg.TokenBudget, cfg.AdjustMinInterval = 1, 100, -1
+	var now atomic.Int64
+	now.Store(t0)
+	mk := func() *Pool {
+		p, err := newPool(cfg, now.Load)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Close(bg) })
+		return p
+	}
+	paused, other := mk(), mk()
+	reserveOK(t, paused, idn(1), Hold{1, 80}, false)
+	now.Add(cfg.LeaseTTL.Microseconds())
+	reserveOK(t, other, idn(2), Hold{1, 100}, false)
+	paused.Adjust(idn(1), Hold{1, 60}, 1)
+	poll(t, 5*time.Second, "the adjustment", func() bool { return paused.Stats().Adjusts.Lost == 1 })
+	paused.renewAll()
+	l := checkLedger(t, client, paused.st.keys)
+	if l.slots != 2 || l.tokens != 160 || l.vals[idn(1).String()] != "1 60 1" {
+		t.Fatalf("ledger %+v", l)
+	}
+	if st := paused.Stats(); st.Renews.Reinstated != 1 || st.LocalHolds != 1 || st.LocalTokens != 60 {
+		t.Fatalf("stats %+v", st)
+	}
+	wantReject(t, other, idn(3), Hold{1, 0}, false, Slots)
+}
