@@ -35,12 +35,13 @@ func (p *Pool) renewer() {
 }
 
 // genChanged reports whether this replica holds live holds and the pool's
-// generation in Redis is not the one it knows (or is gone).
+// generation in Redis is not the one it knows (or is gone). While the
+// breaker is open it does not ask: the renewals probe Redis.
 func (p *Pool) genChanged() bool {
 	p.mu.Lock()
-	known, n := p.gen, len(p.live)
+	known, n, open := p.gen, len(p.live), p.fails >= breakerErrors
 	p.mu.Unlock()
-	if n == 0 {
+	if n == 0 || open {
 		return false
 	}
 	gen, err := p.st.gen(context.Background())
