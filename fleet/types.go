@@ -1,8 +1,9 @@
 package fleet
 
 import (
-	"encoding/hex"
 	"strconv"
+
+	"github.com/llmbulkhead/bulkhead/internal/admission"
 )
 
 // ID identifies one admission, and so its hold: the 16 bytes of a UUID. In
@@ -12,19 +13,7 @@ import (
 type ID [16]byte
 
 // String formats the ID as a canonical UUID string.
-func (id ID) String() string {
-	var b [36]byte
-	hex.Encode(b[0:8], id[0:4])
-	b[8] = '-'
-	hex.Encode(b[9:13], id[4:6])
-	b[13] = '-'
-	hex.Encode(b[14:18], id[6:8])
-	b[18] = '-'
-	hex.Encode(b[19:23], id[8:10])
-	b[23] = '-'
-	hex.Encode(b[24:], id[10:])
-	return string(b[:])
-}
+func (id ID) String() string { return admission.ID(id).UUID() }
 
 // Hold is what one admission holds of the fleet's capacity: Slots is 1 for
 // a call that counts against MaxConcurrent and 0 for one that does not (or
