@@ -4,7 +4,6 @@ import (
 	"slices"
 	"strconv"
 	"testing"
-	"time"
 
 	"pgregory.net/rapid"
 )
@@ -183,17 +182,7 @@ func TestModel(t *testing.T) {
 		budget, reserve    = 100, 20
 	)
 	rapid.Check(t, func(rt *rapid.T) {
-		cfg := testConfig(client)
-		cfg.LeaseTTL = ttl * time.Microsecond
-		cfg.RenewEvery = ttl / 3 * time.Microsecond
-		cfg.Tombstone = tomb * time.Microsecond
-		cfg.RelearnWindow = relearn * time.Microsecond
-		cfg.ReclaimBatch = batch
-		s, err := cfg.settings()
-		if err != nil {
-			rt.Fatal(err)
-		}
-		st := newStore(&s)
+		st := testStore(t, client, ttl, tomb, relearn, batch)
 		m := newModel(ttl, tomb, relearn, batch)
 		reps := make([]*replica, 3)
 		for i := range reps {

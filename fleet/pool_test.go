@@ -312,15 +312,7 @@ func TestReserveLooksTwice(t *testing.T) {
 	cfg.MaxConcurrent, cfg.TokenBudget, cfg.ReclaimBatch = -1, 100, 1
 	var now atomic.Int64
 	now.Store(t0)
-	mk := func() *Pool {
-		p, err := newPool(cfg, now.Load)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { p.Close(bg) })
-		return p
-	}
-	crashed, p := mk(), mk()
+	crashed, p := hookedPool(t, cfg, now.Load), hookedPool(t, cfg, now.Load)
 	reserveOK(t, crashed, idn(1), Hold{1, 50}, false)
 	reserveOK(t, crashed, idn(2), Hold{1, 50}, false)
 	crashed.crash()
@@ -344,15 +336,7 @@ func TestHoldLostAndReinstated(t *testing.T) {
 	cfg.MaxConcurrent, cfg.TokenBudget, cfg.AdjustMinInterval = 1, 100, -1
 	var now atomic.Int64
 	now.Store(t0)
-	mk := func() *Pool {
-		p, err := newPool(cfg, now.Load)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { p.Close(bg) })
-		return p
-	}
-	paused, other := mk(), mk()
+	paused, other := hookedPool(t, cfg, now.Load), hookedPool(t, cfg, now.Load)
 	reserveOK(t, paused, idn(1), Hold{1, 80}, false)
 	now.Add(cfg.LeaseTTL.Microseconds())
 	reserveOK(t, other, idn(2), Hold{1, 100}, false)
@@ -367,4 +351,16 @@ func TestHoldLostAndReinstated(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 	wantReject(t, other, idn(3), Hold{1, 0}, false, Slots)
+}
+
+// hookedPool returns a pool whose scripts take their time from now (µs),
+// closed when t ends.
+func hookedPool(t *testing.T, cfg Config, now func() int64) *Pool {
+	t.Helper()
+	p, err := newPool(cfg, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close(bg) })
+	return p
 }

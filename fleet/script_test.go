@@ -27,16 +27,23 @@ type fixture struct {
 }
 
 func newFixture(t *testing.T, client *redis.Client) *fixture {
+	return &fixture{t: t, client: client, st: testStore(t, client, tTTL, tTomb, tRelearn, tBatch), now: t0}
+}
+
+// testStore returns a store of a fresh pool with these settings, in µs.
+func testStore(t testing.TB, client *redis.Client, ttl, tomb, relearn int64, batch int) *store {
+	t.Helper()
 	cfg := testConfig(client)
-	cfg.LeaseTTL = tTTL * time.Microsecond
-	cfg.Tombstone = tTomb * time.Microsecond
-	cfg.RelearnWindow = tRelearn * time.Microsecond
-	cfg.ReclaimBatch = tBatch
+	cfg.LeaseTTL = time.Duration(ttl) * time.Microsecond
+	cfg.RenewEvery = cfg.LeaseTTL / 3
+	cfg.Tombstone = time.Duration(tomb) * time.Microsecond
+	cfg.RelearnWindow = time.Duration(relearn) * time.Microsecond
+	cfg.ReclaimBatch = batch
 	s, err := cfg.settings()
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &fixture{t: t, client: client, st: newStore(&s), now: t0}
+	return newStore(&s)
 }
 
 func (f *fixture) check(r reply, err error) reply {
