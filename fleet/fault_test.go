@@ -241,6 +241,9 @@ func TestSlowRedis(t *testing.T) {
 				if d := time.Since(start); d > cfg.CallTimeout/2 && res.Fallback != nil && strings.Contains(res.Fallback.Error(), "breaker") {
 					t.Errorf("a breaker answer took %v", d)
 				}
+				if res.Fallback != nil && strings.Contains(res.Fallback.Error(), "breaker") && !errors.Is(res.Fallback, context.DeadlineExceeded) {
+					t.Errorf("a breaker answer does not wrap the last error: %v", res.Fallback)
+				}
 			}
 			if n := runtime.NumGoroutine(); n > before+10 {
 				t.Errorf("%d goroutines, %d before the pause", n, before)

@@ -53,7 +53,8 @@ type Pool struct {
 	relQ        []pendingRelease
 	dirty       map[ID]struct{} // holds with an adjustment to send
 	stats       Stats
-	fails       int // consecutive failed Redis calls
+	fails       int   // consecutive failed Redis calls
+	lastErr     error // the last one's error
 	openUntil   time.Time
 	probing     bool
 
@@ -460,7 +461,7 @@ func (p *Pool) breakerLocked(now time.Time) error {
 		return nil
 	}
 	if p.probing || now.Before(p.openUntil) {
-		return fmt.Errorf("%w: circuit breaker open after %d consecutive failures", ErrUnavailable, p.fails)
+		return fmt.Errorf("%w: circuit breaker open after %d consecutive failures, the last: %w", ErrUnavailable, p.fails, p.lastErr)
 	}
 	p.probing = true
 	return nil
@@ -481,6 +482,7 @@ func (p *Pool) failed(o op, err error) {
 		k.Other++
 	}
 	p.fails++
+	p.lastErr = err
 	p.probing = false
 	if p.fails >= breakerErrors {
 		if p.fails == breakerErrors {
@@ -495,7 +497,7 @@ func (p *Pool) succeededLocked() {
 	if p.fails >= breakerErrors {
 		p.log.Info("fleet: Redis answering again; circuit breaker closed")
 	}
-	p.fails, p.probing = 0, false
+	p.fails, p.lastErr, p.probing = 0, nil, false
 	if p.unaccounted > 0 {
 		kick(p.kickRenew)
 	}
