@@ -3,6 +3,8 @@ package fleet
 import (
 	"context"
 	"time"
+
+	"github.com/llmbulkhead/bulkhead/clock"
 )
 
 // renewer renews the live holds' leases every RenewEvery, at once when
@@ -139,7 +141,7 @@ func (p *Pool) viewLocked(r reply) View {
 // failed ones.
 func (p *Pool) sender() {
 	defer p.wg.Done()
-	var t interface{ Stop() bool }
+	var t clock.Timer
 	var tc <-chan time.Time
 	for {
 		select {
