@@ -2,11 +2,8 @@ package benchmarks
 
 import (
 	"context"
-	"slices"
 	"strconv"
-	"strings"
 	"testing"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -127,66 +124,7 @@ func BenchmarkPacerRedis(b *testing.B) {
 		decide := decisions[name]
 		b.Run(name+"-vs-PING", func(b *testing.B) {
 			b.ReportAllocs()
-			if _, err := srv.Do("CONFIG", "RESETSTAT"); err != nil {
-				b.Fatal(err)
-			}
-			var ping, dec []time.Duration
-			for b.Loop() {
-				t0 := time.Now()
-				if err := client.Ping(ctx).Err(); err != nil {
-					b.Fatal(err)
-				}
-				t1 := time.Now()
-				if err := decide(); err != nil {
-					b.Fatal(err)
-				}
-				ping = append(ping, t1.Sub(t0))
-				dec = append(dec, time.Since(t1))
-			}
-			pp50, pp99 := percentile(ping, 50), percentile(ping, 99)
-			dp50, dp99 := percentile(dec, 50), percentile(dec, 99)
-			b.ReportMetric(micros(pp50), "ping-p50-µs")
-			b.ReportMetric(micros(pp99), "ping-p99-µs")
-			b.ReportMetric(micros(dp50), "decision-p50-µs")
-			b.ReportMetric(micros(dp99), "decision-p99-µs")
-			b.ReportMetric(float64(dp50)/float64(pp50), "p50-ratio")
-			b.ReportMetric(float64(dp99)/float64(pp99), "p99-ratio")
-			// The script's own cost, as the server measures it.
-			if us, ok := serverMicrosPerCall(srv, "evalsha"); ok {
-				b.ReportMetric(us, "script-server-µs")
-			}
+			redistest.BenchVsPing(b, srv, "decision", "evalsha", func() error { return client.Ping(ctx).Err() }, decide)
 		})
 	}
 }
-
-// serverMicrosPerCall returns the server's usec_per_call for cmd from INFO
-// commandstats.
-func serverMicrosPerCall(srv *redistest.Server, cmd string) (float64, bool) {
-	info, err := srv.Do("INFO", "commandstats")
-	if err != nil {
-		return 0, false
-	}
-	for _, line := range strings.Split(info, "\n") {
-		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+cmd+":"); ok {
-			for _, field := range strings.Split(rest, ",") {
-				if v, ok := strings.CutPrefix(field, "usec_per_call="); ok {
-					f, err := strconv.ParseFloat(v, 64)
-					return f, err == nil
-				}
-			}
-		}
-	}
-	return 0, false
-}
-
-// percentile returns the q-th percentile of ds (nearest rank), sorting ds.
-func percentile(ds []time.Duration, q int) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	slices.Sort(ds)
-	i := (len(ds)*q + 99) / 100
-	return ds[max(i-1, 0)]
-}
-
-func micros(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }

@@ -44,6 +44,15 @@ func (id ID) String() string {
 	if id == (ID{}) {
 		return ""
 	}
+	if id.Bypass() {
+		return "shadow-" + id.UUID()
+	}
+	return id.UUID()
+}
+
+// UUID formats the ID as a canonical 36-character UUID, whatever its
+// version, the zero ID included.
+func (id ID) UUID() string {
 	var b [36]byte
 	hex.Encode(b[0:8], id[0:4])
 	b[8] = '-'
@@ -54,9 +63,6 @@ func (id ID) String() string {
 	hex.Encode(b[19:23], id[8:10])
 	b[23] = '-'
 	hex.Encode(b[24:], id[10:])
-	if id.Bypass() {
-		return "shadow-" + string(b[:])
-	}
 	return string(b[:])
 }
 

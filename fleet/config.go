@@ -1,0 +1,297 @@
+package fleet
+
+import (
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/llmbulkhead/bulkhead/clock"
+)
+
+// The defaults of the Config fields left zero.
+const (
+	// DefaultPrefix starts every key when Config.Prefix is empty.
+	DefaultPrefix = "bh:"
+	// DefaultLeaseTTL is each hold's lease when Config.LeaseTTL is zero.
+	DefaultLeaseTTL = 30 * time.Second
+	// DefaultRenewBatch bounds the holds one script renews when
+	// Config.RenewBatch is zero.
+	DefaultRenewBatch = 200
+	// DefaultRelearnWindow is Config.RelearnWindow when zero.
+	DefaultRelearnWindow = 2 * time.Second
+	// DefaultGenCheckEvery is Config.GenCheckEvery when zero.
+	DefaultGenCheckEvery = time.Second
+	// DefaultCallTimeout bounds each Redis call when Config.CallTimeout is
+	// zero.
+	DefaultCallTimeout = 250 * time.Millisecond
+	// DefaultAdjustMinInterval is Config.AdjustMinInterval when zero.
+	DefaultAdjustMinInterval = time.Second
+	// DefaultReclaimBatch bounds the expired holds one script reclaims when
+	// Config.ReclaimBatch is zero.
+	DefaultReclaimBatch = 64
+	// DefaultBreakerCooldown is Config.BreakerCooldown when zero.
+	DefaultBreakerCooldown = time.Second
+)
+
+// maxBatch bounds RenewBatch and ReclaimBatch: one script must stay short,
+// because Redis runs nothing else meanwhile.
+const maxBatch = 5000
+
+// maxAmount is the largest token count or limit: integers above 2^53 are
+// not exact in the scripts' arithmetic.
+const maxAmount = 1<<53 - 1
+
+// breakerErrors is the number of consecutive Redis errors that opens the
+// circuit breaker.
+const breakerErrors = 3
+
+// FailurePolicy says what Reserve does when Redis cannot decide: it is
+// unreachable, slower than Config.CallTimeout, answers with an error, or the
+// circuit breaker is open after repeated failures. It does not apply when
+// the caller's own context ended first, nor to invalid input.
+type FailurePolicy uint8
+
+const (
+	// FailClosed rejects the reserve with Reason Unavailable. It is the
+	// zero value and the default: the fleet limits are never exceeded
+	// because of an outage.
+	FailClosed FailurePolicy = iota
+	// FailOpen admits the reserve without a Redis hold (Result.Unaccounted);
+	// the pool registers the hold once Redis answers again. During an
+	// outage every replica admits on its own, so the fleet may exceed its
+	// limits.
+	FailOpen
+	// FailLocalShare admits the reserve without a Redis hold only while
+	// this replica's live holds and the new one fit in Config.LocalShare;
+	// beyond it the reserve is rejected with Reason Slots or Tokens. Set the
+	// share to about the limits divided by the number of replicas.
+	FailLocalShare
+)
+
+// String returns "closed", "open" or "local_share".
+func (p FailurePolicy) String() string {
+	switch p {
+	case FailClosed:
+		return "closed"
+	case FailOpen:
+		return "open"
+	case FailLocalShare:
+		return "local_share"
+	}
+	return "FailurePolicy(" + strconv.Itoa(int(p)) + ")"
+}
+
+// Share is the part of the fleet's capacity one replica may hold on its own
+// while Redis is unavailable (the FailLocalShare policy).
+type Share struct {
+	// Slots and Tokens bound the replica's live holds: their slots and
+	// their tokens, counting holds taken before the outage.
+	Slots, Tokens int64
+}
+
+// Config configures a Pool: one fleet-wide pair of limits, shared through
+// Redis by every replica that uses the same Client, Prefix and Pool name.
+// Only Client and Pool are required; the other zero values are documented
+// defaults.
+type Config struct {
+	// Client is the Redis client: a *redis.Client, *redis.ClusterClient or
+	// failover client. Give it ContextTimeoutEnabled, so that it abandons a
+	// command at CallTimeout rather than at its own read timeout.
+	Client redis.UniversalClient
+
+	// Pool names the pool, for example one provider account or model. It
+	// must not be empty nor contain '{' or '}': the pool's four keys are
+	// "<Prefix>{<Pool>}:holds", ":vals", ":agg" and ":gone", one Redis
+	// Cluster hash slot.
+	Pool string
+
+	// Prefix starts every key; empty means "bh:". It must not contain '{'
+	// or '}'.
+	Prefix string
+
+	// MaxConcurrent bounds the fleet's holds that take a slot. -1 means
+	// not enforced; 0 admits no hold that takes a slot.
+	MaxConcurrent int64
+
+	// TokenBudget bounds the tokens held fleet-wide by running calls. -1
+	// means not enforced; 0 admits only holds of no tokens.
+	TokenBudget int64
+
+	// HighPriorityReserve is the part of TokenBudget that only
+	// high-priority reserves may use: a normal one must fit in
+	// TokenBudget - HighPriorityReserve. It must not exceed TokenBudget.
+	HighPriorityReserve int64
+
+	// LeaseTTL is each hold's lease: a hold its replica stops renewing (the
+	// replica crashed) is reclaimed by any replica once it has passed.
+	// Zero means 30s.
+	LeaseTTL time.Duration
+
+	// RenewEvery is how often the pool renews its live holds' leases. Zero
+	// means LeaseTTL/3; it must be less than LeaseTTL.
+	RenewEvery time.Duration
+
+	// RenewBatch bounds the holds renewed, and the releases and
+	// adjustments sent, by one script. Zero means 200.
+	RenewBatch int
+
+	// Tombstone is how long a released ID refuses a late reserve. Zero
+	// means LeaseTTL.
+	Tombstone time.Duration
+
+	// OnFailure is what Reserve does when Redis cannot decide. The zero
+	// value is FailClosed.
+	OnFailure FailurePolicy
+
+	// LocalShare bounds the holds the FailLocalShare policy lets this
+	// replica keep on its own.
+	LocalShare Share
+
+	// RelearnWindow is how long after Redis lost the pool's state a replica
+	// that knew the pool before is refused (Reason Relearning), while the
+	// replicas with running calls register their holds again. It should
+	// exceed GenCheckEvery, and RenewEvery when holds may be renewed late.
+	// Zero means 2s; negative turns it off.
+	RelearnWindow time.Duration
+
+	// GenCheckEvery is how often a pool holding live holds checks the
+	// pool's generation, to register them again at once when Redis lost its
+	// state. Zero means 1s.
+	GenCheckEvery time.Duration
+
+	// CallTimeout bounds each Redis call. When Redis has not answered by
+	// then, Reserve applies OnFailure. Zero means 250ms.
+	CallTimeout time.Duration
+
+	// AdjustMinInterval is the shortest time between two adjustments of one
+	// hold sent to Redis; later ones are coalesced into the next. An
+	// adjustment that raises the tokens above the last value sent (an
+	// overrun) is sent at once. Zero means 1s; negative sends every
+	// adjustment at once.
+	AdjustMinInterval time.Duration
+
+	// ReclaimBatch bounds the expired holds one script reclaims. Zero means
+	// 64.
+	ReclaimBatch int
+
+	// BreakerCooldown is how long Reserve applies OnFailure without calling
+	// Redis after three consecutive failed calls, before one reserve probes
+	// Redis again. Zero means 1s.
+	BreakerCooldown time.Duration
+
+	// Clock schedules renewals, retries, adjustment coalescing and the
+	// breaker. Nil means the wall clock.
+	Clock clock.Clock
+
+	// Logger receives state changes: state losses, the breaker opening and
+	// closing, holds found expired. Nil means silent.
+	Logger *slog.Logger
+}
+
+// settings is a Config with its defaults applied.
+type settings struct {
+	Config
+	renewEvery, tombstone, relearn time.Duration
+}
+
+func (c Config) settings() (settings, error) {
+	s := settings{Config: c}
+	if c.Client == nil {
+		return s, invalidf("Config.Client", "must not be nil")
+	}
+	if c.Pool == "" {
+		return s, invalidf("Config.Pool", "must not be empty")
+	}
+	if err := checkName("Config.Pool", c.Pool); err != nil {
+		return s, err
+	}
+	if s.Prefix == "" {
+		s.Prefix = DefaultPrefix
+	}
+	if err := checkName("Config.Prefix", s.Prefix); err != nil {
+		return s, err
+	}
+	if err := checkLimits("Config.", c.MaxConcurrent, c.TokenBudget, c.HighPriorityReserve); err != nil {
+		return s, err
+	}
+	durations := []struct {
+		field string
+		v     *time.Duration
+		def   time.Duration
+		neg   bool // negative allowed
+	}{
+		{"Config.LeaseTTL", &s.LeaseTTL, DefaultLeaseTTL, false},
+		{"Config.RenewEvery", &s.RenewEvery, 0, false},
+		{"Config.Tombstone", &s.Tombstone, 0, false},
+		{"Config.RelearnWindow", &s.RelearnWindow, DefaultRelearnWindow, true},
+		{"Config.GenCheckEvery", &s.GenCheckEvery, DefaultGenCheckEvery, false},
+		{"Config.CallTimeout", &s.CallTimeout, DefaultCallTimeout, false},
+		{"Config.AdjustMinInterval", &s.AdjustMinInterval, DefaultAdjustMinInterval, true},
+		{"Config.BreakerCooldown", &s.BreakerCooldown, DefaultBreakerCooldown, false},
+	}
+	for _, d := range durations {
+		if *d.v < 0 && !d.neg {
+			return s, invalidf(d.field, "must be >= 0, got %v", *d.v)
+		}
+		if *d.v == 0 {
+			*d.v = d.def
+		}
+	}
+	if s.LeaseTTL < time.Millisecond {
+		return s, invalidf("Config.LeaseTTL", "must be at least 1ms, got %v", s.LeaseTTL)
+	}
+	s.renewEvery = s.RenewEvery
+	if s.renewEvery == 0 {
+		s.renewEvery = s.LeaseTTL / 3
+	}
+	if s.renewEvery >= s.LeaseTTL {
+		return s, invalidf("Config.RenewEvery", "must be less than LeaseTTL (%v), got %v", s.LeaseTTL, s.renewEvery)
+	}
+	s.tombstone = s.Tombstone
+	if s.tombstone == 0 {
+		s.tombstone = s.LeaseTTL
+	}
+	s.relearn = max(s.RelearnWindow, 0)
+	for _, b := range []struct {
+		field string
+		v     *int
+		def   int
+	}{
+		{"Config.RenewBatch", &s.RenewBatch, DefaultRenewBatch},
+		{"Config.ReclaimBatch", &s.ReclaimBatch, DefaultReclaimBatch},
+	} {
+		if *b.v < 0 || *b.v > maxBatch {
+			return s, invalidf(b.field, "must be in [0, %d], got %d", maxBatch, *b.v)
+		}
+		if *b.v == 0 {
+			*b.v = b.def
+		}
+	}
+	if c.OnFailure > FailLocalShare {
+		return s, invalidf("Config.OnFailure", "unknown policy %d", c.OnFailure)
+	}
+	if c.LocalShare.Slots < 0 || c.LocalShare.Tokens < 0 {
+		return s, invalidf("Config.LocalShare", "must not be negative, got %+v", c.LocalShare)
+	}
+	s.Clock = clock.OrReal(c.Clock)
+	if s.Logger == nil {
+		s.Logger = slog.New(slog.DiscardHandler)
+	}
+	return s, nil
+}
+
+// checkLimits validates a pool's limits.
+func checkLimits(prefix string, maxConcurrent, tokenBudget, reserve int64) error {
+	if maxConcurrent < -1 || maxConcurrent > maxAmount {
+		return invalidf(prefix+"MaxConcurrent", "must be -1 or in [0, 2^53), got %d", maxConcurrent)
+	}
+	if tokenBudget < -1 || tokenBudget > maxAmount {
+		return invalidf(prefix+"TokenBudget", "must be -1 or in [0, 2^53), got %d", tokenBudget)
+	}
+	if reserve < 0 || (tokenBudget >= 0 && reserve > tokenBudget) {
+		return invalidf(prefix+"HighPriorityReserve", "must be in [0, TokenBudget], got %d (budget %d)", reserve, tokenBudget)
+	}
+	return nil
+}

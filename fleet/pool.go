@@ -1,0 +1,611 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/llmbulkhead/bulkhead/clock"
+)
+
+// retryDelay is the longest wait before a failed release or adjustment is
+// sent again.
+const retryDelay = 50 * time.Millisecond
+
+// Pool is one replica's handle on a fleet-wide pool: it takes, adjusts,
+// renews and releases holds in Redis for the admissions of this process.
+//
+// Reserve runs on the caller's goroutine, one Redis round trip. Release and
+// Adjust never block: a background sender batches them. A background renewer
+// extends the leases of the live holds every RenewEvery, registers again the
+// holds Redis lost (after a restart, a failover or FLUSHALL) and those the
+// failure policy admitted without Redis, and watches the pool's generation
+// while holds are live. Renewals go on through outages: a hold is never
+// dropped because Redis is down, and it is dropped by Redis only when its
+// lease runs out without renewal.
+//
+// A Pool is safe for concurrent use. Close it to release its holds and stop
+// its goroutines.
+type Pool struct {
+	s   settings
+	st  *store
+	clk clock.Clock
+	log *slog.Logger
+	now func() int64 // the scripts' time in µs; nil: Redis TIME (tests)
+
+	mu          sync.Mutex
+	closed      bool // no new reserves
+	drained     bool // nothing is sent any more
+	live        map[ID]*hold
+	localSlots  int64
+	localTokens int64
+	unaccounted int64
+	slotLimit   int64
+	tokenBudget int64
+	reserve     int64
+	gen         string // the generation this replica knows
+	lossGen     string // the newest generation seen after a state loss
+	relQ        []pendingRelease
+	dirty       map[ID]struct{} // holds with an adjustment to send
+	stats       Stats
+	fails       int   // consecutive failed Redis calls
+	lastErr     error // the last one's error
+	openUntil   time.Time
+	probing     bool
+
+	kickSend  chan struct{}
+	kickRenew chan struct{}
+	stop      chan struct{} // closed: the renewer stops
+	stopSend  chan struct{} // closed: the sender stops
+	wg        sync.WaitGroup
+	reserves  sync.WaitGroup // Reserve calls in flight
+	done      chan struct{}  // closed when Close has finished
+}
+
+// hold is a live hold of this replica.
+type hold struct {
+	h           Hold
+	seq         uint64
+	unaccounted bool      // admitted by the failure policy, not yet in Redis
+	leaseEnd    time.Time // when the lease runs out unless renewed
+	sent        Hold      // the values Redis last acknowledged
+	lastAdjust  time.Time
+	due         time.Time // when the waiting adjustment may go
+}
+
+type pendingRelease struct {
+	id       ID
+	deadline time.Time // give up after: the hold has expired by then
+}
+
+// New validates cfg and returns a pool, with its background renewer and
+// sender running. It does not call Redis: the first Reserve does. Errors
+// are *ConfigError.
+func New(cfg Config) (*Pool, error) { return newPool(cfg, nil) }
+
+func newPool(cfg Config, now func() int64) (*Pool, error) {
+	s, err := cfg.settings()
+	if err != nil {
+		return nil, err
+	}
+	p := &Pool{
+		s:           s,
+		st:          newStore(&s),
+		clk:         s.Clock,
+		log:         s.Logger.With("pool", s.Pool),
+		now:         now,
+		live:        make(map[ID]*hold),
+		dirty:       make(map[ID]struct{}),
+		slotLimit:   s.MaxConcurrent,
+		tokenBudget: s.TokenBudget,
+		reserve:     s.HighPriorityReserve,
+		kickSend:    make(chan struct{}, 1),
+		kickRenew:   make(chan struct{}, 1),
+		stop:        make(chan struct{}),
+		stopSend:    make(chan struct{}),
+		done:        make(chan struct{}),
+	}
+	p.st.noScript = func(o op) {
+		p.mu.Lock()
+		p.errorKinds(o).NoScript++
+		p.mu.Unlock()
+	}
+	p.wg.Add(2)
+	go p.renewer()
+	go p.sender()
+	return p, nil
+}
+
+func checkHold(h Hold) error {
+	if h.Slots != 0 && h.Slots != 1 {
+		return invalidf("Hold.Slots", "must be 0 or 1, got %d", h.Slots)
+	}
+	if h.Tokens < 0 || h.Tokens > maxAmount {
+		return invalidf("Hold.Tokens", "must be in [0, 2^53), got %d", h.Tokens)
+	}
+	return nil
+}
+
+// Reserve takes a fleet-wide hold h for the admission id, in one Redis round
+// trip on the caller's goroutine. high marks a high-priority admission, which
+// may use Config.HighPriorityReserve.
+//
+// The Result says whether it was admitted and why not. Everything Redis does
+// wrong (no answer within CallTimeout, an error, an open breaker) is decided
+// by the failure policy and reported in Result.Fallback, never as an error.
+// The error is non-nil only for invalid input (*ConfigError), a closed pool
+// (ErrClosed), or the caller's ctx ending before Redis answered (ctx's
+// error); then the id is released in the background, so that a reserve that
+// did execute leaves no hold behind.
+//
+// A second Reserve of a held id admits it again with Duplicate set and
+// counts nothing twice; a Reserve of an id released already is refused
+// (Reason Released).
+func (p *Pool) Reserve(ctx context.Context, id ID, h Hold, high bool) (Result, error) {
+	if err := checkHold(h); err != nil {
+		return Result{}, err
+	}
+	if id == (ID{}) {
+		return Result{}, invalidf("id", "must not be the zero ID")
+	}
+	if err := ctx.Err(); err != nil {
+		return Result{}, err
+	}
+	started := p.clk.Now()
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return Result{}, ErrClosed
+	}
+	// Close waits for this call, so that its hold is released too.
+	p.reserves.Add(1)
+	defer p.reserves.Done()
+	slotLimit, tokenLimit := p.slotLimit, p.tokenLimitLocked(high)
+	view := View{MaxConcurrent: slotLimit, TokenBudget: tokenLimit}
+	gen := p.gen
+	skip := p.breakerLocked(started)
+	p.mu.Unlock()
+	if skip != nil {
+		return p.fallback(id, h, skip, started, false), nil
+	}
+	for attempt := 0; ; attempt++ {
+		r, err := p.st.reserve(ctx, p.scriptNow(), id, h, slotLimit, tokenLimit, gen)
+		if err != nil {
+			var ce *callerError
+			if errors.As(err, &ce) {
+				p.mu.Lock()
+				p.probing = false
+				p.queueReleaseLocked(id, started.Add(p.s.LeaseTTL))
+				p.mu.Unlock()
+				return Result{}, ce.cause
+			}
+			p.failed(opReserve, err)
+			return p.fallback(id, h, unavailable(err), started, true), nil
+		}
+		view.Slots, view.Tokens, view.Gen, view.Reclaimed = r.slots, r.tokens, r.gen, r.reclaimed
+		res := Result{View: view}
+		switch r.extra[0] {
+		case codeAdmitted, codeDuplicate:
+			res.Admitted, res.Duplicate = true, r.extra[0] == codeDuplicate
+		case codeSlots:
+			res.Reason = Slots
+		case codeTokens:
+			res.Reason = Tokens
+		case codeReleased:
+			res.Reason = Released
+		case codeRelearning:
+			res.Reason = Relearning
+		default:
+			err := fmt.Errorf("%w: reserve code %d", errReply, r.extra[0])
+			p.failed(opReserve, err)
+			return p.fallback(id, h, unavailable(err), started, true), nil
+		}
+		p.mu.Lock()
+		p.observeLocked(r, view)
+		// A rejection that reclaimed a full batch may have left more
+		// expired holds: look once more.
+		if (res.Reason == Slots || res.Reason == Tokens) && r.reclaimed >= p.s.ReclaimBatch && attempt == 0 {
+			p.mu.Unlock()
+			continue
+		}
+		p.countLocked(res)
+		if res.Admitted && p.live[id] == nil {
+			p.addLocked(id, h, started, false)
+		}
+		p.mu.Unlock()
+		return res, nil
+	}
+}
+
+// countLocked counts the outcome of a reserve that Redis decided.
+func (p *Pool) countLocked(res Result) {
+	rs := &p.stats.Reserves
+	switch {
+	case res.Duplicate:
+		rs.Duplicate++
+	case res.Admitted:
+		rs.Admitted++
+	case res.Reason == Slots:
+		rs.RejectedSlots++
+	case res.Reason == Tokens:
+		rs.RejectedTokens++
+	case res.Reason == Released:
+		rs.Released++
+	case res.Reason == Relearning:
+		rs.Relearning++
+	}
+}
+
+// fallback applies the failure policy to a reserve that Redis could not
+// decide; sent says whether the reserve went to Redis (and may have run).
+func (p *Pool) fallback(id ID, h Hold, cause error, started time.Time, sent bool) Result {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.stats.Reserves.Error++
+	res := Result{Fallback: cause}
+	switch p.s.OnFailure {
+	case FailOpen:
+		res.Admitted = true
+	case FailLocalShare:
+		share := p.s.LocalShare
+		switch {
+		case p.localSlots+h.Slots > share.Slots:
+			res.Reason = Slots
+		case p.localTokens+h.Tokens > share.Tokens:
+			res.Reason = Tokens
+		default:
+			res.Admitted = true
+		}
+	default:
+		res.Reason = Unavailable
+	}
+	if !res.Admitted {
+		p.stats.PolicyRejections++
+		if sent {
+			// The reserve may have run with its reply lost: undo it.
+			p.queueReleaseLocked(id, started.Add(p.s.LeaseTTL))
+		}
+		return res
+	}
+	p.stats.PolicyAdmissions++
+	if hd := p.live[id]; hd != nil {
+		res.Duplicate, res.Unaccounted = true, hd.unaccounted
+		return res
+	}
+	res.Unaccounted = true
+	p.addLocked(id, h, started, true)
+	return res
+}
+
+// addLocked records a new live hold.
+func (p *Pool) addLocked(id ID, h Hold, started time.Time, unaccounted bool) {
+	hd := &hold{h: h, unaccounted: unaccounted, leaseEnd: started.Add(p.s.LeaseTTL)}
+	if !unaccounted {
+		hd.sent = h
+	} else {
+		p.unaccounted++
+	}
+	p.live[id] = hd
+	p.localSlots += h.Slots
+	p.localTokens += h.Tokens
+}
+
+// removeLocked forgets a live hold and returns it (nil if not live).
+func (p *Pool) removeLocked(id ID) *hold {
+	hd := p.live[id]
+	if hd == nil {
+		return nil
+	}
+	delete(p.live, id)
+	delete(p.dirty, id)
+	p.localSlots -= hd.h.Slots
+	p.localTokens -= hd.h.Tokens
+	if hd.unaccounted {
+		p.unaccounted--
+	}
+	return hd
+}
+
+func (p *Pool) tokenLimitLocked(high bool) int64 {
+	if p.tokenBudget < 0 || high {
+		return p.tokenBudget
+	}
+	return p.tokenBudget - p.reserve
+}
+
+func (p *Pool) scriptNow() int64 {
+	if p.now == nil {
+		return 0
+	}
+	return p.now()
+}
+
+// Release ends the hold of id. It never blocks: the release is queued for
+// the background sender, which sends the releases of many calls in one
+// script and retries a failed one until it succeeds or the hold's lease has
+// run out anyway. The hold stops being renewed at once. Releasing an id
+// Redis does not hold (released already, expired, never reserved) changes
+// nothing there, but keeps a late Reserve of it from taking a hold. After
+// Close, Release does nothing.
+func (p *Pool) Release(id ID) {
+	now := p.clk.Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return
+	}
+	deadline := now.Add(p.s.LeaseTTL)
+	if hd := p.removeLocked(id); hd != nil {
+		deadline = hd.leaseEnd
+	}
+	p.queueReleaseLocked(id, deadline)
+}
+
+func (p *Pool) queueReleaseLocked(id ID, deadline time.Time) {
+	if p.drained {
+		return
+	}
+	p.relQ = append(p.relQ, pendingRelease{id: id, deadline: deadline})
+	kick(p.kickSend)
+}
+
+func kick(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+// Adjust sets the live hold of id to h, absolute values, as of the usage
+// sequence seq (1, 2, 3 ... for one admission). It never blocks. A seq not
+// above the last one given changes nothing, here or in Redis, so retried
+// and reordered reports are harmless. Adjustments of one hold are sent at
+// most once per AdjustMinInterval, the latest values winning, except that
+// tokens raised above the last value sent (an overrun) go at once. Slots 0
+// gives the hold's slot back (the call no longer counts against
+// MaxConcurrent) while its tokens stay held. Invalid values and ids that are
+// not live are ignored.
+func (p *Pool) Adjust(id ID, h Hold, seq uint64) {
+	if checkHold(h) != nil || seq > maxAmount {
+		return
+	}
+	now := p.clk.Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	hd := p.live[id]
+	if hd == nil || seq <= hd.seq {
+		return
+	}
+	p.localSlots += h.Slots - hd.h.Slots
+	p.localTokens += h.Tokens - hd.h.Tokens
+	hd.h, hd.seq = h, seq
+	if hd.unaccounted {
+		return // registering it sends the values
+	}
+	if _, waiting := p.dirty[id]; waiting {
+		p.stats.Adjusts.Coalesced++
+	}
+	p.dirty[id] = struct{}{}
+	next := hd.lastAdjust.Add(p.s.AdjustMinInterval)
+	hd.due = next
+	if h.Tokens > hd.sent.Tokens || p.s.AdjustMinInterval < 0 || !now.Before(next) {
+		hd.due = now
+	}
+	kick(p.kickSend)
+}
+
+// SetLimits changes the pool's limits, as in Config. Every script this
+// replica sends afterwards decides by them; holds above new, lower limits
+// stay until released, and block new admissions meanwhile.
+func (p *Pool) SetLimits(maxConcurrent, tokenBudget, highPriorityReserve int64) error {
+	if err := checkLimits("", maxConcurrent, tokenBudget, highPriorityReserve); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return ErrClosed
+	}
+	p.slotLimit, p.tokenBudget, p.reserve = maxConcurrent, tokenBudget, highPriorityReserve
+	return nil
+}
+
+// Stats returns the pool's counters and gauges.
+func (p *Pool) Stats() Stats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s := p.stats
+	s.Unaccounted = p.unaccounted
+	s.ReleaseBacklog = int64(len(p.relQ))
+	s.BreakerOpen = p.fails >= breakerErrors
+	s.LocalHolds = int64(len(p.live))
+	s.LocalTokens = p.localTokens
+	return s
+}
+
+// observeLocked takes in what a script reply says about the pool.
+func (p *Pool) observeLocked(r reply, view View) {
+	p.succeededLocked()
+	p.stats.Reclaimed += uint64(r.reclaimed)
+	p.stats.LastView = view
+	if r.gen == p.gen {
+		return
+	}
+	if p.gen == "" {
+		p.gen = r.gen
+		return
+	}
+	if r.gen != p.lossGen {
+		p.lossGen = r.gen
+		p.stats.StateLosses++
+		p.log.Warn("fleet: Redis lost the pool's state; registering live holds again",
+			"old_gen", p.gen, "gen", r.gen, "live", len(p.live))
+		kick(p.kickRenew)
+	}
+	// Keep presenting the old generation until the relearn window is over,
+	// so that reserves are held back while holders re-register.
+	if r.now >= r.born+p.s.relearn.Microseconds() {
+		p.gen = r.gen
+	}
+}
+
+// breakerLocked returns the error that skips Redis while the breaker is
+// open, or nil to call Redis (as the probe, once the cooldown is over).
+func (p *Pool) breakerLocked(now time.Time) error {
+	if p.fails < breakerErrors {
+		return nil
+	}
+	if p.probing || now.Before(p.openUntil) {
+		return fmt.Errorf("%w: circuit breaker open after %d consecutive failures, the last: %w", ErrUnavailable, p.fails, p.lastErr)
+	}
+	p.probing = true
+	return nil
+}
+
+// failed counts a failed Redis call.
+func (p *Pool) failed(o op, err error) {
+	now := p.clk.Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	k := p.errorKinds(o)
+	switch {
+	case errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
+		k.Timeout++
+	case isConn(err):
+		k.Conn++
+	default:
+		k.Other++
+	}
+	p.fails++
+	p.lastErr = err
+	p.probing = false
+	if p.fails >= breakerErrors {
+		if p.fails == breakerErrors {
+			p.log.Warn("fleet: Redis failing; circuit breaker open", "err", err, "policy", p.s.OnFailure.String())
+		}
+		p.openUntil = now.Add(p.s.BreakerCooldown)
+	}
+}
+
+// succeededLocked notes a Redis call that answered.
+func (p *Pool) succeededLocked() {
+	if p.fails >= breakerErrors {
+		p.log.Info("fleet: Redis answering again; circuit breaker closed")
+	}
+	p.fails, p.lastErr, p.probing = 0, nil, false
+	if p.unaccounted > 0 {
+		kick(p.kickRenew)
+	}
+}
+
+func (p *Pool) errorKinds(o op) *ErrorKinds {
+	e := &p.stats.Errors
+	switch o {
+	case opReserve:
+		return &e.Reserve
+	case opRelease:
+		return &e.Release
+	case opAdjust:
+		return &e.Adjust
+	case opRenew:
+		return &e.Renew
+	}
+	return &e.Gen
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+func isConn(err error) bool {
+	var oe *net.OpError
+	return errors.As(err, &oe) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, net.ErrClosed) || errors.Is(err, errNoAnswer)
+}
+
+// Close stops new reserves (they return ErrClosed), releases every
+// remaining live hold in batches, and stops the pool's goroutines. It waits
+// for the releases until ctx ends; releases still unsent then are dropped
+// (their holds expire with their leases) and ctx's error is returned.
+// Close is idempotent: later calls wait for the first and return nil.
+func (p *Pool) Close(ctx context.Context) error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		<-p.done
+		return nil
+	}
+	p.closed = true
+	p.mu.Unlock()
+	p.reserves.Wait() // each ends within CallTimeout
+	p.stopGoroutines()
+	p.mu.Lock()
+	for id, hd := range p.live {
+		p.relQ = append(p.relQ, pendingRelease{id: id, deadline: hd.leaseEnd})
+		p.removeLocked(id)
+	}
+	p.mu.Unlock()
+	err := p.drain(ctx)
+	p.mu.Lock()
+	p.drained = true
+	p.mu.Unlock()
+	p.st.inflight.Wait()
+	close(p.done)
+	return err
+}
+
+func (p *Pool) stopGoroutines() {
+	close(p.stop)
+	close(p.stopSend)
+	p.wg.Wait()
+}
+
+// drain sends the queued releases until none is left or ctx ends.
+func (p *Pool) drain(ctx context.Context) error {
+	for {
+		next := p.flushReleases()
+		p.mu.Lock()
+		left := len(p.relQ)
+		p.mu.Unlock()
+		if left == 0 {
+			return nil
+		}
+		d := next.Sub(p.clk.Now())
+		if d <= 0 {
+			continue
+		}
+		t := p.clk.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			p.mu.Lock()
+			p.relQ = nil
+			p.mu.Unlock()
+			return fmt.Errorf("fleet: Close: %d releases not sent: %w", left, ctx.Err())
+		case <-t.C():
+		}
+	}
+}
+
+// crash abandons the pool as a crashed process would: its goroutines stop,
+// nothing is released or renewed again, and its holds stay in Redis until
+// their leases run out. For tests.
+func (p *Pool) crash() {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return
+	}
+	p.closed, p.drained = true, true
+	p.live, p.relQ, p.dirty = map[ID]*hold{}, nil, map[ID]struct{}{}
+	p.mu.Unlock()
+	p.stopGoroutines()
+	p.st.inflight.Wait()
+	close(p.done)
+}

@@ -1,0 +1,285 @@
+package fleet
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+var (
+	//go:embed prelude.lua
+	preludeLua string
+	//go:embed reserve.lua
+	reserveLua string
+	//go:embed release.lua
+	releaseLua string
+	//go:embed adjust.lua
+	adjustLua string
+	//go:embed renew.lua
+	renewLua string
+)
+
+// The four scripts: each is the prelude followed by its operation.
+var (
+	reserveScript = redis.NewScript(preludeLua + reserveLua)
+	releaseScript = redis.NewScript(preludeLua + releaseLua)
+	adjustScript  = redis.NewScript(preludeLua + adjustLua)
+	renewScript   = redis.NewScript(preludeLua + renewLua)
+)
+
+// The operations, for error counting.
+type op uint8
+
+const (
+	opReserve op = iota
+	opRelease
+	opAdjust
+	opRenew
+	opGen
+)
+
+// The reserve script's codes.
+const (
+	codeAdmitted   = 1
+	codeDuplicate  = 2
+	codeSlots      = 0
+	codeTokens     = -1
+	codeReleased   = -2
+	codeRelearning = -3
+)
+
+// The renew and adjust scripts' codes.
+const (
+	codeLost       = 0
+	codeRenewed    = 1
+	codeReinstated = 2
+	codeTombstoned = -2
+	codeApplied    = 1
+	codeStale      = 2
+)
+
+// reply is a decoded script reply.
+type reply struct {
+	slots, tokens int64
+	gen           string
+	born, now     int64 // µs, server time
+	reclaimed     int
+	extra         []int64 // the operation's codes or counts
+}
+
+// entry is one hold's values in an adjust or renew.
+type entry struct {
+	id  ID
+	h   Hold
+	seq uint64
+}
+
+// store runs the pool's scripts: one Redis round trip per call, no state
+// of its own.
+type store struct {
+	client    redis.UniversalClient
+	keys      []string
+	head      []any // ARGV[2..4]: ttl, tombstone, reclaim batch
+	relearnUs string
+	timeout   time.Duration
+	inline    bool // the client gives up at the context's deadline itself
+	noScript  func(op)
+	// inflight counts the commands left running in the background by a
+	// client that does not give up at the context's deadline.
+	inflight sync.WaitGroup
+}
+
+func newStore(s *settings) *store {
+	base := s.Prefix + "{" + s.Pool + "}:"
+	return &store{
+		client: s.Client,
+		keys:   []string{base + "holds", base + "vals", base + "agg", base + "gone"},
+		head: []any{
+			strconv.FormatInt(s.LeaseTTL.Microseconds(), 10),
+			strconv.FormatInt(s.tombstone.Microseconds(), 10),
+			strconv.Itoa(s.ReclaimBatch),
+		},
+		relearnUs: strconv.FormatInt(s.relearn.Microseconds(), 10),
+		timeout:   s.CallTimeout,
+		inline:    honoursDeadline(s.Client),
+		noScript:  func(op) {},
+	}
+}
+
+// args returns the ARGV of a script: the time override (0: Redis TIME), the
+// common head, then rest.
+func (s *store) args(now int64, n int) []any {
+	a := make([]any, 0, 4+n)
+	t := ""
+	if now != 0 {
+		t = strconv.FormatInt(now, 10)
+	}
+	return append(append(a, t), s.head...)
+}
+
+func (s *store) reserve(ctx context.Context, now int64, id ID, h Hold, slotLimit, tokenLimit int64, seenGen string) (reply, error) {
+	a := append(s.args(now, 7), id.String(), h.Slots, h.Tokens, slotLimit, tokenLimit, seenGen, s.relearnUs)
+	return s.run(ctx, opReserve, reserveScript, a, 2)
+}
+
+func (s *store) release(ctx context.Context, now int64, ids []ID) (reply, error) {
+	a := s.args(now, len(ids))
+	for _, id := range ids {
+		a = append(a, id.String())
+	}
+	return s.run(ctx, opRelease, releaseScript, a, 2)
+}
+
+func (s *store) adjust(ctx context.Context, now int64, es []entry) (reply, error) {
+	return s.run(ctx, opAdjust, adjustScript, appendEntries(s.args(now, 4*len(es)), es), len(es))
+}
+
+func (s *store) renew(ctx context.Context, now int64, reinstate bool, es []entry) (reply, error) {
+	flag := "0"
+	if reinstate {
+		flag = "1"
+	}
+	a := appendEntries(append(s.args(now, 1+4*len(es)), flag), es)
+	return s.run(ctx, opRenew, renewScript, a, len(es))
+}
+
+func appendEntries(a []any, es []entry) []any {
+	for _, e := range es {
+		a = append(a, e.id.String(), e.h.Slots, e.h.Tokens, strconv.FormatUint(e.seq, 10))
+	}
+	return a
+}
+
+// gen reads the pool's generation; "" when the pool has none (new, or Redis
+// lost it).
+func (s *store) gen(ctx context.Context) (string, error) {
+	return bounded(s, ctx, func(ctx context.Context) (string, error) {
+		gen, err := s.client.HGet(ctx, s.keys[2], "gen").Result()
+		if err == redis.Nil {
+			return "", nil
+		}
+		return gen, err
+	})
+}
+
+// errReply is the error of a reply the scripts cannot have sent.
+var errReply = errors.New("fleet: unexpected reply from the Redis script")
+
+// run runs a script, by digest and in full when the server lacks it, and
+// decodes its reply, which must carry want extra values.
+func (s *store) run(ctx context.Context, o op, sc *redis.Script, args []any, want int) (reply, error) {
+	vals, err := bounded(s, ctx, func(ctx context.Context) ([]any, error) {
+		cmd := sc.EvalSha(ctx, s.client, s.keys, args...)
+		if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			s.noScript(o)
+			cmd = sc.Eval(ctx, s.client, s.keys, args...)
+		}
+		return cmd.Slice()
+	})
+	if err != nil {
+		return reply{}, err
+	}
+	r, ok := decode(vals, want)
+	if !ok {
+		return r, fmt.Errorf("%w: %v", errReply, vals)
+	}
+	return r, nil
+}
+
+func decode(vals []any, want int) (reply, bool) {
+	if len(vals) != 6+want {
+		return reply{}, false
+	}
+	var r reply
+	var ok [5]bool
+	r.slots, ok[0] = vals[0].(int64)
+	r.tokens, ok[1] = vals[1].(int64)
+	r.gen, ok[2] = vals[2].(string)
+	r.born, ok[3] = vals[3].(int64)
+	r.now, ok[4] = vals[4].(int64)
+	rec, okRec := vals[5].(int64)
+	if ok != [5]bool{true, true, true, true, true} || !okRec {
+		return r, false
+	}
+	r.reclaimed = int(rec)
+	r.extra = make([]int64, want)
+	for i := range r.extra {
+		v, isInt := vals[6+i].(int64)
+		if !isInt {
+			return r, false
+		}
+		r.extra[i] = v
+	}
+	return r, true
+}
+
+// errNoAnswer is the error when the pool stops waiting for a client that
+// does not give up at the context's deadline.
+var errNoAnswer = errors.New("fleet: Redis did not answer")
+
+// bounded runs f with a context that ends at s.timeout. When Redis has not
+// answered by then it returns an error saying so, wrapping
+// context.DeadlineExceeded; when the caller's own context ended first, a
+// *callerError.
+func bounded[T any](s *store, ctx context.Context, f func(context.Context) (T, error)) (T, error) {
+	rctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	var v T
+	var err error
+	if s.inline {
+		v, err = f(rctx)
+	} else {
+		type result struct {
+			v   T
+			err error
+		}
+		done := make(chan result, 1)
+		s.inflight.Add(1)
+		go func() {
+			defer s.inflight.Done()
+			v, err := f(rctx)
+			done <- result{v, err}
+		}()
+		select {
+		case r := <-done:
+			v, err = r.v, r.err
+		case <-rctx.Done():
+			err = errNoAnswer
+		}
+	}
+	switch {
+	case err == nil:
+		return v, nil
+	case ctx.Err() != nil:
+		return v, &callerError{cause: context.Cause(ctx), err: err}
+	case rctx.Err() != nil || errors.Is(err, context.DeadlineExceeded):
+		return v, fmt.Errorf("fleet: Redis did not answer within %v: %w (%v)", s.timeout, context.DeadlineExceeded, err)
+	}
+	return v, err
+}
+
+// callerError is the error of a call whose caller's context ended first.
+type callerError struct{ cause, err error }
+
+func (e *callerError) Error() string { return e.cause.Error() + ": " + e.err.Error() }
+func (e *callerError) Unwrap() error { return e.cause }
+
+// honoursDeadline reports whether client gives up a command at its
+// context's deadline, on the socket as well as when dialing.
+func honoursDeadline(client redis.UniversalClient) bool {
+	switch c := client.(type) {
+	case *redis.Client:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.Ring:
+		return c.Options().ContextTimeoutEnabled
+	}
+	return false
+}
