@@ -23,6 +23,8 @@ type Bulkhead struct {
 	dedup *deduper
 	// rate is the rate limits, nil without any.
 	rate *rateLimiter
+	// fleet is the fleet pool, nil without one.
+	fleet *fleetPool
 }
 
 // New validates cfg and starts a Bulkhead.
@@ -35,6 +37,9 @@ func New(cfg Config) (*Bulkhead, error) {
 		return nil, err
 	}
 	b := &Bulkhead{timeout: cfg.QueueTimeout, rate: rate}
+	if cfg.Fleet != nil {
+		b.fleet = &fleetPool{Pool: cfg.Fleet}
+	}
 	limits := Limits{Revision: cfg.InitialRevision, MaxConcurrent: cfg.MaxConcurrent, MaxQueue: cfg.MaxQueue}
 	if tb := cfg.TokenBudget; tb != nil {
 		b.hasBudget = true
@@ -217,6 +222,7 @@ func (b *Bulkhead) Stats() Stats {
 	st := stats(b.eng.Stats())
 	st.Events.Backlog = b.eng.Backlog()
 	st.Rate = b.rate.stats()
+	st.Fleet = b.fleet.stats()
 	return st
 }
 

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/llmbulkhead/bulkhead/clock"
+	"github.com/llmbulkhead/bulkhead/fleet"
 )
 
 // Config configures a Bulkhead. The zero value of each optional field is
@@ -46,6 +47,12 @@ type Config struct {
 	// RateLimits caps the calls and tokens per minute, per model or per
 	// class, on top of the concurrency and token limits. Nil means none.
 	RateLimits *RateLimits
+
+	// Fleet shares the bulkhead's concurrency and token limits with the
+	// other replicas of the service, through a pool in Redis (see package
+	// fleet). Nil means none. The pool stays the caller's: close it after
+	// the bulkhead's Shutdown.
+	Fleet *fleet.Pool
 
 	// Dedup turns on in-flight deduplication for Run: identical calls made
 	// while one of them is in flight share its result instead of each

@@ -104,6 +104,10 @@ func rejectDetailFor(d *admission.RejectDetail, why Reason) *RejectDetail {
 		LimitRevision: d.LimitRevision, Constraint: Constraint(d.Constraint),
 		InFlight: d.InFlight, MaxConcurrent: d.MaxConcurrent, Pending: d.Pending, MaxQueue: d.MaxQueue,
 	}
+	if f := d.Fleet; f != nil {
+		out.Fleet = &FleetDetail{Pool: f.Pool, InFlight: f.InFlight, InFlightTokens: f.InFlightTokens,
+			MaxConcurrent: f.MaxConcurrent, TokenBudget: f.TokenBudget, Generation: f.Generation, Fallback: f.Fallback}
+	}
 	if r := d.Rate; r != nil {
 		out.Rate = &RateDetail{Scope: r.Scope, Key: r.Key, Limit: r.Limit, PerMinute: r.PerMinute, Burst: r.Burst,
 			Weight: r.Weight, RetryAfter: r.RetryAfter, Fallback: r.Fallback}
@@ -137,7 +141,7 @@ func rejectDetailFor(d *admission.RejectDetail, why Reason) *RejectDetail {
 		out.Class = cd
 	}
 	if why == BudgetLimit || why == ConcurrencyLimit {
-		out.NeverFits = out.neverFits()
+		out.NeverFits = out.neverFits() || d.NeverFits
 	}
 	return out
 }

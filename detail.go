@@ -44,6 +44,11 @@ type RejectDetail struct {
 	// Rate is the rate limit that decided a RateLimit or RateUnavailable
 	// rejection, nil for every other.
 	Rate *RateDetail
+
+	// Fleet is the fleet pool's state when it decided the rejection
+	// (Constraint ConstraintFleet, or FleetUnavailable), nil for every
+	// other.
+	Fleet *FleetDetail
 }
 
 // String formats the detail with its pointers followed.
@@ -84,6 +89,14 @@ func (d *RejectDetail) LogValue() slog.Value {
 			g = append(g, slog.Int64("budget", t.Budget), slog.Int64("in_flight_tokens", t.InFlightTokens))
 		}
 		attrs = append(attrs, slog.Group("shared", g...))
+	}
+	if f := d.Fleet; f != nil {
+		g := []any{slog.String("pool", f.Pool), slog.Int64("in_flight", f.InFlight), slog.Int64("max_concurrent", f.MaxConcurrent),
+			slog.Int64("in_flight_tokens", f.InFlightTokens), slog.Int64("token_budget", f.TokenBudget)}
+		if f.Fallback != nil {
+			g = append(g, slog.String("redis_error", f.Fallback.Error()))
+		}
+		attrs = append(attrs, slog.Group("fleet", g...))
 	}
 	if r := d.Rate; r != nil {
 		g := []any{slog.String("scope", r.Scope), slog.String("key", r.Key), slog.String("limit", r.Limit),

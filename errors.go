@@ -40,6 +40,10 @@ const (
 	// RateUnavailable: the rate limits' store (Redis) could not decide, and
 	// its failure policy is to say so.
 	RateUnavailable
+	// FleetUnavailable: the fleet pool (Config.Fleet) could not decide:
+	// Redis failed under its FailClosed policy, or lost its state a moment
+	// ago and the running calls are registering again.
+	FleetUnavailable
 	numReasons
 )
 
@@ -53,6 +57,7 @@ var reasonNames = [...]string{
 	UnshareableResult: "unshareable_result",
 	RateLimit:         "rate_limit",
 	RateUnavailable:   "rate_unavailable",
+	FleetUnavailable:  "fleet_unavailable",
 }
 
 // String returns the reason's wire name, such as "concurrency_limit"; ""
@@ -83,6 +88,7 @@ var (
 	ErrUnshareableResult = errors.New("bulkhead: rejected: unshareable_result")
 	ErrRateLimit         = errors.New("bulkhead: rejected: rate_limit")
 	ErrRateUnavailable   = errors.New("bulkhead: rejected: rate_unavailable")
+	ErrFleetUnavailable  = errors.New("bulkhead: rejected: fleet_unavailable")
 )
 
 var sentinels = [...]error{
@@ -95,6 +101,7 @@ var sentinels = [...]error{
 	UnshareableResult: ErrUnshareableResult,
 	RateLimit:         ErrRateLimit,
 	RateUnavailable:   ErrRateUnavailable,
+	FleetUnavailable:  ErrFleetUnavailable,
 }
 
 // RejectedError is the error of a call the bulkhead did not admit.
@@ -121,7 +128,7 @@ type RejectedError struct {
 	Tag string
 
 	// Cause is what ended an Aborted wait (the context's cause), or the
-	// store's error of a RateUnavailable rejection.
+	// Redis error of a RateUnavailable or FleetUnavailable rejection.
 	Cause error
 }
 
@@ -211,6 +218,8 @@ func explain(why Reason, d *RejectDetail) string {
 		return ""
 	case (why == RateLimit || why == RateUnavailable) && d.Rate != nil:
 		return d.Rate.explain(why)
+	case d.Fleet != nil:
+		return d.Fleet.explain(why, d.reserved())
 	}
 	var s string
 	class := ""

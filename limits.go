@@ -74,7 +74,7 @@ type ApplyReason string
 const StaleRevision ApplyReason = "stale_revision"
 
 // Constraint names which limit a capacity rejection hit. It is set only when
-// the bulkhead has admission classes.
+// the bulkhead has admission classes, or for the fleet pool's limits.
 type Constraint string
 
 // The constraints.
@@ -87,6 +87,8 @@ const (
 	// ConstraintClassProtection is the shared pool: the call would borrow
 	// capacity that other classes' floors protect.
 	ConstraintClassProtection Constraint = "admission_class_protection"
+	// ConstraintFleet is a limit of Config.Fleet, shared by every replica.
+	ConstraintFleet Constraint = "fleet"
 )
 
 // Classes is an admission class table: a fixed set of named classes, each

@@ -1,6 +1,7 @@
 package bulkhead
 
 import (
+	"sync"
 	"sync/atomic"
 
 	"github.com/llmbulkhead/bulkhead/internal/actor"
@@ -21,6 +22,39 @@ type Permit struct {
 	// used is the largest cumulative usage (Input + Output) reported, for
 	// the rate limits' overrun booking at release.
 	used atomic.Int64
+	// The fleet hold's state, with Config.Fleet: the last hold and usage
+	// sequence sent, and whether the slot was abandoned.
+	fleetMu        sync.Mutex
+	fleetSeq       int64
+	fleetHeld      int64
+	fleetAbandoned bool
+}
+
+// fleetReport sends the hold a usage report left the admission with to the
+// fleet pool, when the report changed it.
+func (p *Permit) fleetReport(rep admission.UsageReport) {
+	p.fleetMu.Lock()
+	defer p.fleetMu.Unlock()
+	if rep.Sequence <= p.fleetSeq {
+		return
+	}
+	p.fleetSeq, p.fleetHeld = rep.Sequence, rep.Held
+	p.b.fleetAdjust(p, p.fleetHeld, p.fleetSeq, p.fleetAbandoned)
+}
+
+// fleetAbandon tells the fleet pool that the admission gave its slot back.
+func (p *Permit) fleetAbandon() {
+	p.fleetMu.Lock()
+	defer p.fleetMu.Unlock()
+	if p.fleetAbandoned {
+		return
+	}
+	p.fleetAbandoned = true
+	held := p.fleetHeld
+	if p.fleetSeq == 0 {
+		held = p.l.Reservation.Reserved
+	}
+	p.b.fleetAdjust(p, held, p.fleetSeq, true)
 }
 
 // release settles the admission with usage u (nil: the last report) and
@@ -30,6 +64,7 @@ func (p *Permit) release(u *admission.Usage) bool {
 	if !p.l.Release(u) {
 		return false
 	}
+	p.b.fleetRelease(p)
 	if p.b.rate != nil {
 		used := p.used.Load()
 		if u != nil && u.Valid() {
@@ -110,7 +145,13 @@ func (p *Permit) AbandonBorrowedConcurrency() bool {
 	if p == nil {
 		return false
 	}
-	return p.l.Abandon()
+	if !p.l.Abandon() {
+		return false
+	}
+	if p.b.fleet != nil {
+		p.fleetAbandon()
+	}
+	return true
 }
 
 // Release returns the slot and the token hold. When usage is not nil it is
@@ -173,6 +214,9 @@ func (p *Permit) ReportUsage(u Usage, prog *Progressive) (UsageReport, error) {
 		return UsageReport{}, publicError(err)
 	}
 	for prev := p.used.Load(); rep.Consumed > prev && !p.used.CompareAndSwap(prev, rep.Consumed); prev = p.used.Load() {
+	}
+	if p.b.fleet != nil && !p.l.Released() {
+		p.fleetReport(rep)
 	}
 	return usageReport(rep), nil
 }

@@ -279,7 +279,7 @@ func isLocal(s pacer.Store) bool {
 
 // Check decides the rate check of a call whose slot the engine is granting
 // (an in-process store only: it never blocks). It implements actor.Checker.
-func (rl *rateLimiter) Check(r *actor.AcquireRequest) (admission.Reason, *admission.RateDetail) {
+func (rl *rateLimiter) Check(r *actor.AcquireRequest) (admission.Reason, *admission.External) {
 	set := r.CheckArg.(*rateSet)
 	rl.checked.Add(1)
 	if len(set.members) == 1 {
@@ -292,21 +292,21 @@ func (rl *rateLimiter) Check(r *actor.AcquireRequest) (admission.Reason, *admiss
 		out, err := m.p.RateLimit(context.Background(), rl.key, w)
 		switch {
 		case err != nil:
-			return admission.RateUnavailable, &admission.RateDetail{Fallback: err}
+			return admission.RateUnavailable, &admission.External{Rate: &admission.RateDetail{Fallback: err}}
 		case out.Delay > 0:
 			d := m.detail
 			d.Weight, d.RetryAfter = w, out.Delay
-			return admission.RateLimit, &d
+			return admission.RateLimit, &admission.External{Rate: &d}
 		}
 		return admission.NoReason, nil
 	}
 	var buf [4]float64
 	out, err := set.comp.RateLimit(context.Background(), rl.key, set.weights(buf[:], r.Reservation.Reserved)...)
 	if err != nil {
-		return admission.RateUnavailable, &admission.RateDetail{Fallback: err}
+		return admission.RateUnavailable, &admission.External{Rate: &admission.RateDetail{Fallback: err}}
 	}
 	if out.Delay > 0 {
-		return admission.RateLimit, set.detail(out)
+		return admission.RateLimit, &admission.External{Rate: set.detail(out)}
 	}
 	return admission.NoReason, nil
 }
@@ -427,50 +427,24 @@ func (b *Bulkhead) rateOf(r *actor.AcquireRequest) (*rateSet, error) {
 	return b.rate.set(model, b.eng.ClassName(r.Class))
 }
 
-// admit sends r, prepared with its permit p, for admission, through the
-// bulkhead's rate limits when it has any.
-func (b *Bulkhead) admit(ctx context.Context, r *actor.AcquireRequest, p *Permit, o *callOptions) (*Permit, error) {
-	if b.rate == nil {
-		return b.send(r, p, o.tag)
-	}
-	set, err := b.rateOf(r)
-	if err != nil {
-		b.eng.PutRequest(r)
-		return nil, publicError(err)
-	}
-	if set == nil {
-		return b.send(r, p, o.tag)
-	}
+// rateCheck runs the rate check of provisional admission p on the caller's
+// goroutine: NoReason when it goes, else the reason to turn it down, the
+// detail and the cause.
+func (b *Bulkhead) rateCheck(ctx context.Context, set *rateSet, p *Permit) (admission.Reason, *admission.External, error) {
 	var buf [4]float64
-	weights := set.weights(buf[:], r.Reservation.Reserved)
-	if b.rate.pace {
-		return b.paceThenSend(ctx, r, p, o, set, weights)
-	}
-	if b.rate.local {
-		// An in-process decision never blocks: the engine makes it itself,
-		// at the moment it grants the slot.
-		r.Check, r.CheckArg = b.rate, set
-		return b.send(r, p, o.tag)
-	}
-	r.Confirm = true
-	if p, err = b.send(r, p, o.tag); err != nil {
-		return nil, err
-	}
-	if p.l.Bypass != nil {
-		return p, nil // observe mode ran it without admission: it books nothing
-	}
 	b.rate.checked.Add(1)
-	out, err := set.comp.RateLimit(ctx, b.rate.key, weights...)
+	out, err := set.comp.RateLimit(ctx, b.rate.key, set.weights(buf[:], p.l.Reservation.Reserved)...)
 	why, rd, cause := b.rate.failure(ctx, out, err, true)
 	if why == admission.NoReason && out.Delay > 0 {
 		why, rd = admission.RateLimit, set.detail(out)
 	}
 	if why == admission.NoReason {
-		b.eng.Confirm(&p.l)
-		return p, nil
+		return why, nil, nil
 	}
-	err = b.eng.Rollback(&p.l, why, rd, cause)
-	return nil, withTag(publicError(err), o.tag)
+	if rd == nil {
+		return why, nil, cause
+	}
+	return why, &admission.External{Rate: rd}, cause
 }
 
 // failure turns a failed rate decision into a reason to reject, its detail
@@ -492,14 +466,18 @@ func (rl *rateLimiter) failure(ctx context.Context, out pacer.CompositeOutcome, 
 	return admission.RateUnavailable, &admission.RateDetail{Fallback: err}, err
 }
 
-// paceThenSend books a Pace-mode call's turn, waits for it and sends the
-// call for admission with what is left of its queue timeout.
-func (b *Bulkhead) paceThenSend(ctx context.Context, r *actor.AcquireRequest, p *Permit, o *callOptions, set *rateSet, weights []float64) (*Permit, error) {
+// pace books a Pace-mode call's turn and waits for it, leaving r with what
+// is left of its queue timeout; or, when the call may not wait for its
+// turn, sets r's refusal. Either way r is then sent for admission (a call
+// whose context ended meanwhile is rejected Aborted there).
+func (b *Bulkhead) pace(ctx context.Context, r *actor.AcquireRequest, set *rateSet) {
 	// A call that capacity would turn away now books no turn: it is sent
 	// as it is, and rejected with its own reason.
 	if d := b.eng.WouldAdmit(r.Class, r.Priority, r.Reservation, false); !d.Admit {
-		return b.send(r, p, o.tag)
+		return
 	}
+	var buf [4]float64
+	weights := set.weights(buf[:], r.Reservation.Reserved)
 	rl := b.rate
 	maxWait := pacer.Horizon
 	if r.QueueTimeout > 0 {
@@ -510,19 +488,19 @@ func (b *Bulkhead) paceThenSend(ctx context.Context, r *actor.AcquireRequest, p 
 		maxWait = min(maxWait, time.Until(dl))
 	}
 	if maxWait <= 0 {
-		return b.send(r, p, o.tag) // the context has ended: rejected Aborted
+		return // the context has ended: rejected Aborted
 	}
 	rl.checked.Add(1)
 	out, err := set.comp.PaceWithin(ctx, rl.key, maxWait, weights...)
 	if errors.Is(err, pacer.ErrTooLong) {
-		r.Refuse, r.RefuseRate = admission.RateLimit, set.detail(out)
-		return b.send(r, p, o.tag)
+		r.Refuse, r.RefuseExt = admission.RateLimit, &admission.External{Rate: set.detail(out)}
+		return
 	}
 	if why, rd, cause := rl.failure(ctx, out, err, true); why == admission.Aborted {
-		return b.send(r, p, o.tag) // the engine rejects it Aborted, with the cause
+		return // the engine rejects it Aborted, with the cause
 	} else if why != admission.NoReason {
-		r.Refuse, r.RefuseRate, r.RefuseCause = why, rd, cause
-		return b.send(r, p, o.tag)
+		r.Refuse, r.RefuseExt, r.RefuseCause = why, &admission.External{Rate: rd}, cause
+		return
 	}
 	if out.Delay > 0 {
 		t := rl.clk.NewTimer(out.Delay)
@@ -546,7 +524,6 @@ func (b *Bulkhead) paceThenSend(ctx context.Context, r *actor.AcquireRequest, p 
 			r.Start = b.eng.Now()
 		}
 	}
-	return b.send(r, p, o.tag)
 }
 
 // testHookRateWait, when set by a test, is called once a Pace-mode wait's
@@ -607,7 +584,7 @@ func (d *RateDetail) explain(why Reason) string {
 		if why == RateLimit {
 			return fmt.Sprintf("the rate limits' store failed (its policy rejects), retry after %v: %v", d.RetryAfter, d.Fallback)
 		}
-		return fmt.Sprintf("the rate limits' store failed: %v", d.Fallback)
+		return "the rate limits' store failed" // the error follows, as the cause
 	}
 	return fmt.Sprintf("%s %q: %s: %g per minute (burst %g), this call weighs %g, retry after %v",
 		d.Scope, d.Key, d.Limit, d.PerMinute, d.Burst, d.Weight, d.RetryAfter)

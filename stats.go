@@ -21,6 +21,9 @@ type Stats struct {
 	// calls they turned away are in Calls.RejectedByReason, as RateLimit
 	// and RateUnavailable.
 	Rate *RateStats
+	// Fleet is the fleet pool's decisions and its fleet-wide view, nil
+	// without Config.Fleet.
+	Fleet *FleetStats
 	// Events is the delivery of events to listeners.
 	Events EventStats
 	// LedgerDrift counts the times the bulkhead found its books out of

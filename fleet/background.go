@@ -181,10 +181,15 @@ func (p *Pool) flushReleases() time.Time {
 		n := min(len(p.relQ), p.s.RenewBatch)
 		batch := append([]pendingRelease(nil), p.relQ[:n]...)
 		p.relQ = p.relQ[n:]
-		p.mu.Unlock()
 		if n == 0 {
+			p.mu.Unlock()
 			return time.Time{}
 		}
+		// A reserve made while this batch is on its way waits for it, so
+		// that it sees the capacity the batch frees.
+		sent := make(chan struct{})
+		p.relSent = sent
+		p.mu.Unlock()
 		ids := make([]ID, n)
 		for i := range batch {
 			ids[i] = batch[i].id
@@ -204,10 +209,12 @@ func (p *Pool) flushReleases() time.Time {
 			}
 			p.relQ = append(keep, p.relQ...)
 			p.mu.Unlock()
+			close(sent)
 			return now.Add(min(retryDelay, p.s.renewEvery))
 		}
 		p.observeLocked(r, p.viewLocked(r))
 		p.mu.Unlock()
+		close(sent)
 	}
 }
 

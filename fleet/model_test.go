@@ -228,7 +228,7 @@ func TestModel(t *testing.T) {
 					tokenLimit = budget
 				}
 				want := m.reserve(now, id, h, slotLimit, tokenLimit, r.gen)
-				rep, err := st.reserve(bg, now, id, h, slotLimit, tokenLimit, r.gen)
+				rep, err := st.reserve(bg, now, id, h, slotLimit, tokenLimit, r.gen, nil)
 				same(rt, "reserve", rep, err)
 				if rep.extra[0] != want {
 					rt.Fatalf("reserve code %d, model %d", rep.extra[0], want)

@@ -51,12 +51,15 @@ type Pool struct {
 	gen         string // the generation this replica knows
 	lossGen     string // the newest generation seen after a state loss
 	relQ        []pendingRelease
-	dirty       map[ID]struct{} // holds with an adjustment to send
-	stats       Stats
-	fails       int   // consecutive failed Redis calls
-	lastErr     error // the last one's error
-	openUntil   time.Time
-	probing     bool
+	// relSent is closed once the release batch on its way has been
+	// answered (or failed); nil or closed when none is.
+	relSent   chan struct{}
+	dirty     map[ID]struct{} // holds with an adjustment to send
+	stats     Stats
+	fails     int   // consecutive failed Redis calls
+	lastErr   error // the last one's error
+	openUntil time.Time
+	probing   bool
 
 	kickSend  chan struct{}
 	kickRenew chan struct{}
@@ -169,12 +172,43 @@ func (p *Pool) Reserve(ctx context.Context, id ID, h Hold, high bool) (Result, e
 	view := View{MaxConcurrent: slotLimit, TokenBudget: tokenLimit}
 	gen := p.gen
 	skip := p.breakerLocked(started)
+	var released []pendingRelease
+	var inFlight chan struct{}
+	if skip == nil {
+		// The releases waiting to be sent go first, in the same script, and
+		// a batch already on its way is waited for, so that a reserve right
+		// after a release of this replica sees the capacity it freed.
+		n := min(len(p.relQ), piggybackReleases)
+		released = append(released, p.relQ[:n]...)
+		p.relQ = p.relQ[n:]
+		inFlight = p.relSent
+	}
 	p.mu.Unlock()
 	if skip != nil {
 		return p.fallback(id, h, skip, started, false), nil
 	}
+	if inFlight != nil {
+		wait := p.clk.NewTimer(p.s.CallTimeout)
+		select {
+		case <-inFlight:
+		case <-wait.C(): // a slow release: decide without it
+		case <-ctx.Done():
+		}
+		wait.Stop()
+	}
 	for attempt := 0; ; attempt++ {
-		r, err := p.st.reserve(ctx, p.scriptNow(), id, h, slotLimit, tokenLimit, gen)
+		r, err := p.st.reserve(ctx, p.scriptNow(), id, h, slotLimit, tokenLimit, gen, released)
+		if err != nil && len(released) > 0 {
+			// Whether or not the script ran, the releases are sent again
+			// (a release is idempotent).
+			p.mu.Lock()
+			p.relQ = append(released, p.relQ...)
+			if !p.drained {
+				kick(p.kickSend)
+			}
+			p.mu.Unlock()
+		}
+		released = nil
 		if err != nil {
 			var ce *callerError
 			if errors.As(err, &ce) {
@@ -325,13 +359,17 @@ func (p *Pool) scriptNow() int64 {
 	return p.now()
 }
 
+// piggybackReleases bounds the releases a reserve sends along.
+const piggybackReleases = 64
+
 // Release ends the hold of id. It never blocks: the release is queued for
 // the background sender, which sends the releases of many calls in one
 // script and retries a failed one until it succeeds or the hold's lease has
 // run out anyway. The hold stops being renewed at once. Releasing an id
 // Redis does not hold (released already, expired, never reserved) changes
 // nothing there, but keeps a late Reserve of it from taking a hold. After
-// Close, Release does nothing.
+// Close, Release does nothing. A Reserve made while releases wait to be sent
+// sends them first, in its own script, so it sees the capacity they free.
 func (p *Pool) Release(id ID) {
 	now := p.clk.Now()
 	p.mu.Lock()
@@ -609,3 +647,6 @@ func (p *Pool) crash() {
 	p.st.inflight.Wait()
 	close(p.done)
 }
+
+// Name returns the pool's name, Config.Pool.
+func (p *Pool) Name() string { return p.s.Pool }

@@ -77,6 +77,31 @@ local function add(s, t)
   dirty = true
 end
 
+-- release_ids ends the holds of ARGV[first], ARGV[first + 1], ... and
+-- tombstones every id, known or not, so that a late reserve of it is
+-- refused. It returns how many held and how many were unknown.
+local function release_ids(first)
+  local freed, unknown = 0, 0
+  if #ARGV < first then return freed, unknown end
+  redis.call('ZREMRANGEBYSCORE', K_GONE, '-inf', now)
+  local until_ = now + tomb
+  for i = first, #ARGV do
+    local id = ARGV[i]
+    local s, t = parse(redis.call('HGET', K_VALS, id))
+    if s then
+      add(-s, -t)
+      freed = freed + 1
+    else
+      unknown = unknown + 1
+    end
+    redis.call('HDEL', K_VALS, id)
+    redis.call('ZREM', K_HOLDS, id)
+    redis.call('ZADD', K_GONE, until_, id)
+  end
+  redis.call('PEXPIRE', K_GONE, math.ceil(tomb / 1000) + 1000)
+  return freed, unknown
+end
+
 -- finish writes the sums back when they changed and returns the reply.
 local function finish(extra)
   if dirty then

@@ -64,7 +64,7 @@ func (f *fixture) reserve(n int, tokens int64, gen string) (int64, reply) {
 
 func (f *fixture) reserveL(n int, h Hold, slotLimit, tokenLimit int64, gen string) (int64, reply) {
 	f.t.Helper()
-	r := f.check(f.st.reserve(bg, f.now, idn(n), h, slotLimit, tokenLimit, gen))
+	r := f.check(f.st.reserve(bg, f.now, idn(n), h, slotLimit, tokenLimit, gen, nil))
 	return r.extra[0], r
 }
 

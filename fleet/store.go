@@ -123,8 +123,12 @@ func (s *store) args(now int64, n int) []any {
 	return append(append(a, t), s.head...)
 }
 
-func (s *store) reserve(ctx context.Context, now int64, id ID, h Hold, slotLimit, tokenLimit int64, seenGen string) (reply, error) {
-	a := append(s.args(now, 7), id.String(), h.Slots, h.Tokens, slotLimit, tokenLimit, seenGen, s.relearnUs)
+// reserve takes id's hold, after releasing the holds of released.
+func (s *store) reserve(ctx context.Context, now int64, id ID, h Hold, slotLimit, tokenLimit int64, seenGen string, released []pendingRelease) (reply, error) {
+	a := append(s.args(now, 7+len(released)), id.String(), h.Slots, h.Tokens, slotLimit, tokenLimit, seenGen, s.relearnUs)
+	for _, r := range released {
+		a = append(a, r.id.String())
+	}
 	return s.run(ctx, opReserve, reserveScript, a, 2)
 }
 

@@ -298,10 +298,10 @@ func (e *Engine) Confirm(l *Lease) {
 
 // Rollback turns down l, a provisional admission, for why: its slot and
 // tokens go back (admitting the next waiter), and the call is counted and
-// announced as rejected, with rate as the detail's rate limit and cause as
-// its cause. It returns the rejection.
-func (e *Engine) Rollback(l *Lease, why admission.Reason, rate *admission.RateDetail, cause error) error {
-	q := &rollbackRequest{l: l, why: why, rate: rate, cause: cause, done: make(chan struct{}, 1)}
+// announced as rejected, with ext completing the detail and cause as its
+// cause. It returns the rejection.
+func (e *Engine) Rollback(l *Lease, why admission.Reason, ext *admission.External, cause error) error {
+	q := &rollbackRequest{l: l, why: why, ext: ext, cause: cause, done: make(chan struct{}, 1)}
 	e.call(q, q.done)
 	return q.err
 }

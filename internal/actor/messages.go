@@ -61,8 +61,8 @@ type AcquireRequest struct {
 	Confirm bool
 	// Refuse, when set, rejects the request with that reason before any
 	// capacity check, for a check the facade made outside the engine (a
-	// rate limit): counted, announced with the capacity snapshot and
-	// RefuseRate as its detail, and answered with RefuseCause as the cause.
+	// rate limit): counted, announced with the capacity snapshot completed
+	// by RefuseExt, and answered with RefuseCause as the cause.
 	// Check, when set, is a check the engine makes itself at the moment
 	// of admission, after every capacity check has passed and the slot is
 	// granted (a rate limit on an in-process store): it must never block
@@ -75,7 +75,7 @@ type AcquireRequest struct {
 	// it was sent, reported in its timing.
 	RateWait    time.Duration
 	Refuse      admission.Reason
-	RefuseRate  *admission.RateDetail
+	RefuseExt   *admission.External
 	RefuseCause error
 
 	// Err is the rejection, nil when admitted. Set by the engine.
@@ -127,7 +127,7 @@ func (r *AcquireRequest) reset() {
 	r.Class, r.BorrowedDeadline, r.Shadow = classes.None, 0, 0
 	r.Follower, r.FollowerCause = admission.NoReason, nil
 	r.RateWait, r.Check, r.CheckArg = 0, nil, nil
-	r.Confirm, r.Refuse, r.RefuseRate, r.RefuseCause = false, admission.NoReason, nil, nil
+	r.Confirm, r.Refuse, r.RefuseExt, r.RefuseCause = false, admission.NoReason, nil, nil
 }
 
 func (r *AcquireRequest) MailboxNode() *mpscNode { return &r.node }
@@ -308,7 +308,7 @@ func (l *Lease) Release(usage *admission.Usage) bool {
 // Checker is a check the engine makes at the moment of admission; see
 // AcquireRequest.Check.
 type Checker interface {
-	Check(r *AcquireRequest) (admission.Reason, *admission.RateDetail)
+	Check(r *AcquireRequest) (admission.Reason, *admission.External)
 }
 
 // confirmMsg confirms a provisional admission. It lives inside the Lease,
@@ -325,7 +325,7 @@ func (m *confirmMsg) MailboxNode() *mpscNode { return &m.node }
 type rollbackRequest struct {
 	l     *Lease
 	why   admission.Reason
-	rate  *admission.RateDetail
+	ext   *admission.External
 	cause error
 	err   error
 	done  chan struct{}

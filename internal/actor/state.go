@@ -346,7 +346,7 @@ func (s *state) rollback(m *rollbackRequest) error {
 	}
 	s.tab.Unhold(l.classID, held)
 	l.held = 0
-	err := s.rejectOutside(l.Request, l.Priority, l.Reservation.Reserved, l.classID, m.why, m.rate, m.cause, l.timing)
+	err := s.rejectOutside(l.Request, l.Priority, l.Reservation.Reserved, l.classID, m.why, m.ext, m.cause, l.timing)
 	s.pump()
 	return err
 }
@@ -358,12 +358,12 @@ func (s *state) passes(r *AcquireRequest) bool {
 	if r.Check == nil {
 		return true
 	}
-	why, rate := r.Check.Check(r)
+	why, ext := r.Check.Check(r)
 	if why == admission.NoReason {
 		return true
 	}
 	s.returnSlot()
-	r.Err = s.rejectOutside(r.Request, r.Priority, r.Reservation.Reserved, r.Class, why, rate, nil, s.timing(r))
+	r.Err = s.rejectOutside(r.Request, r.Priority, r.Reservation.Reserved, r.Class, why, ext, nil, s.timing(r))
 	s.answer(r)
 	return false
 }
@@ -371,18 +371,20 @@ func (s *state) passes(r *AcquireRequest) bool {
 // refuseOutside rejects a new request for a check the facade made outside
 // the engine (r.Refuse).
 func (s *state) refuseOutside(r *AcquireRequest) {
-	r.Err = s.rejectOutside(r.Request, r.Priority, r.Reservation.Reserved, r.Class, r.Refuse, r.RefuseRate, r.RefuseCause, s.timing(r))
+	r.Err = s.rejectOutside(r.Request, r.Priority, r.Reservation.Reserved, r.Class, r.Refuse, r.RefuseExt, r.RefuseCause, s.timing(r))
 	s.answer(r)
 }
 
 // rejectOutside counts and announces the rejection of a call for a check
 // made outside the engine, and returns it.
-func (s *state) rejectOutside(req any, p admission.Priority, reserved int64, c classes.Class, why admission.Reason, rate *admission.RateDetail, cause error, t admission.Timing) error {
+func (s *state) rejectOutside(req any, p admission.Priority, reserved int64, c classes.Class, why admission.Reason, ext *admission.External, cause error, t admission.Timing) error {
 	s.callStats.Rejected++
 	s.callsByWhy[why]++
 	s.tab.Reject(c, why)
 	d := s.detail(p, reserved, c, "")
-	d.Rate = rate
+	if ext != nil {
+		d.Constraint, d.Rate, d.Fleet, d.NeverFits = ext.Constraint, ext.Rate, ext.Fleet, ext.NeverFits
+	}
 	if s.listeners[KindReject] > 0 {
 		s.fx.emit(&admission.RejectEvent{
 			Request:       req,

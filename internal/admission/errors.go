@@ -20,6 +20,7 @@ const (
 	UnshareableResult        // a dedup follower cannot share its leader's value
 	RateLimit                // the call is over a rate limit
 	RateUnavailable          // the rate limit's store could not decide
+	FleetUnavailable         // the fleet pool could not decide
 	numReasons
 )
 
@@ -38,6 +39,7 @@ var reasonNames = [...]string{
 	UnshareableResult: "unshareable_result",
 	RateLimit:         "rate_limit",
 	RateUnavailable:   "rate_unavailable",
+	FleetUnavailable:  "fleet_unavailable",
 }
 
 // String returns the reason's wire name, such as "concurrency_limit".

@@ -52,6 +52,7 @@ type Constraint string
 // The constraints.
 const (
 	ConstraintGlobal          Constraint = "global"
+	ConstraintFleet           Constraint = "fleet"
 	ConstraintClass           Constraint = "admission_class"
 	ConstraintClassProtection Constraint = "admission_class_protection"
 )
@@ -71,6 +72,32 @@ type RejectDetail struct {
 	// Rate is the rate limit that decided a RateLimit or RateUnavailable
 	// rejection, nil for every other.
 	Rate *RateDetail
+	// Fleet is the fleet pool that decided a rejection, nil for every
+	// other.
+	Fleet *FleetDetail
+	// NeverFits is set by the facade's checks (a reservation above the
+	// fleet's token budget); the facade works out the engine's own.
+	NeverFits bool
+}
+
+// FleetDetail is the engine's form of bulkhead.FleetDetail; the facade
+// fills it in and converts it, and the root type documents the fields.
+type FleetDetail struct {
+	Pool                       string
+	InFlight, InFlightTokens   int64
+	MaxConcurrent, TokenBudget int64
+	Generation                 string
+	Fallback                   error
+}
+
+// External is the verdict of a check made outside the engine (a rate
+// limit, a fleet pool) on a call it turns away: the constraint it names and
+// the detail it adds to the capacity snapshot.
+type External struct {
+	Constraint Constraint
+	Rate       *RateDetail
+	Fleet      *FleetDetail
+	NeverFits  bool
 }
 
 // RateDetail is the engine's form of bulkhead.RateDetail; the facade

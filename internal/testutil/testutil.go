@@ -54,6 +54,7 @@ var Sentinel = map[bulkhead.Reason]error{
 	bulkhead.UnshareableResult: bulkhead.ErrUnshareableResult,
 	bulkhead.RateLimit:         bulkhead.ErrRateLimit,
 	bulkhead.RateUnavailable:   bulkhead.ErrRateUnavailable,
+	bulkhead.FleetUnavailable:  bulkhead.ErrFleetUnavailable,
 }
 
 // Fataler is what WantReason needs of a *testing.T or a *rapid.T.

@@ -1,0 +1,63 @@
+package bulkhead
+
+import (
+	"context"
+
+	"github.com/llmbulkhead/bulkhead/internal/actor"
+	"github.com/llmbulkhead/bulkhead/internal/admission"
+)
+
+// admit sends r, prepared with its permit p, for admission, through the
+// bulkhead's checks outside the engine when it has any. The order is the
+// documented one: the capacity checks and the slot (in the engine), then
+// the fleet pool, then the rate limits, so that a call the fleet turns away
+// spends no rate (a rate turn cannot be given back; a fleet hold can).
+//
+// A rate limit on an in-process store without a fleet pool is checked by
+// the engine itself as it grants the slot. Otherwise the engine grants a
+// provisional admission, the checks run here, on the caller's goroutine
+// (never inside the engine: they may wait for Redis), and the admission is
+// confirmed or rolled back, which gives the slot to the next waiter.
+func (b *Bulkhead) admit(ctx context.Context, r *actor.AcquireRequest, p *Permit, o *callOptions) (*Permit, error) {
+	var set *rateSet
+	if b.rate != nil {
+		var err error
+		if set, err = b.rateOf(r); err != nil {
+			b.eng.PutRequest(r)
+			return nil, publicError(err)
+		}
+	}
+	postRate := false
+	switch {
+	case set != nil && b.rate.pace:
+		b.pace(ctx, r, set)
+	case set != nil && b.rate.local && b.fleet == nil:
+		r.Check, r.CheckArg = b.rate, set
+	case set != nil:
+		postRate = true
+	}
+	confirm := postRate || b.fleet != nil
+	r.Confirm = confirm
+	p, err := b.send(r, p, o.tag)
+	if err != nil || !confirm || p.l.Bypass != nil {
+		return p, err // a bypassed call holds nothing and books nothing
+	}
+	why, ext, cause := admission.NoReason, (*admission.External)(nil), error(nil)
+	held := false
+	if b.fleet != nil {
+		why, ext, cause = b.fleetReserve(ctx, p)
+		held = why == admission.NoReason
+	}
+	if why == admission.NoReason && postRate {
+		why, ext, cause = b.rateCheck(ctx, set, p)
+	}
+	if why == admission.NoReason {
+		b.eng.Confirm(&p.l)
+		return p, nil
+	}
+	if held {
+		b.fleet.Release(fleetID(p))
+	}
+	err = b.eng.Rollback(&p.l, why, ext, cause)
+	return nil, withTag(publicError(err), o.tag)
+}

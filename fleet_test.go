@@ -1,0 +1,244 @@
+package bulkhead_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/llmbulkhead/bulkhead"
+	"github.com/llmbulkhead/bulkhead/fleet"
+	"github.com/llmbulkhead/bulkhead/internal/redistest"
+	"github.com/llmbulkhead/bulkhead/internal/testutil"
+)
+
+// fleetRedis starts a redis-server for the fleet tests, or skips the test
+// when none is installed (and CI is unset).
+func fleetRedis(t *testing.T) (*redistest.Server, *redis.Client) {
+	t.Helper()
+	srv := redistest.TryStart(t)
+	if srv == nil {
+		t.Skip("redis-server not installed")
+	}
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = client.Close() })
+	return srv, client
+}
+
+// newFleetPool opens a pool, closed when the test ends (after the
+// bulkheads' cleanup, which runs first).
+func newFleetPool(t *testing.T, client *redis.Client, name string, maxConc, budget int64, policy fleet.FailurePolicy) *fleet.Pool {
+	t.Helper()
+	p, err := fleet.New(fleet.Config{Client: client, Pool: name, MaxConcurrent: maxConc, TokenBudget: budget,
+		LeaseTTL: 2 * time.Second, OnFailure: policy, CallTimeout: 100 * time.Millisecond, BreakerCooldown: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := p.Close(context.Background()); err != nil {
+			t.Errorf("pool Close: %v", err)
+		}
+	})
+	return p
+}
+
+func fleetConfig(pool *fleet.Pool, maxConc int) bulkhead.Config {
+	return bulkhead.Config{
+		Model: "gpt-4o", MaxConcurrent: maxConc, MaxQueue: 4, Fleet: pool,
+		TokenBudget: &bulkhead.TokenBudget{Budget: 1 << 40, Estimator: estimatorFunc(nil)},
+	}
+}
+
+// wantFleetReject checks a rejection by the fleet's limits.
+func wantFleetReject(t *testing.T, err error, why bulkhead.Reason, inFlight int64) *bulkhead.RejectedError {
+	t.Helper()
+	re := wantReason(t, err, why)
+	d := re.Detail
+	if d == nil || d.Constraint != bulkhead.ConstraintFleet || d.Fleet == nil || d.Fleet.InFlight != inFlight {
+		t.Fatalf("detail %+v (fleet %+v); want constraint fleet, %d in flight fleet-wide", d, d.Fleet, inFlight)
+	}
+	return re
+}
+
+// TestFleetShared checks that two replicas (two bulkheads, each with its
+// own pool handle on one pool) share the fleet's limits, that a fleet
+// rejection holds nothing locally, and that a release frees fleet capacity
+// at once for the next reserve.
+func TestFleetShared(t *testing.T) {
+	_, client := fleetRedis(t)
+	poolA := newFleetPool(t, client, "shared", 3, 1000, fleet.FailClosed)
+	a := newBulkhead(t, fleetConfig(poolA, 4))
+	poolB := newFleetPool(t, client, "shared", 3, 1000, fleet.FailClosed)
+	b := newBulkhead(t, fleetConfig(poolB, 4))
+	// released waits until pool's own release reached Redis: its last
+	// reply shows the fleet holding slots.
+	released := func(pool *fleet.Pool, slots int64) {
+		testutil.WaitFor(t, "the release to reach Redis", func() bool { return pool.Stats().LastView.Slots == slots })
+	}
+	p1 := mustAcquire(t, a, req("1", 99))
+	p2 := mustAcquire(t, b, req("2", 99))
+	p3 := mustAcquire(t, a, req("3", 99))
+	_, err := b.Acquire(context.Background(), req("4", 99), bulkhead.WithTag("fourth"))
+	re := wantFleetReject(t, err, bulkhead.ConcurrencyLimit, 3)
+	if re.Tag != "fourth" || re.NeverFits() || re.Detail.Fleet.Pool != "shared" || re.Detail.Fleet.MaxConcurrent != 3 {
+		t.Fatalf("rejection %v: %+v", err, re.Detail.Fleet)
+	}
+	if st := b.Stats(); st.Gate.InFlight != 1 || st.TokenBudget.InFlightTokens != 100 || st.Calls.RejectedByReason[bulkhead.ConcurrencyLimit] != 1 ||
+		st.Fleet == nil || st.Fleet.Checked != 2 || st.Fleet.Admitted != 1 || st.Fleet.InFlight != 3 {
+		t.Fatalf("replica b after the fleet rejection: %v", st)
+	}
+	// A release on one replica frees fleet capacity for the others as soon
+	// as it reaches Redis (at once for this replica's own next reserve).
+	_ = p1.Release(nil)
+	released(poolA, 2)
+	p4 := mustAcquire(t, b, req("4", 99))
+	// Tokens: 200 held, 800 left; an 801-token call does not fit now, a
+	// 1001-token one never fits.
+	_ = p2.Release(nil)
+	released(poolB, 2)
+	_, err = a.Acquire(context.Background(), req("5", 800))
+	wantFleetReject(t, err, bulkhead.BudgetLimit, 2)
+	_, err = a.Acquire(context.Background(), req("6", 1000))
+	if re := wantFleetReject(t, err, bulkhead.BudgetLimit, 2); !re.NeverFits() {
+		t.Fatalf("a call above the fleet budget: %v, want never fits", err)
+	}
+	_ = p3.Release(nil)
+	_ = p4.Release(nil)
+}
+
+// TestFleetRollbackAdmitsWaiter checks that a queued call the fleet turns
+// away gives its local slot to the next waiter, which the fleet admits.
+func TestFleetRollbackAdmitsWaiter(t *testing.T) {
+	_, client := fleetRedis(t)
+	other := newBulkhead(t, fleetConfig(newFleetPool(t, client, "rollback", -1, 100, fleet.FailClosed), 4))
+	b := newBulkhead(t, fleetConfig(newFleetPool(t, client, "rollback", -1, 100, fleet.FailClosed), 1))
+	theirs := mustAcquire(t, other, req("theirs", 59)) // 60 of the fleet's 100 tokens
+	mine := mustAcquire(t, b, req("mine", 29))         // 30 more, and b's one slot
+	big := acquireAsync(context.Background(), b, req("big", 49), bulkhead.WithTag("big"))
+	testutil.WaitFor(t, "the big waiter", pending(b))
+	small := acquireAsync(context.Background(), b, req("small", 19), bulkhead.WithTag("small"))
+	testutil.WaitFor(t, "two waiters", func() bool { return b.Stats().Gate.Pending == 2 })
+	// mine's release frees b's slot and 30 fleet tokens: the big call
+	// (50 tokens) does not fit beside theirs, the small one (20) does.
+	_ = mine.Release(nil)
+	wantFleetReject(t, (<-big).err, bulkhead.BudgetLimit, 1)
+	r := <-small
+	if r.err != nil {
+		t.Fatalf("the small waiter: %v", r.err)
+	}
+	_ = r.tok.Release(nil)
+	_ = theirs.Release(nil)
+	if st := b.Stats(); st.Gate.InFlight != 0 || st.Gate.Pending != 0 || st.TokenBudget.InFlightTokens != 0 ||
+		st.Calls.Admitted != 2 || st.Calls.RejectedByReason[bulkhead.BudgetLimit] != 1 || st.TokenBudget.TotalReserved != 50 {
+		t.Fatalf("stats: %v", st)
+	}
+}
+
+// TestFleetFailure checks the failure policies while Redis is down.
+func TestFleetFailure(t *testing.T) {
+	srv, client := fleetRedis(t)
+	closed := newBulkhead(t, fleetConfig(newFleetPool(t, client, "down", 8, -1, fleet.FailClosed), 4))
+	open := newBulkhead(t, fleetConfig(newFleetPool(t, client, "down", 8, -1, fleet.FailOpen), 4))
+	srv.Stop()
+	_, err := closed.Acquire(context.Background(), req("a", 10))
+	re := wantReason(t, err, bulkhead.FleetUnavailable)
+	if re.Detail.Fleet == nil || !errors.Is(re.Detail.Fleet.Fallback, fleet.ErrUnavailable) || !errors.Is(err, fleet.ErrUnavailable) {
+		t.Fatalf("FailClosed: %v, detail %+v", err, re.Detail.Fleet)
+	}
+	p, err := open.Acquire(context.Background(), req("b", 10))
+	if err != nil {
+		t.Fatalf("FailOpen: %v", err)
+	}
+	if st := open.Stats().Fleet; st.PolicyAdmitted != 1 {
+		t.Fatalf("fleet stats %+v", st)
+	}
+	_ = p.Release(nil)
+	if st := closed.Stats(); st.Gate.InFlight != 0 || st.Calls.RejectedByReason[bulkhead.FleetUnavailable] != 1 {
+		t.Fatalf("closed: %v", st)
+	}
+}
+
+// TestFleetRun checks Run, usage reports and abandonment through the fleet:
+// the pool's view follows the hold.
+func TestFleetRun(t *testing.T) {
+	_, client := fleetRedis(t)
+	pool := newFleetPool(t, client, "run", 4, 1000, fleet.FailClosed)
+	b := newBulkhead(t, fleetConfig(pool, 4))
+	v, err := bulkhead.Run(context.Background(), b, req("a", 99), func(ctx context.Context, rc *bulkhead.RunContext) (int, error) {
+		return 1, rc.SetUsage(bulkhead.Usage{Input: 1, Output: 20})
+	})
+	if err != nil || v != 1 {
+		t.Fatalf("Run: %v, %v", v, err)
+	}
+	// An overrun reported during the call reaches the pool at once; an
+	// abandoned slot too.
+	p := mustAcquire(t, b, req("b", 99))
+	if _, err := p.ReportUsage(bulkhead.Usage{Input: 1, Output: 200}, nil); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, "the overrun to reach Redis", func() bool { return pool.Stats().Adjusts.Applied == 1 })
+	if st := pool.Stats(); st.LocalHolds != 1 || st.LocalTokens != 201 {
+		t.Fatalf("pool stats %+v; want one hold of 201 tokens", st)
+	}
+	_ = p.Release(nil)
+	testutil.WaitFor(t, "the release to reach Redis", func() bool {
+		st := pool.Stats()
+		return st.LocalHolds == 0 && st.ReleaseBacklog == 0
+	})
+}
+
+// TestFleetReplicasStress runs many goroutines over four replicas sharing
+// one pool and checks, from every admission's own fleet view and from a
+// count of the calls running, that the fleet's limits are never exceeded.
+func TestFleetReplicasStress(t *testing.T) {
+	_, client := fleetRedis(t)
+	const limit, budget = 6, 600
+	var replicas []*bulkhead.Bulkhead
+	for i := 0; i < 4; i++ {
+		replicas = append(replicas, newBulkhead(t, fleetConfig(newFleetPool(t, client, "stress", limit, budget, fleet.FailClosed), 4)))
+	}
+	var running, tokens, peak, admitted atomic.Int64
+	var wg sync.WaitGroup
+	for g := 0; g < 16; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			b := replicas[g%4]
+			for i := 0; i < 40; i++ {
+				n := int64(20 + (g*7+i*13)%150)
+				p, err := b.Acquire(context.Background(), req("x", n-1))
+				if err != nil {
+					var re *bulkhead.RejectedError
+					if !errors.As(err, &re) {
+						t.Errorf("Acquire: %v", err)
+						return
+					}
+					continue
+				}
+				admitted.Add(1)
+				if r := running.Add(1); r > limit {
+					t.Errorf("%d calls running, over the fleet limit %d", r, limit)
+				} else if r > peak.Load() {
+					peak.Store(r)
+				}
+				if tk := tokens.Add(n); tk > budget {
+					t.Errorf("%d tokens held, over the fleet budget %d", tk, budget)
+				}
+				if i%3 == 0 {
+					_, _ = p.ReportUsage(bulkhead.Usage{Input: 1, Output: n / 2}, nil)
+				}
+				tokens.Add(-n)
+				running.Add(-1)
+				_ = p.Release(nil)
+			}
+		}()
+	}
+	wg.Wait()
+	if admitted.Load() == 0 || peak.Load() < 2 {
+		t.Fatalf("admitted %d, peak %d: the stress did not run concurrently", admitted.Load(), peak.Load())
+	}
+}
