@@ -242,3 +242,39 @@ func TestFleetReplicasStress(t *testing.T) {
 		t.Fatalf("admitted %d, peak %d: the stress did not run concurrently", admitted.Load(), peak.Load())
 	}
 }
+
+// TestFleetCancelDuringReserve checks that a caller whose context ends
+// while its fleet reserve waits for a slow Redis gets exactly one outcome,
+// Aborted, and leaves no hold behind, locally or in the fleet.
+func TestFleetCancelDuringReserve(t *testing.T) {
+	srv, client := fleetRedis(t)
+	pool := newFleetPool(t, client, "cancel", 4, -1, fleet.FailClosed)
+	b := newBulkhead(t, fleetConfig(pool, 4))
+	_ = mustAcquire(t, b, req("warm", 1)).Release(nil) // the scripts are loaded
+	if _, err := srv.Do("CLIENT", "PAUSE", "300", "ALL"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+	defer cancel()
+	_, err := b.Acquire(ctx, req("a", 10))
+	re := wantReason(t, err, bulkhead.Aborted)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("%v: want the context's error as the cause (%+v)", err, re)
+	}
+	if st := b.Stats(); st.Gate.InFlight != 0 || st.Calls.Admitted != 1 || st.Calls.RejectedByReason[bulkhead.Aborted] != 1 {
+		t.Fatalf("stats: %v", st)
+	}
+	// Once Redis answers again, whatever the reserve did is released.
+	testutil.WaitFor(t, "the fleet to be empty", func() bool {
+		n, err := srv.Do("ZCARD", "bh:{cancel}:holds")
+		st := pool.Stats()
+		return err == nil && n == "0" && st.LocalHolds == 0 && st.ReleaseBacklog == 0
+	})
+	testutil.WaitFor(t, "an admission after the pause", func() bool {
+		p, err := b.Acquire(context.Background(), req("after", 1))
+		if err == nil {
+			_ = p.Release(nil)
+		}
+		return err == nil
+	})
+}
