@@ -391,12 +391,18 @@ func (rl *rateLimiter) build(model, class string) (*rateSet, error) {
 // weights returns each member's weight for a call reserving reserved
 // tokens, in buf.
 func (s *rateSet) weights(buf []float64, reserved int64) []float64 {
+	return s.weighted(buf, float64(reserved), 1)
+}
+
+// weighted returns each member's weight, in buf: tokens for the members
+// counting tokens, requests for the others.
+func (s *rateSet) weighted(buf []float64, tokens, requests float64) []float64 {
 	w := buf[:0]
 	for _, m := range s.members {
 		if m.tokens {
-			w = append(w, float64(reserved))
+			w = append(w, tokens)
 		} else {
-			w = append(w, 1)
+			w = append(w, requests)
 		}
 	}
 	return w
@@ -542,14 +548,7 @@ func (b *Bulkhead) bookOverrun(p *Permit, used int64) {
 		return
 	}
 	var buf [4]float64
-	w := buf[:0]
-	for _, m := range set.members {
-		if m.tokens {
-			w = append(w, float64(over))
-		} else {
-			w = append(w, 0)
-		}
-	}
+	w := set.weighted(buf[:], float64(over), 0)
 	b.rate.overruns.Add(1)
 	b.rate.overrunTokens.Add(over)
 	if _, err := set.comp.Pace(context.Background(), b.rate.key, w...); err != nil {

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/llmbulkhead/bulkhead/internal/rediscall"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -107,7 +108,7 @@ func newStore(s *settings) *store {
 		},
 		relearnUs: strconv.FormatInt(s.relearn.Microseconds(), 10),
 		timeout:   s.CallTimeout,
-		inline:    honoursDeadline(s.Client),
+		inline:    rediscall.HonoursDeadline(s.Client),
 		noScript:  func(op) {},
 	}
 }
@@ -225,44 +226,20 @@ func decode(vals []any, want int) (reply, bool) {
 
 // errNoAnswer is the error when the pool stops waiting for a client that
 // does not give up at the context's deadline.
-var errNoAnswer = errors.New("fleet: Redis did not answer")
+var errNoAnswer = rediscall.ErrNoAnswer
 
 // bounded runs f with a context that ends at s.timeout. When Redis has not
 // answered by then it returns an error saying so, wrapping
 // context.DeadlineExceeded; when the caller's own context ended first, a
 // *callerError.
 func bounded[T any](s *store, ctx context.Context, f func(context.Context) (T, error)) (T, error) {
-	rctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
-	var v T
-	var err error
-	if s.inline {
-		v, err = f(rctx)
-	} else {
-		type result struct {
-			v   T
-			err error
-		}
-		done := make(chan result, 1)
-		s.inflight.Add(1)
-		go func() {
-			defer s.inflight.Done()
-			v, err := f(rctx)
-			done <- result{v, err}
-		}()
-		select {
-		case r := <-done:
-			v, err = r.v, r.err
-		case <-rctx.Done():
-			err = errNoAnswer
-		}
-	}
+	v, err, timedOut := rediscall.Bounded(ctx, s.timeout, s.inline, &s.inflight, f)
 	switch {
 	case err == nil:
 		return v, nil
 	case ctx.Err() != nil:
 		return v, &callerError{cause: context.Cause(ctx), err: err}
-	case rctx.Err() != nil || errors.Is(err, context.DeadlineExceeded):
+	case timedOut || errors.Is(err, context.DeadlineExceeded):
 		return v, fmt.Errorf("fleet: Redis did not answer within %v: %w (%v)", s.timeout, context.DeadlineExceeded, err)
 	}
 	return v, err
@@ -273,17 +250,3 @@ type callerError struct{ cause, err error }
 
 func (e *callerError) Error() string { return e.cause.Error() + ": " + e.err.Error() }
 func (e *callerError) Unwrap() error { return e.cause }
-
-// honoursDeadline reports whether client gives up a command at its
-// context's deadline, on the socket as well as when dialing.
-func honoursDeadline(client redis.UniversalClient) bool {
-	switch c := client.(type) {
-	case *redis.Client:
-		return c.Options().ContextTimeoutEnabled
-	case *redis.ClusterClient:
-		return c.Options().ContextTimeoutEnabled
-	case *redis.Ring:
-		return c.Options().ContextTimeoutEnabled
-	}
-	return false
-}

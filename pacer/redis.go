@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/llmbulkhead/bulkhead/clock"
+	"github.com/llmbulkhead/bulkhead/internal/rediscall"
 )
 
 //go:embed script.lua
@@ -231,7 +232,7 @@ func NewRedis(client RedisClient, opts RedisOptions) (*Redis, error) {
 		onFailure:    opts.OnFailure,
 		failureDelay: delay,
 		timeout:      timeout,
-		inline:       honoursDeadline(client),
+		inline:       rediscall.HonoursDeadline(client),
 	}, nil
 }
 
@@ -318,45 +319,22 @@ func (r *Redis) decide(ctx context.Context, reqs []request, out []stepResult) (b
 // has not answered by then, it returns an error saying so (and the caller's
 // context error instead when that context ended first).
 func (r *Redis) call(ctx context.Context, args []any) ([]any, error) {
-	rctx, cancel := context.WithTimeout(ctx, r.timeout)
-	defer cancel()
-	var vals []any
-	var err error
-	if r.inline {
-		vals, err = r.eval(rctx, args)
-	} else {
-		type reply struct {
-			vals []any
-			err  error
-		}
-		done := make(chan reply, 1)
-		go func() {
-			vals, err := r.eval(rctx, args)
-			done <- reply{vals, err}
-		}()
-		select {
-		case rep := <-done:
-			vals, err = rep.vals, rep.err
-		case <-rctx.Done():
-			err = errNoAnswer
-		}
-	}
+	vals, err, timedOut := rediscall.Bounded(ctx, r.timeout, r.inline, nil, func(rctx context.Context) ([]any, error) {
+		return r.eval(rctx, args)
+	})
 	switch {
 	case err == nil:
 	case ended(ctx):
 		err = fmt.Errorf("%w: %w", callerErr(ctx), err)
-	case err == errNoAnswer:
+	case err == rediscall.ErrNoAnswer:
 		err = fmt.Errorf("pacer: Redis did not answer within %v", r.timeout)
-	case ended(rctx):
+	case timedOut:
 		// Not wrapped: the client's error is then the store's context
 		// deadline, which must not pass for the caller's.
 		err = fmt.Errorf("pacer: Redis did not answer within %v (%v)", r.timeout, err)
 	}
 	return vals, err
 }
-
-// errNoAnswer is the client's error when the store stops waiting for it.
-var errNoAnswer = errors.New("pacer: Redis did not answer")
 
 // ended reports whether ctx is done or its deadline has passed. (A client
 // that sets its socket deadlines from the context's can fail a moment before
@@ -387,20 +365,6 @@ func (r *Redis) eval(ctx context.Context, args []any) ([]any, error) {
 		cmd = r.run(ctx, args)
 	}
 	return cmd.Slice()
-}
-
-// honoursDeadline reports whether client gives up a command at its
-// context's deadline, on the socket as well as when dialing.
-func honoursDeadline(client RedisClient) bool {
-	switch c := client.(type) {
-	case *redis.Client:
-		return c.Options().ContextTimeoutEnabled
-	case *redis.ClusterClient:
-		return c.Options().ContextTimeoutEnabled
-	case *redis.Ring:
-		return c.Options().ContextTimeoutEnabled
-	}
-	return false
 }
 
 func (r *Redis) run(ctx context.Context, args []any) *redis.Cmd {
