@@ -192,7 +192,7 @@ func TestFleetRun(t *testing.T) {
 }
 
 // TestFleetReplicasStress runs many goroutines over four replicas sharing
-// one pool and checks, from every admission's own fleet view and from a
+// one pool and checks, from the fleet view after every admission and from a
 // count of the calls running, that the fleet's limits are never exceeded.
 func TestFleetReplicasStress(t *testing.T) {
 	_, client := fleetRedis(t)
@@ -220,6 +220,11 @@ func TestFleetReplicasStress(t *testing.T) {
 					continue
 				}
 				admitted.Add(1)
+				// The pool's view is the post-state of a script: never
+				// over the limits.
+				if v := b.Stats().Fleet; v.InFlight > limit || v.InFlightTokens > budget {
+					t.Errorf("fleet view %+v over the limits %d/%d", v, limit, budget)
+				}
 				if r := running.Add(1); r > limit {
 					t.Errorf("%d calls running, over the fleet limit %d", r, limit)
 				} else if r > peak.Load() {

@@ -335,3 +335,43 @@ func boolInt(b bool) int {
 	}
 	return 0
 }
+
+// TestDebugSleep blocks the whole server (DEBUG SLEEP: no command of any
+// client runs) and checks that a reserve gets the policy's answer in about
+// CallTimeout, and that the pool works again once the server wakes.
+func TestDebugSleep(t *testing.T) {
+	srv := redistest.Start(t, "--enable-debug-command", "yes")
+	client := newClient(t, srv.Addr())
+	cfg := faultConfig(client)
+	cfg.CallTimeout = 100 * time.Millisecond
+	p := mustPool(t, cfg)
+	reserveOK(t, p, idn(1), Hold{1, 1}, false)
+	slept := make(chan error, 1)
+	go func() {
+		_, err := srv.Do("DEBUG", "SLEEP", "1")
+		slept <- err
+	}()
+	poll(t, 2*time.Second, "the server to block", func() bool {
+		start := time.Now()
+		res, err := p.Reserve(bg, idn(2), Hold{1, 1}, false)
+		d := time.Since(start)
+		if err != nil {
+			t.Fatalf("reserve: %v", err)
+		}
+		if res.Reason != Unavailable {
+			p.Release(idn(2))
+			return false // not asleep yet
+		}
+		if d > 4*cfg.CallTimeout || !errors.Is(res.Fallback, ErrUnavailable) {
+			t.Fatalf("reserve against a sleeping server: %+v after %v", res, d)
+		}
+		return true
+	})
+	if err := <-slept; err != nil {
+		t.Fatalf("DEBUG SLEEP: %v", err)
+	}
+	poll(t, 3*time.Second, "Redis answering again", func() bool {
+		res, err := p.Reserve(bg, idn(3), Hold{1, 1}, false)
+		return err == nil && res.Admitted
+	})
+}
