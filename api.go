@@ -188,7 +188,7 @@ func (b *Bulkhead) check(req *Request, o *callOptions, method string, queueing b
 // rate limits, a call that capacity would admit is then checked against
 // them: over the rate it answers RateLimit (with the retry-after in the
 // detail); a store that cannot decide answers RateUnavailable unless its
-// failure policy decides. It is advisory: by the
+// failure policy decides. It does not ask the fleet pool (Config.Fleet). It is advisory: by the
 // time the caller acts, other calls may have changed the answer. Invalid
 // input is an error, even on a closed bulkhead. Options: WithPriority,
 // WithClass, WithReservation, WithDetail.

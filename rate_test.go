@@ -461,3 +461,44 @@ func TestRateLimitsConfig(t *testing.T) {
 		RateLimits: &bulkhead.RateLimits{PerModel: bulkhead.Rate{TokensPerMinute: bulkhead.MaxPerMinute}}})
 	_ = mustAcquire(t, b, req("a", 10)).Release(nil)
 }
+
+// TestRateLimitBorrowedDeadline runs a borrowing Run with a borrowed-slot
+// deadline through a rate check: on Redis the admission is provisional
+// while the check runs, and its deadline starts once it is confirmed.
+func TestRateLimitBorrowedDeadline(t *testing.T) {
+	forRateStores(t, func(t *testing.T, clk *clock.Mock, store pacer.Store) {
+		cfg := rateConfig(clk, &bulkhead.RateLimits{Store: store, PerModel: bulkhead.Rate{RequestsPerMinute: 600, RequestBurst: 10}})
+		cfg.Classes = &bulkhead.Classes{Default: "a", Limits: map[string]bulkhead.ClassLimits{"a": {}}} // no floors: every call borrows
+		b := newBulkhead(t, cfg)
+		v, err := bulkhead.Run(context.Background(), b, req("a", 10), func(ctx context.Context, rc *bulkhead.RunContext) (int, error) {
+			return 1, nil
+		}, bulkhead.WithBorrowedDeadline(time.Second))
+		if err != nil || v != 1 {
+			t.Fatalf("Run: %v, %v", v, err)
+		}
+		started := make(chan struct{})
+		done := make(chan error, 1)
+		go func() {
+			_, err := bulkhead.Run(context.Background(), b, req("b", 10), func(ctx context.Context, rc *bulkhead.RunContext) (int, error) {
+				close(started)
+				<-ctx.Done()
+				return 0, ctx.Err()
+			}, bulkhead.WithBorrowedDeadline(time.Second))
+			done <- err
+		}()
+		<-started
+		testutil.WaitFor(t, "the deadline to run", func() bool {
+			clk.Add(100 * time.Millisecond)
+			select {
+			case err := <-done:
+				done <- err
+				return true
+			default:
+				return false
+			}
+		})
+		if err := <-done; !errors.Is(err, bulkhead.ErrBorrowedDeadline) {
+			t.Fatalf("Run past its deadline: %v", err)
+		}
+	})
+}

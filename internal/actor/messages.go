@@ -191,11 +191,9 @@ type Lease struct {
 
 	// provisional is set while an admission made with Confirm waits for
 	// the facade's verdict; timing is its decision timing, announced when
-	// it is confirmed, and startDeadline its borrowed-slot deadline, started
-	// then.
-	provisional   bool
-	timing        admission.Timing
-	startDeadline time.Duration
+	// it is counted (its borrowed-slot deadline starts then too).
+	provisional bool
+	timing      admission.Timing
 
 	held     int64
 	sequence int64

@@ -277,9 +277,11 @@ func (s *state) admit(r *AcquireRequest) {
 	l.classID = r.Class
 	l.Class = s.tab.Name(r.Class)
 	l.Resources = s.tab.Hold(r.Class, reserved)
-	l.startDeadline = 0
+	l.deadline = 0
 	if r.BorrowedDeadline > 0 && l.Resources.BorrowedConcurrency {
-		l.startDeadline = r.BorrowedDeadline
+		// Fixed now, as every field the caller reads; the timer starts
+		// when the admission is counted.
+		l.deadline = r.BorrowedDeadline
 		l.expired = make(chan struct{})
 	}
 	l.timing = s.timing(r)
@@ -300,10 +302,9 @@ func (s *state) count(l *Lease) {
 		s.budget.TotalReserved = admission.AddSat(s.budget.TotalReserved, l.held)
 	}
 	s.tab.Count(l.classID, l.held, l.Resources)
-	if l.startDeadline > 0 {
+	if l.deadline > 0 {
 		// The class's child actor owns the deadline; it tells us if it
 		// fires before the admission ends.
-		l.deadline = l.startDeadline
 		s.fx.tell(l.classID, &classes.StartDeadline[*Lease]{Lease: l, At: s.fx.now().Add(l.deadline)})
 	}
 	if s.listeners[KindAdmit] > 0 {
