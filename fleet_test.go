@@ -34,7 +34,7 @@ func fleetRedis(t *testing.T) (*redistest.Server, *redis.Client) {
 func newFleetPool(t *testing.T, client *redis.Client, name string, maxConc, budget int64, policy fleet.FailurePolicy) *fleet.Pool {
 	t.Helper()
 	p, err := fleet.New(fleet.Config{Client: client, Pool: name, MaxConcurrent: maxConc, TokenBudget: budget,
-		LeaseTTL: 2 * time.Second, OnFailure: policy, CallTimeout: 100 * time.Millisecond, BreakerCooldown: 50 * time.Millisecond})
+		LeaseTTL: 2 * time.Second, OnFailure: policy, CallTimeout: 5 * time.Second, BreakerCooldown: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

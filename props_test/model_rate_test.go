@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"pgregory.net/rapid"
 
@@ -61,7 +62,7 @@ func newRateOracle(t *rapid.T, clk clock.Clock, tokens bool, rdb *redis.Client) 
 	}
 	o := &rateOracle{cfg: &bulkhead.RateLimits{PerModel: r}}
 	if rdb != nil && rapid.Bool().Draw(t, "rateOnRedis") {
-		store, err := pacer.NewRedis(rdb, pacer.RedisOptions{Clock: clk, Prefix: fmt.Sprintf("model%d:", rateRuns.Add(1))})
+		store, err := pacer.NewRedis(rdb, pacer.RedisOptions{Clock: clk, Prefix: fmt.Sprintf("model%d:", rateRuns.Add(1)), Timeout: 10 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
