@@ -265,8 +265,10 @@ func (b *Bulkhead) Subscribe(h Hooks) (unsubscribe func()) {
 func (b *Bulkhead) Close() { b.eng.Close() }
 
 // Drain waits until nothing is in flight or queued, every admission has
-// been released, every call bypassed in Observe mode has ended and every
-// event has been delivered, or until ctx ends; it cancels nothing. When ctx ends first it returns Drained false with the counts
+// been released, every call bypassed in Observe mode has ended, every
+// deduplicated leader has returned (a leader rejected in the queue by
+// Close included, so its followers have their outcome) and every event
+// has been delivered, or until ctx ends; it cancels nothing. When ctx ends first it returns Drained false with the counts
 // still outstanding, and ctx's error, as soon as ctx ends (a blocked
 // listener does not hold it). After Close and a Drain that drained, the
 // bulkhead's goroutines have ended; later calls are rejected Shutdown. An
@@ -277,7 +279,7 @@ func (b *Bulkhead) Drain(ctx context.Context) (DrainResult, error) {
 		return DrainResult{}, invalidf("ctx", "must not be nil")
 	}
 	d := b.eng.Drain(ctx)
-	res := DrainResult{Drained: d.Drained, InFlight: d.InFlight, Pending: d.Pending, Bypassed: d.Bypassed}
+	res := DrainResult{Drained: d.Drained, InFlight: d.InFlight, Pending: d.Pending, Bypassed: d.Bypassed, DedupActive: d.DedupActive}
 	if !res.Drained {
 		return res, context.Cause(ctx)
 	}

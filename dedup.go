@@ -65,7 +65,9 @@ import (
 // call whose context has already ended is rejected Aborted without joining
 // anything. After Close, a Run joins nothing: it is rejected Shutdown like
 // any later call, while the followers that joined before Close still get
-// their leader's outcome. Acquire never deduplicates.
+// their leader's outcome, and Drain waits until they have it (a leader
+// rejected in the queue by Close releases nothing, yet Drain waits for
+// it). Acquire never deduplicates.
 //
 // Keys are kept as a seeded 64-bit digest (xxhash64, seeded at random when
 // the process starts), and the full key is compared when two digests

@@ -200,12 +200,40 @@ type Joined struct {
 // joined before Close still gets its leader's outcome.
 type Close struct{}
 
+// Drain waits until the table is empty: every leader has settled. Send it
+// once, then wait on Done; Cancel withdraws it when the caller gives up.
+type Drain struct {
+	// Active is the number of keys in flight when the drain was answered:
+	// 0 when the table emptied, more when it was withdrawn first.
+	Active int64
+	// Waited says the table was not empty when the drain arrived.
+	Waited bool
+	done   chan struct{}
+	cancel DrainCancel
+}
+
+// NewDrain returns a drain to send.
+func NewDrain() *Drain { return &Drain{done: make(chan struct{}, 1)} }
+
+// Done delivers the drain's one answer.
+func (q *Drain) Done() <-chan struct{} { return q.done }
+
+// Cancel returns the message that withdraws q: it is answered at once,
+// unless it was answered already. Send it at most once.
+func (q *Drain) Cancel() *DrainCancel {
+	q.cancel = DrainCancel{q: q}
+	return &q.cancel
+}
+
+// DrainCancel withdraws a Drain (see Drain.Cancel).
+type DrainCancel struct{ q *Drain }
+
 // StatsRequest asks for the actor's statistics.
 type StatsRequest struct {
 	// Active is the number of keys in flight; Hits counts the followers
-	// that ever joined.
-	Active, Hits int64
-	done         chan struct{}
+	// that ever joined; Draining is the number of drains waiting.
+	Active, Hits, Draining int64
+	done                   chan struct{}
 }
 
 // NewStatsRequest returns a request to send; Await waits for its answer.
@@ -250,6 +278,8 @@ type Actor struct {
 	free []*entry
 	// closed is set by Close: no join registers or follows after it.
 	closed bool
+	// drains wait for the table to empty.
+	drains []*Drain
 }
 
 // NewActor returns the props of a dedup actor whose followers' wait bounds
@@ -287,11 +317,47 @@ func (a *Actor) Receive(ctx actor.Context) {
 			a.leaveEntry(m.j, admission.Timeout, nil)
 		}
 	case *StatsRequest:
-		m.Active, m.Hits = int64(len(a.table)), a.hits
+		m.Active, m.Hits, m.Draining = int64(len(a.table)), a.hits, int64(len(a.drains))
 		m.done <- struct{}{}
 	case *Close:
 		a.closed = true
+	case *Drain:
+		a.drain(m)
+	case *DrainCancel:
+		a.cancelDrain(m.q)
 	}
+}
+
+func (a *Actor) drain(q *Drain) {
+	if len(a.table) == 0 {
+		q.done <- struct{}{}
+		return
+	}
+	q.Waited = true
+	a.drains = append(a.drains, q)
+}
+
+func (a *Actor) cancelDrain(q *Drain) {
+	for i, w := range a.drains {
+		if w == q {
+			a.drains = append(a.drains[:i], a.drains[i+1:]...)
+			q.Active = int64(len(a.table))
+			q.done <- struct{}{}
+			return
+		}
+	}
+}
+
+// checkDrains answers the drains once the table is empty.
+func (a *Actor) checkDrains() {
+	if len(a.drains) == 0 || len(a.table) > 0 {
+		return
+	}
+	for _, q := range a.drains {
+		q.done <- struct{}{}
+	}
+	clear(a.drains)
+	a.drains = a.drains[:0]
 }
 
 func (a *Actor) recovered(msg, p any) {
@@ -370,6 +436,7 @@ func (a *Actor) settleEntry(m *Settle) {
 	if len(a.free) < maxFree {
 		a.free = append(a.free, e)
 	}
+	a.checkDrains()
 }
 
 // leaveEntry withdraws follower j, unless it was answered already.

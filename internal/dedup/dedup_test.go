@@ -221,3 +221,47 @@ func TestHash(t *testing.T) {
 		t.Fatal("View")
 	}
 }
+
+// TestDrain: a drain is answered at once on an empty table; otherwise it
+// waits until the last entry settles (a follower leaving does not end it),
+// and a cancelled one is answered at once with the keys in flight.
+func TestDrain(t *testing.T) {
+	h := newHarness(t)
+	drain := func() *Drain {
+		q := NewDrain()
+		h.sys.Root.Send(h.pid, q)
+		return q
+	}
+	pending := func(q *Drain) bool {
+		select {
+		case <-q.Done():
+			return false
+		default:
+			return true
+		}
+	}
+	if q := drain(); pending(q) || q.Waited || q.Active != 0 {
+		t.Fatalf("drain of an empty table: pending %v, %+v", pending(q), q)
+	}
+	a := h.join(Key{Canon: "a"}, DefaultHash, 0, nil)
+	b := h.join(Key{Canon: "b"}, DefaultHash, 0, nil)
+	f := h.join(Key{Canon: "a"}, DefaultHash, 0, nil)
+	waiting, given := drain(), drain()
+	h.sys.Root.Send(h.pid, given.Cancel())
+	<-given.Done()
+	if !given.Waited || given.Active != 2 {
+		t.Fatalf("cancelled drain %+v, want 2 keys in flight", given)
+	}
+	h.sys.Root.Send(h.pid, f.Leave(nil))
+	answered(t, f)
+	h.sys.Root.Send(h.pid, a.Settle("a"))
+	h.stats() // behind the settlement
+	if !pending(waiting) {
+		t.Fatal("drain answered with a key in flight")
+	}
+	h.sys.Root.Send(h.pid, b.Settle("b"))
+	<-waiting.Done()
+	if !waiting.Waited || waiting.Active != 0 {
+		t.Fatalf("drain %+v", waiting)
+	}
+}
