@@ -377,7 +377,8 @@ type runResult[T any] struct {
 // returns the deadline error even if fn's result is already in.
 //
 // l, when not nil, is a dedup leader's entry, settled before the release
-// (see leadAdmitted).
+// once the deadline is ended (see leadAdmitted), so that the followers get
+// what Run returns.
 func runWithDeadline[T any](ctx context.Context, p *Permit, fn func(context.Context, *RunContext) (T, error), l *leader) (T, error) {
 	deadline, expired := p.l.Deadline()
 	fnCtx, cancel := context.WithCancelCause(ctx)

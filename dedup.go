@@ -50,8 +50,9 @@ import (
 //
 // When the leader's fn panics or calls
 // runtime.Goexit, the followers get an error matching ErrLeaderPanicked
-// (the panic goes on in the leader); when its borrowed-slot deadline
-// expires, they get its *BorrowedDeadlineError.
+// (the panic goes on in the leader). With WithBorrowedDeadline, the
+// followers get what the leader's Run returns: its *BorrowedDeadlineError
+// when the deadline expires first, even as fn returns, else fn's outcome.
 //
 // Only Run deduplicates, and calls share only with calls of the same
 // scope, class, priority, mode and reservation override: the same scope
@@ -410,8 +411,9 @@ func (l *leader) settleClaimed(out *shared) {
 
 // leadAdmitted is runAdmitted for a leader: it settles the entry with fn's
 // outcome before it releases p. expired, when not nil, is the channel of
-// the admission's borrowed-slot deadline: when it has expired by the time
-// fn returns, the outcome is the deadline error, as Run's is.
+// the admission's borrowed-slot deadline: once fn returns, the deadline is
+// ended before the entry settles, so that the followers get what Run
+// returns: the deadline error when it expired first, else fn's outcome.
 func leadAdmitted[T any](ctx context.Context, p *Permit, fn func(context.Context, *RunContext) (T, error), l *leader, expired <-chan struct{}) (v T, err error) {
 	rc := &p.run
 	returned := false
@@ -427,13 +429,12 @@ func leadAdmitted[T any](ctx context.Context, p *Permit, fn func(context.Context
 			return
 		}
 		out := &shared{v: v, err: err}
-		if expired != nil {
-			select {
-			case <-expired:
-				deadline, _ := p.l.Deadline()
-				out = &shared{err: deadlineError(p, deadline)}
-			default:
-			}
+		if expired != nil && p.l.EndDeadline() {
+			// The deadline expired first: Run returns its error, and so
+			// do the followers. Otherwise it can no longer expire, so
+			// Run returns fn's outcome, as the followers do.
+			deadline, _ := p.l.Deadline()
+			out = &shared{err: deadlineError(p, deadline)}
 		}
 		l.settle(out)
 		if err == nil && rc.hasUsage {

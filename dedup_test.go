@@ -952,3 +952,54 @@ func TestDedupFollowerSharesLeadersOwnAbort(t *testing.T) {
 	_ = hold.Release(nil)
 	wantIdle(t, b)
 }
+
+// TestDedupBorrowedDeadlineAtReturnSameForFollowers: when a leader's
+// borrowed-slot deadline expires as its fn returns, the leader's caller
+// gets either fn's value or the *BorrowedDeadlineError, and its followers
+// get exactly what it got, every time. Another goroutine moves the mock
+// clock past the deadline as fn returns, so the expiry lands anywhere
+// around the return and the release.
+func TestDedupBorrowedDeadlineAtReturnSameForFollowers(t *testing.T) {
+	b, clk := mockDedup(t, 2, func(cfg *bulkhead.Config) {
+		cfg.Classes = &bulkhead.Classes{Default: "a", Limits: map[string]bulkhead.ClassLimits{"a": {}}} // no floor: every slot borrowed
+	})
+	seen := map[bool]int{}
+	for i := range 300 {
+		started, release, moved := make(chan struct{}), make(chan struct{}), make(chan struct{})
+		added := make(chan struct{})
+		go func() { <-moved; clk.Add(time.Second); close(added) }()
+		fn := func(ctx context.Context, rc *bulkhead.RunContext) (string, error) {
+			close(started)
+			<-release
+			moved <- struct{}{}
+			return "answer", nil
+		}
+		r := req("d", 1)
+		opt := bulkhead.WithBorrowedDeadline(time.Second)
+		leader := runAsync(context.Background(), b, r, fn, opt)
+		<-started
+		follower := runAsync(context.Background(), b, r, newGate().fn("follower's own", nil), opt)
+		waitHits(t, b, int64(i+1))
+		testutil.WaitFor(t, "the deadline armed", func() bool { return b.Stats().Classes.Classes["a"].Deadlines.Active == 1 })
+		close(release)
+		lo, fo := <-leader, <-follower
+		var le, fe *bulkhead.BorrowedDeadlineError
+		switch {
+		case lo.err == nil:
+			if fo.err != nil || fo.v != lo.v {
+				t.Fatalf("run %d: the leader got %q, its follower %q, %v", i, lo.v, fo.v, fo.err)
+			}
+		case errors.As(lo.err, &le):
+			if !errors.As(fo.err, &fe) || fe.AdmissionID != le.AdmissionID {
+				t.Fatalf("run %d: the leader got %v, its follower %q, %v", i, lo.err, fo.v, fo.err)
+			}
+		default:
+			t.Fatalf("run %d: leader %v", i, lo.err)
+		}
+		seen[lo.err == nil]++
+		<-added
+		testutil.WaitFor(t, "the release", func() bool { return b.Stats().Calls.Released == int64(i+1) })
+	}
+	t.Logf("value %d times, deadline error %d times", seen[true], seen[false])
+	wantIdle(t, b)
+}

@@ -646,6 +646,9 @@ func (a *admissionActor) Receive(ctx actor.Context) {
 	case *abandonRequest:
 		m.result = s.abandon(m.l, admission.AbandonManual)
 		m.done <- struct{}{}
+	case *endDeadlineRequest:
+		s.stopDeadline(m.l)
+		m.done <- struct{}{}
 	case *classes.DeadlineExpired[*Lease]:
 		s.abandon(m.Lease, admission.AbandonDeadline)
 	case *dedup.Joined:
