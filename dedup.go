@@ -356,14 +356,14 @@ func lead[T any](ctx context.Context, b *Bulkhead, r *actor.AcquireRequest, p *P
 	returned := false
 	defer func() {
 		if returned {
-			l.settle(&shared{v: v, err: err})
+			settle(l, v, err)
 			return
 		}
 		if !l.claim() {
 			return // settled by leadAdmitted: the panic or Goexit goes on
 		}
 		pv := recover()
-		l.settleClaimed(&shared{failed: true, panicValue: pv})
+		l.settleFailed(pv)
 		if pv != nil {
 			panic(pv)
 		}
@@ -384,28 +384,40 @@ func lead[T any](ctx context.Context, b *Bulkhead, r *actor.AcquireRequest, p *P
 
 // leader is a leader's entry, settled once: by the goroutine that ran fn,
 // before its release, or by lead when its Run ends first (a rejection, or
-// a borrowed-slot deadline that expired while fn runs).
+// a borrowed-slot deadline that expired while fn runs). It carries the
+// outcome its followers get, so that a leader allocates it once.
 type leader struct {
 	b       *Bulkhead
 	j       *dedup.Join
 	typ     reflect.Type
 	claimed atomic.Bool
+	// out is written once claimed, and read by the followers once settled.
+	out shared
 }
 
 // claim reports whether the caller is the one to settle.
 func (l *leader) claim() bool { return l.claimed.CompareAndSwap(false, true) }
 
-// settle settles the entry with out, unless it is settled already.
-func (l *leader) settle(out *shared) {
+// settle settles l's entry with v and err, unless it is settled already.
+// The value is boxed only when it is the one the followers get.
+func settle[T any](l *leader, v T, err error) {
 	if l.claim() {
-		l.settleClaimed(out)
+		l.out.v, l.out.err = v, err
+		l.settleClaimed()
 	}
 }
 
-// settleClaimed settles the entry with out, once claimed.
-func (l *leader) settleClaimed(out *shared) {
-	out.typ = l.typ
-	l.b.eng.Settle(l.j, out)
+// settleFailed settles l's entry, once claimed, for a fn that panicked
+// with pv (nil: it called runtime.Goexit).
+func (l *leader) settleFailed(pv any) {
+	l.out.failed, l.out.panicValue = true, pv
+	l.settleClaimed()
+}
+
+// settleClaimed sends l.out to the followers, once claimed and written.
+func (l *leader) settleClaimed() {
+	l.out.typ = l.typ
+	l.b.eng.Settle(l.j, &l.out)
 	l.b.eng.PutJoin(l.j)
 }
 
@@ -421,22 +433,25 @@ func leadAdmitted[T any](ctx context.Context, p *Permit, fn func(context.Context
 		var u *admission.Usage
 		if !returned {
 			pv := recover()
-			l.settle(&shared{failed: true, panicValue: pv})
+			if l.claim() {
+				l.settleFailed(pv)
+			}
 			p.l.Release(nil)
 			if pv != nil {
 				panic(pv)
 			}
 			return
 		}
-		out := &shared{v: v, err: err}
 		if expired != nil && p.l.EndDeadline() {
 			// The deadline expired first: Run returns its error, and so
 			// do the followers. Otherwise it can no longer expire, so
 			// Run returns fn's outcome, as the followers do.
 			deadline, _ := p.l.Deadline()
-			out = &shared{err: deadlineError(p, deadline)}
+			var zero T
+			settle[T](l, zero, deadlineError(p, deadline))
+		} else {
+			settle(l, v, err)
 		}
-		l.settle(out)
 		if err == nil && rc.hasUsage {
 			u = (*admission.Usage)(&rc.usage)
 		}
