@@ -371,8 +371,19 @@ func (e *Engine) Follow(ctx context.Context, j *dedup.Join) (reusable bool) {
 }
 
 // Settle ends leader j's entry: its followers get outcome. It does not
-// wait: every later join is ordered behind it.
-func (e *Engine) Settle(j *dedup.Join, outcome any) { e.root.Send(e.dedup, j.Settle(outcome)) }
+// wait: every later join is ordered behind it. A leader that no follower
+// joined settles without a message.
+func (e *Engine) Settle(j *dedup.Join, outcome any) {
+	if settled, wake := j.SettleAlone(); settled {
+		if wake {
+			e.root.Send(e.dedup, dedupWake)
+		}
+		return
+	}
+	e.root.Send(e.dedup, j.Settle(outcome))
+}
+
+var dedupWake = &dedup.WakeDrains{}
 
 // Limits returns the current limits snapshot.
 func (e *Engine) Limits() admission.Limits {

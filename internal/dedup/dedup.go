@@ -8,7 +8,15 @@
 // here, holding no capacity, until its leader settles (Settle), when the
 // leader's outcome is handed to every follower; or until its own wait ends
 // first, by its context (Leave) or by its wait bound (a timer of the
-// actor's). A call whose digest matches an entry of another key (a
+// actor's).
+//
+// A leader that no follower has joined settles without a message
+// (SettleAlone): the table is the actor's alone, but each entry carries
+// one atomic state that the actor and its leader race for, so that either
+// the first follower's join marks it followed (and the leader then sends
+// Settle) or the leader marks it settled first (and that join finds it
+// gone, and leads anew). The actor removes such entries as it goes, a
+// few at each registration, and counts the keys in flight exactly. A call whose digest matches an entry of another key (a
 // collision) runs on its own: it neither follows nor registers, so a
 // collision never hands a caller another call's result.
 //
@@ -23,6 +31,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -143,6 +152,19 @@ func (j *Join) AwaitRole() { <-j.done }
 // Answered is the channel that delivers a follower's final answer.
 func (j *Join) Answered() <-chan struct{} { return j.done }
 
+// SettleAlone settles a leader's entry without a message when no follower
+// has joined it, and reports whether it did: if not, send Settle. When it
+// did and wake is true, send WakeDrains: the last key in flight has gone
+// while a Drain waits.
+func (j *Join) SettleAlone() (settled, wake bool) {
+	e := j.entry
+	if !e.state.CompareAndSwap(entryOpen, entryAlone) {
+		return false, false
+	}
+	t := e.tally
+	return true, t.live.Add(-1) == 0 && t.draining.Load() > 0
+}
+
 // Settle returns the message that settles a leader's entry with outcome:
 // the entry goes, and every follower gets outcome. Send it once. The
 // message belongs to the entry, so the leader's Join may be reused as soon
@@ -194,6 +216,10 @@ type Joined struct {
 	Class, Scope string
 }
 
+// WakeDrains tells the actor to answer the drains waiting, if the table has
+// emptied (see SettleAlone).
+type WakeDrains struct{}
+
 // Close tells the actor that the bulkhead is closed: every later join is
 // answered Alone, so that the call goes to admission, which rejects it
 // Shutdown. Entries in flight, and their followers, go on: a follower that
@@ -231,9 +257,10 @@ type DrainCancel struct{ q *Drain }
 // StatsRequest asks for the actor's statistics.
 type StatsRequest struct {
 	// Active is the number of keys in flight; Hits counts the followers
-	// that ever joined; Draining is the number of drains waiting.
-	Active, Hits, Draining int64
-	done                   chan struct{}
+	// that ever joined; Draining is the number of drains waiting; Entries
+	// is the size of the table, settled entries not yet removed included.
+	Active, Hits, Draining, Entries int64
+	done                            chan struct{}
 }
 
 // NewStatsRequest returns a request to send; Await waits for its answer.
@@ -248,6 +275,29 @@ type entry struct {
 	digest       uint64
 	followers    []*Join
 	settle       Settle
+	// state is raced for by the actor (a follower joins) and the leader
+	// (it settles alone); see SettleAlone.
+	state atomic.Uint32
+	tally *tally
+}
+
+// The states of an entry.
+const (
+	// entryOpen: registered, no follower yet.
+	entryOpen uint32 = iota
+	// entryFollowed: a follower joined; the leader settles with a message.
+	entryFollowed
+	// entryAlone: the leader settled without a message; the entry is dead
+	// but may still be in the table.
+	entryAlone
+	// entrySettled: settled with a message and out of the table.
+	entrySettled
+)
+
+// tally is what a leader that settles alone updates: the keys in flight,
+// and the drains waiting for them to reach 0.
+type tally struct {
+	live, draining atomic.Int64
 }
 
 // is reports whether e is the entry of k.
@@ -280,6 +330,12 @@ type Actor struct {
 	closed bool
 	// drains wait for the table to empty.
 	drains []*Drain
+	// tally counts the keys in flight, shared with the leaders.
+	tally *tally
+	// order[head:] is the registered entries not yet recycled, oldest
+	// first; each registration looks at the oldest two, to remove the dead.
+	order []*entry
+	head  int
 }
 
 // NewActor returns the props of a dedup actor whose followers' wait bounds
@@ -290,7 +346,7 @@ type Actor struct {
 // and a follower's timer is armed before its join is answered.
 func NewActor(clk clock.Clock, log *slog.Logger) *actor.Props {
 	return actor.PropsFromProducer(func() actor.Actor {
-		return &Actor{clk: clock.OrReal(clk), log: log, table: make(map[uint64]*entry)}
+		return &Actor{clk: clock.OrReal(clk), log: log, table: make(map[uint64]*entry), tally: new(tally)}
 	}, actor.WithDispatcher(actor.NewSynchronizedDispatcher(300)))
 }
 
@@ -317,7 +373,7 @@ func (a *Actor) Receive(ctx actor.Context) {
 			a.leaveEntry(m.j, admission.Timeout, nil)
 		}
 	case *StatsRequest:
-		m.Active, m.Hits, m.Draining = int64(len(a.table)), a.hits, int64(len(a.drains))
+		m.Active, m.Hits, m.Draining, m.Entries = a.tally.live.Load(), a.hits, int64(len(a.drains)), int64(len(a.table))
 		m.done <- struct{}{}
 	case *Close:
 		a.closed = true
@@ -325,11 +381,17 @@ func (a *Actor) Receive(ctx actor.Context) {
 		a.drain(m)
 	case *DrainCancel:
 		a.cancelDrain(m.q)
+	case *WakeDrains:
+		a.checkDrains()
 	}
 }
 
 func (a *Actor) drain(q *Drain) {
-	if len(a.table) == 0 {
+	// Counted before the keys are read: a leader that settles alone
+	// meanwhile sees the count and wakes the drains (see SettleAlone).
+	a.tally.draining.Add(1)
+	if a.tally.live.Load() == 0 {
+		a.tally.draining.Add(-1)
 		q.done <- struct{}{}
 		return
 	}
@@ -341,7 +403,8 @@ func (a *Actor) cancelDrain(q *Drain) {
 	for i, w := range a.drains {
 		if w == q {
 			a.drains = append(a.drains[:i], a.drains[i+1:]...)
-			q.Active = int64(len(a.table))
+			a.tally.draining.Add(-1)
+			q.Active = a.tally.live.Load()
 			q.done <- struct{}{}
 			return
 		}
@@ -350,9 +413,10 @@ func (a *Actor) cancelDrain(q *Drain) {
 
 // checkDrains answers the drains once the table is empty.
 func (a *Actor) checkDrains() {
-	if len(a.drains) == 0 || len(a.table) > 0 {
+	if len(a.drains) == 0 || a.tally.live.Load() > 0 {
 		return
 	}
+	a.tally.draining.Add(-int64(len(a.drains)))
 	for _, q := range a.drains {
 		q.done <- struct{}{}
 	}
@@ -379,16 +443,30 @@ func (a *Actor) recovered(msg, p any) {
 
 func (a *Actor) join(j *Join) {
 	e := a.table[j.Digest]
+	if e != nil && e.state.Load() == entryAlone {
+		// Its leader settled alone: the entry is dead, so the key leads
+		// anew (the entry is recycled from order).
+		delete(a.table, j.Digest)
+		e = nil
+	}
 	switch {
 	case a.closed:
 		j.Role = Alone // closed: admission rejects the call Shutdown
 	case e == nil:
+		a.sweep()
 		e = a.newEntry()
 		e.scope, e.class, e.canon, e.digest = j.Key.Scope, j.Key.Class, append(e.canon, j.Key.Canon...), j.Digest
 		a.table[j.Digest] = e
+		a.pushOrder(e)
+		a.tally.live.Add(1)
 		j.Role, j.entry = Leader, e
 	case !e.is(j.Key):
 		j.Role = Alone // a collision: never share another key's result
+	case !e.state.CompareAndSwap(entryOpen, entryFollowed) && e.state.Load() != entryFollowed:
+		// Its leader settled alone just now: the key leads anew.
+		delete(a.table, j.Digest)
+		a.join(j)
+		return
 	default:
 		j.Role, j.entry = Follower, e
 		a.hits++
@@ -412,7 +490,61 @@ func (a *Actor) newEntry() *entry {
 		a.free = a.free[:n-1]
 		return e
 	}
-	return new(entry)
+	return &entry{tally: a.tally}
+}
+
+// sweep looks at the two oldest entries of order: a dead one (settled) is
+// taken out of the table, if still there, and recycled; a live one goes to
+// the back. Each registration adds one entry and looks at two, so the
+// dead entries in the table stay few, however long a leader lives.
+func (a *Actor) sweep() {
+	for range 2 {
+		if a.head == len(a.order) {
+			return
+		}
+		e := a.order[a.head]
+		a.order[a.head] = nil
+		a.head++
+		if a.head == len(a.order) {
+			a.order, a.head = a.order[:0], 0
+		}
+		switch e.state.Load() {
+		case entryAlone, entrySettled:
+			if a.table[e.digest] == e {
+				delete(a.table, e.digest)
+			}
+			a.recycle(e)
+		default:
+			a.pushOrder(e)
+		}
+	}
+}
+
+// pushOrder appends e to order, moving the live part to the front rather
+// than growing when the front has room.
+func (a *Actor) pushOrder(e *entry) {
+	if a.head > 0 && len(a.order) == cap(a.order) {
+		n := copy(a.order, a.order[a.head:])
+		clear(a.order[n:])
+		a.order, a.head = a.order[:n], 0
+	}
+	a.order = append(a.order, e)
+}
+
+// recycle keeps dead entry e for reuse, within bounds.
+func (a *Actor) recycle(e *entry) {
+	clear(e.followers)
+	e.followers = e.followers[:0]
+	e.settle = Settle{}
+	e.scope, e.class = "", ""
+	if cap(e.canon) > maxFreeCanon {
+		e.canon = nil
+	}
+	e.canon = e.canon[:0]
+	e.state.Store(entryOpen)
+	if len(a.free) < maxFree {
+		a.free = append(a.free, e)
+	}
 }
 
 func (a *Actor) settleEntry(m *Settle) {
@@ -425,17 +557,9 @@ func (a *Actor) settleEntry(m *Settle) {
 		f.Outcome = m.outcome
 		a.answer(f)
 	}
-	clear(e.followers)
-	e.followers = e.followers[:0]
-	e.settle = Settle{}
-	e.scope, e.class = "", ""
-	if cap(e.canon) > maxFreeCanon {
-		e.canon = nil
-	}
-	e.canon = e.canon[:0]
-	if len(a.free) < maxFree {
-		a.free = append(a.free, e)
-	}
+	// Recycled from order, once swept.
+	e.state.Store(entrySettled)
+	a.tally.live.Add(-1)
 	a.checkDrains()
 }
 

@@ -2,6 +2,7 @@ package dedup
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
 	"testing"
 	"time"
@@ -263,5 +264,85 @@ func TestDrain(t *testing.T) {
 	<-waiting.Done()
 	if !waiting.Waited || waiting.Active != 0 {
 		t.Fatalf("drain %+v", waiting)
+	}
+}
+
+func (h *harness) entries() int64 {
+	q := NewStatsRequest()
+	h.sys.Root.Send(h.pid, q)
+	q.Await()
+	return q.Entries
+}
+
+// TestSettleAlone: a leader that no follower joined settles without a
+// message: its key is no longer in flight at once, the next call of the
+// key leads anew, and the dead entries are removed as calls register, so
+// the table stays small however long another leader lives. A leader with
+// a follower cannot settle alone.
+func TestSettleAlone(t *testing.T) {
+	h := newHarness(t)
+	long := h.join(Key{Canon: "long-lived"}, DefaultHash, 0, nil)
+	k := Key{Canon: "k"}
+	first := h.join(k, DefaultHash, 0, nil)
+	if settled, wake := first.SettleAlone(); !settled || wake {
+		t.Fatalf("SettleAlone = %v, %v; want settled, no drain to wake", settled, wake)
+	}
+	if a, _ := h.stats(); a != 1 {
+		t.Fatalf("active %d, want 1 (the long-lived leader)", a)
+	}
+	again := h.join(k, DefaultHash, 0, nil)
+	if again.Role != Leader {
+		t.Fatalf("after settling alone: role %v, want Leader", again.Role)
+	}
+	f := h.join(k, DefaultHash, 0, "F")
+	if f.Role != Follower {
+		t.Fatalf("role %v, want Follower", f.Role)
+	}
+	if settled, _ := again.SettleAlone(); settled {
+		t.Fatal("a leader with a follower settled alone")
+	}
+	h.sys.Root.Send(h.pid, again.Settle("out"))
+	answered(t, f)
+	if f.Outcome != "out" {
+		t.Fatalf("follower outcome %v", f.Outcome)
+	}
+	for i := range 1000 {
+		j := h.join(Key{Canon: fmt.Sprint("key-", i)}, DefaultHash, 0, nil)
+		if settled, _ := j.SettleAlone(); !settled {
+			t.Fatalf("leader %d did not settle alone", i)
+		}
+	}
+	if n := h.entries(); n > 4 {
+		t.Fatalf("%d entries in the table with 1 key in flight", n)
+	}
+	if a, _ := h.stats(); a != 1 {
+		t.Fatalf("active %d, want 1", a)
+	}
+	h.sys.Root.Send(h.pid, long.Settle(nil))
+	if a, _ := h.stats(); a != 0 {
+		t.Fatalf("active %d, want 0", a)
+	}
+}
+
+// TestSettleAloneWakesDrain: a drain waiting for the last key in flight is
+// woken when that key's leader settles alone.
+func TestSettleAloneWakesDrain(t *testing.T) {
+	h := newHarness(t)
+	j := h.join(Key{Canon: "k"}, DefaultHash, 0, nil)
+	q := NewDrain()
+	h.sys.Root.Send(h.pid, q)
+	sq := NewStatsRequest()
+	h.sys.Root.Send(h.pid, sq) // behind the drain
+	if sq.Await(); sq.Draining != 1 {
+		t.Fatalf("%d drains waiting, want 1", sq.Draining)
+	}
+	settled, wake := j.SettleAlone()
+	if !settled || !wake {
+		t.Fatalf("SettleAlone = %v, %v; want settled and a drain to wake", settled, wake)
+	}
+	h.sys.Root.Send(h.pid, &WakeDrains{})
+	<-q.Done()
+	if !q.Waited || q.Active != 0 {
+		t.Fatalf("drain %+v", q)
 	}
 }
