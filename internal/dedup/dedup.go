@@ -133,8 +133,10 @@ type Join struct {
 	Left  admission.Reason
 	Cause error
 
-	// done carries two answers: the role, then a follower's final one.
+	// done carries a follower's final answer, and the role when the
+	// caller waits for it: placed says who came first (see AwaitRole).
 	done     chan struct{}
+	placed   atomic.Uint32
 	entry    *entry
 	answered bool // a follower's final answer was sent
 	timer    clock.Timer
@@ -147,7 +149,29 @@ type Join struct {
 func NewJoin() *Join { return &Join{done: make(chan struct{}, 2)} }
 
 // AwaitRole waits until the actor has placed the call.
-func (j *Join) AwaitRole() { <-j.done }
+//
+// The actor and the caller race for placed: when the actor has placed
+// the call by the time the caller looks (the join ran on the caller's own
+// goroutine), no channel is used; else the actor sends the role on done.
+func (j *Join) AwaitRole() {
+	if j.placed.CompareAndSwap(unplaced, roleAwaited) {
+		<-j.done
+	}
+}
+
+// The states of Join.placed.
+const (
+	unplaced uint32 = iota
+	roleAwaited
+	rolePlaced
+)
+
+// place hands j its role.
+func (j *Join) place() {
+	if !j.placed.CompareAndSwap(unplaced, rolePlaced) {
+		j.done <- struct{}{}
+	}
+}
 
 // Answered is the channel that delivers a follower's final answer.
 func (j *Join) Answered() <-chan struct{} { return j.done }
@@ -430,9 +454,9 @@ func (a *Actor) recovered(msg, p any) {
 	}
 	switch m := msg.(type) {
 	case *Join:
-		if len(m.done) == 0 && m.entry == nil {
+		if m.placed.Load() != rolePlaced && len(m.done) == 0 && m.entry == nil {
 			m.Role = Alone
-			m.done <- struct{}{}
+			m.place()
 		}
 	case *StatsRequest:
 		if len(m.done) == 0 {
@@ -481,7 +505,7 @@ func (a *Actor) join(j *Join) {
 	// The canonical key may be a view of the caller's buffer, which the
 	// caller reuses once answered.
 	j.Key.Canon = ""
-	j.done <- struct{}{}
+	j.place()
 }
 
 func (a *Actor) newEntry() *entry {
