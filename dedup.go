@@ -46,7 +46,9 @@ import (
 // the queue, hands that rejection to every follower, even one whose
 // context is alive or whose queue timeout is longer. The rejection is
 // counted once, the leader's. A caller that must not inherit them can
-// retry on such an error, or give the call NoDedup.
+// retry on such an error, or give the call NoDedup: an Aborted error while
+// the caller's own ctx.Err() is nil was inherited, and a retry joins anew
+// or leads.
 //
 // When the leader's fn panics or calls
 // runtime.Goexit, the followers get an error matching ErrLeaderPanicked

@@ -930,7 +930,9 @@ func TestDedupObserveCallDoesNotFollowEnforcedLeader(t *testing.T) {
 
 // TestDedupFollowerSharesLeadersOwnAbort pins the documented behaviour: a
 // leader rejected Aborted by its own context, while queued, hands that
-// rejection (with its cause) to a follower whose context is alive.
+// rejection (with its cause) to a follower whose context is alive. The
+// follower tells it was inherited (its own ctx.Err() is nil), and a retry
+// leads on its own and runs.
 func TestDedupFollowerSharesLeadersOwnAbort(t *testing.T) {
 	b := newBulkhead(t, dedupConfig(1))
 	hold := mustAcquire(t, b, req("hold", 1))
@@ -938,18 +940,29 @@ func TestDedupFollowerSharesLeadersOwnAbort(t *testing.T) {
 	lctx, lcancel := context.WithCancel(context.Background())
 	leader := runAsync(lctx, b, req("q", 1), g.fn("answer", nil))
 	testutil.WaitFor(t, "the leader queued", pending(b))
-	f := runAsync(context.Background(), b, req("q", 1), g.fn("own", nil), bulkhead.WithTag("follower"))
+	fctx := context.Background()
+	f := runAsync(fctx, b, req("q", 1), g.fn("own", nil), bulkhead.WithTag("follower"))
 	waitHits(t, b, 1)
 	lcancel()
 	wantReason(t, (<-leader).err, bulkhead.Aborted)
 	o := <-f
-	if r := wantReason(t, o.err, bulkhead.Aborted); r.Tag != "follower" || !errors.Is(o.err, context.Canceled) {
+	if r := wantReason(t, o.err, bulkhead.Aborted); r.Tag != "follower" || !errors.Is(o.err, context.Canceled) || fctx.Err() != nil {
 		t.Fatalf("follower: %+v", r)
 	}
-	if st := b.Stats(); st.Calls.Rejected != 1 || g.count() != 0 {
-		t.Fatalf("calls %+v, fn ran %d", st.Calls, g.count())
+	if st := b.Stats(); st.Calls.Rejected != 1 || g.count() != 0 || st.Dedup.Active != 0 {
+		t.Fatalf("calls %+v dedup %+v, fn ran %d", st.Calls, st.Dedup, g.count())
 	}
+	retry := runAsync(fctx, b, req("q", 1), g.fn("retried", nil))
+	testutil.WaitFor(t, "the retry queued", pending(b))
 	_ = hold.Release(nil)
+	<-g.started
+	close(g.release)
+	if o := <-retry; o.v != "retried" || o.err != nil {
+		t.Fatalf("retry: %+v", o)
+	}
+	if st := b.Stats(); st.Dedup.Hits != 1 || g.count() != 1 {
+		t.Fatalf("dedup %+v, fn ran %d times: the retry should lead", st.Dedup, g.count())
+	}
 	wantIdle(t, b)
 }
 
