@@ -3,6 +3,7 @@ package bulkhead_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"iter"
 	"net/http"
@@ -1014,5 +1015,44 @@ func TestDedupBorrowedDeadlineAtReturnSameForFollowers(t *testing.T) {
 		testutil.WaitFor(t, "the release", func() bool { return b.Stats().Calls.Released == int64(i+1) })
 	}
 	t.Logf("value %d times, deadline error %d times", seen[true], seen[false])
+	wantIdle(t, b)
+}
+
+// TestDedupSettleRacesJoin: two identical Runs started together, whose fn
+// returns at once, race the first one's settlement against the second
+// one's join: either both get one execution's value (the second followed,
+// one hit) or each ran its own fn (the second came after the first had
+// settled). Never a lost or mixed result, never a key left in flight.
+func TestDedupSettleRacesJoin(t *testing.T) {
+	b := newBulkhead(t, dedupConfig(4))
+	var hits int64
+	for i := range 500 {
+		var mu sync.Mutex
+		ran := 0
+		fn := func(v string) func(context.Context, *bulkhead.RunContext) (string, error) {
+			return func(context.Context, *bulkhead.RunContext) (string, error) {
+				mu.Lock()
+				ran++
+				mu.Unlock()
+				return v, nil
+			}
+		}
+		r := req(fmt.Sprint("race-", i), 1)
+		x := runAsync(context.Background(), b, r, fn("x"))
+		y := runAsync(context.Background(), b, r, fn("y"))
+		ox, oy := <-x, <-y
+		if ox.err != nil || oy.err != nil {
+			t.Fatalf("run %d: %v, %v", i, ox.err, oy.err)
+		}
+		shared := ox.v == oy.v
+		if shared {
+			hits++
+		}
+		st := b.Stats()
+		if (shared && ran != 1) || (!shared && (ran != 2 || ox.v != "x" || oy.v != "y")) || st.Dedup.Hits != hits || st.Dedup.Active != 0 {
+			t.Fatalf("run %d: got %q and %q with fn run %d times; dedup %+v, want %d hits", i, ox.v, oy.v, ran, st.Dedup, hits)
+		}
+	}
+	t.Logf("shared %d of 500", hits)
 	wantIdle(t, b)
 }
