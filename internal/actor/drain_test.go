@@ -168,4 +168,11 @@ func TestDrainWaitsForDedupLeaderRejectedInQueue(t *testing.T) {
 	if follower.Outcome != "shared" {
 		t.Fatalf("follower outcome %v", follower.Outcome)
 	}
+	// Once drained and stopped, the engine and its dedup actor still answer.
+	if res := e.Drain(context.Background()); !res.Drained {
+		t.Fatalf("a later Drain = %+v", res)
+	}
+	if d := e.Stats().Dedup; d == nil || d.Active != 0 || d.Hits != 1 {
+		t.Fatalf("dedup stats %+v", d)
+	}
 }
