@@ -181,12 +181,15 @@ func WithDedupKey(key string) Option { return dedupKeyOption(key) }
 type deduper struct {
 	keyFunc func(*Request) string
 	share   func(any) (any, error)
-	hash    dedup.Hash
-	bufs    sync.Pool
+	// hashBytes is the digest of a key laid out in one buffer, the same as
+	// hash's; nil when a test replaces hash.
+	hash      dedup.Hash
+	hashBytes func([]byte) uint64
+	bufs      sync.Pool
 }
 
 func newDeduper(cfg DedupConfig) *deduper {
-	d := &deduper{keyFunc: cfg.KeyFunc, share: cfg.ShareResult, hash: dedup.DefaultHash}
+	d := &deduper{keyFunc: cfg.KeyFunc, share: cfg.ShareResult, hash: dedup.DefaultHash, hashBytes: dedup.DefaultHashBytes}
 	d.bufs.New = func() any { return new([]byte) }
 	return d
 }
@@ -195,27 +198,38 @@ func newDeduper(cfg DedupConfig) *deduper {
 // does not pin its buffer.
 const maxPooledKey = 64 << 10
 
-// key returns the call's dedup key, in a pooled buffer to put back once
-// the key is no longer read: the parameters of r that decide its admission
-// (see appendPartition), then its key (o's, KeyFunc's or the default one).
-// It returns "" and no buffer when the call opts out.
-func (d *deduper) key(b *Bulkhead, req *Request, r *actor.AcquireRequest, o *callOptions) (string, *[]byte) {
+// key returns the call's dedup key, partitioned by scope and class, and
+// its digest. The key is in a pooled buffer to put back once it is no
+// longer read: scope 0x00 class 0x00, then (the key proper, from off) the
+// parameters of r that decide its admission (see appendPartition) and its
+// key (o's, KeyFunc's or the default one). It returns no buffer when the
+// call opts out.
+func (d *deduper) key(b *Bulkhead, req *Request, r *actor.AcquireRequest, o *callOptions, class string) (k dedup.Key, digest uint64, buf *[]byte) {
 	key, user := o.dedupKey, o.hasDedupKey
 	if !user && d.keyFunc != nil {
 		key, user = d.userKey(b, req), true
 	}
 	if user && key == "" {
-		return "", nil
+		return dedup.Key{}, 0, nil
 	}
-	buf := d.bufs.Get().(*[]byte)
-	k := appendPartition((*buf)[:0], r, o)
+	buf = d.bufs.Get().(*[]byte)
+	all := append((*buf)[:0], o.dedupScope...)
+	all = append(all, 0)
+	all = append(all, class...)
+	all = append(all, 0)
+	off := len(all)
+	all = appendPartition(all, r, o)
 	if user {
-		k = append(k, key...)
+		all = append(all, key...)
 	} else {
-		k = appendCanonical(k, req)
+		all = appendCanonical(all, req)
 	}
-	*buf = k
-	return dedup.View(k), buf
+	*buf = all
+	k = dedup.Key{Scope: o.dedupScope, Class: class, Canon: dedup.View(all[off:])}
+	if d.hashBytes != nil {
+		return k, d.hashBytes(all), buf
+	}
+	return k, d.hash(k), buf
 }
 
 // appendPartition appends the parameters of a call that its admission
@@ -310,14 +324,13 @@ func (b *Bulkhead) join(ctx context.Context, req *Request, r *actor.AcquireReque
 		}
 	}
 	d := b.dedup
-	key, buf := d.key(b, req, r, o)
-	if key == "" {
+	key, digest, buf := d.key(b, req, r, o, b.eng.ClassName(r.Class))
+	if buf == nil {
 		return nil
 	}
 	defer d.putBuffer(buf)
 	j := b.eng.NewJoin()
-	j.Key = dedup.Key{Scope: o.dedupScope, Class: b.eng.ClassName(r.Class), Canon: key}
-	j.Digest = d.hash(j.Key)
+	j.Key, j.Digest = key, digest
 	j.Call = r.Request
 	if o.hasQueueTimeout {
 		j.Wait = o.queueTimeout

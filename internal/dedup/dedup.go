@@ -75,6 +75,18 @@ func NewHash(seed uint64) Hash {
 
 var separator = [1]byte{0}
 
+// NewHashBytes returns the digest of NewHash(seed) over a key already laid
+// out as scope 0x00 class 0x00 canon in one buffer: one write instead of
+// five. It allocates nothing.
+func NewHashBytes(seed uint64) func([]byte) uint64 {
+	return func(b []byte) uint64 {
+		var d xxhash.Digest
+		d.ResetWithSeed(seed)
+		_, _ = d.Write(b)
+		return d.Sum64()
+	}
+}
+
 // processSeed is drawn at start-up, so that digests cannot be computed in
 // advance (to aim collisions at a key) from outside the process.
 var processSeed = func() uint64 {
@@ -83,8 +95,12 @@ var processSeed = func() uint64 {
 	return binary.LittleEndian.Uint64(b[:])
 }()
 
-// DefaultHash is NewHash with the process's random seed.
-var DefaultHash = NewHash(processSeed)
+// DefaultHash is NewHash with the process's random seed, and
+// DefaultHashBytes NewHashBytes with it.
+var (
+	DefaultHash      = NewHash(processSeed)
+	DefaultHashBytes = NewHashBytes(processSeed)
+)
 
 // View returns b as a string without copying it. The string is valid only
 // while b is not modified: for a Join's Canon, until the join is answered.

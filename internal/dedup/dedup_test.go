@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -216,6 +217,19 @@ func TestHash(t *testing.T) {
 	}
 	if n := testing.AllocsPerRun(100, func() { _ = a(k) }); n != 0 {
 		t.Fatalf("hash allocates %v", n)
+	}
+	// One buffer laid out as scope 0x00 class 0x00 canon has the same
+	// digest, short keys and keys over a block alike.
+	long := Key{Scope: "tenant", Class: "batch", Canon: strings.Repeat("0123456789", 30)}
+	for _, k := range []Key{k, {}, long} {
+		laid := []byte(k.Scope + "\x00" + k.Class + "\x00" + k.Canon)
+		if NewHashBytes(1)(laid) != a(k) || DefaultHashBytes(laid) != DefaultHash(k) {
+			t.Fatalf("the digest of %q laid out in one buffer differs", laid)
+		}
+	}
+	one := []byte("s\x00c\x00k")
+	if n := testing.AllocsPerRun(100, func() { _ = DefaultHashBytes(one) }); n != 0 {
+		t.Fatalf("hash of a buffer allocates %v", n)
 	}
 	buf := []byte("view")
 	if View(buf) != "view" || View(nil) != "" {
