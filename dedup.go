@@ -186,11 +186,14 @@ type deduper struct {
 	hash      dedup.Hash
 	hashBytes func([]byte) uint64
 	bufs      sync.Pool
+	// leaders keeps the leaders that settled alone.
+	leaders sync.Pool
 }
 
 func newDeduper(cfg DedupConfig) *deduper {
 	d := &deduper{keyFunc: cfg.KeyFunc, share: cfg.ShareResult, hash: dedup.DefaultHash, hashBytes: dedup.DefaultHashBytes}
 	d.bufs.New = func() any { return new([]byte) }
+	d.leaders.New = func() any { return new(leader) }
 	return d
 }
 
@@ -367,27 +370,30 @@ func runDedup[T any](ctx context.Context, b *Bulkhead, req *Request, fn func(con
 // before the admission is released (see leadAdmitted), so that whoever
 // sees the release, a Drain included, sees the entry gone.
 func lead[T any](ctx context.Context, b *Bulkhead, r *actor.AcquireRequest, p *Permit, o *callOptions, fn func(context.Context, *RunContext) (T, error), j *dedup.Join) (v T, err error) {
-	l := &leader{b: b, j: j, typ: reflect.TypeFor[T]()}
-	returned := false
+	d := b.dedup
+	l := d.leaders.Get().(*leader)
+	l.b, l.j, l.typ = b, j, reflect.TypeFor[T]()
+	returned, detached := false, false
 	defer func() {
 		if returned {
 			settle(l, v, err)
+		} else if l.claim() {
+			pv := recover()
+			l.settleFailed(pv)
+			d.putLeader(l, detached)
+			if pv != nil {
+				panic(pv)
+			}
 			return
-		}
-		if !l.claim() {
-			return // settled by leadAdmitted: the panic or Goexit goes on
-		}
-		pv := recover()
-		l.settleFailed(pv)
-		if pv != nil {
-			panic(pv)
-		}
+		} // else settled by leadAdmitted: the panic or Goexit goes on
+		d.putLeader(l, detached)
 	}()
 	p, err = b.send(r, p, o.tag)
 	if err == nil {
 		rc := &p.run
 		rc.p = p
 		if _, expired := p.l.Deadline(); expired != nil {
+			detached = true // fn's goroutine may outlive this Run
 			v, err = runWithDeadline(ctx, p, fn, l)
 		} else {
 			v, err = leadAdmitted(ctx, p, fn, l, nil)
@@ -408,6 +414,18 @@ type leader struct {
 	claimed atomic.Bool
 	// out is written once claimed, and read by the followers once settled.
 	out shared
+	// alone says it settled without followers, so that nothing reads out.
+	alone bool
+}
+
+// putLeader keeps l for the next leader when nothing can read it any more:
+// it settled without followers, and fn's goroutine, when it ran on its own
+// (detached), cannot outlive the Run.
+func (d *deduper) putLeader(l *leader, detached bool) {
+	if l.alone && !detached {
+		*l = leader{}
+		d.leaders.Put(l)
+	}
 }
 
 // claim reports whether the caller is the one to settle.
@@ -432,7 +450,7 @@ func (l *leader) settleFailed(pv any) {
 // settleClaimed sends l.out to the followers, once claimed and written.
 func (l *leader) settleClaimed() {
 	l.out.typ = l.typ
-	l.b.eng.Settle(l.j, &l.out)
+	l.alone = l.b.eng.Settle(l.j, &l.out)
 	l.b.eng.PutJoin(l.j)
 }
 

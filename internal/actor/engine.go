@@ -372,15 +372,16 @@ func (e *Engine) Follow(ctx context.Context, j *dedup.Join) (reusable bool) {
 
 // Settle ends leader j's entry: its followers get outcome. It does not
 // wait: every later join is ordered behind it. A leader that no follower
-// joined settles without a message.
-func (e *Engine) Settle(j *dedup.Join, outcome any) {
+// joined settles without a message; alone says so (nobody reads outcome).
+func (e *Engine) Settle(j *dedup.Join, outcome any) (alone bool) {
 	if settled, wake := j.SettleAlone(); settled {
 		if wake {
 			e.root.Send(e.dedup, dedupWake)
 		}
-		return
+		return true
 	}
 	e.root.Send(e.dedup, j.Settle(outcome))
+	return false
 }
 
 var dedupWake = &dedup.WakeDrains{}
