@@ -422,7 +422,8 @@ type leader struct {
 // it settled without followers, and fn's goroutine, when it ran on its own
 // (detached), cannot outlive the Run.
 func (d *deduper) putLeader(l *leader, detached bool) {
-	if l.alone && !detached {
+	// detached first: fn's goroutine may be settling l right now.
+	if !detached && l.alone {
 		*l = leader{}
 		d.leaders.Put(l)
 	}
