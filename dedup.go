@@ -181,8 +181,8 @@ func WithDedupKey(key string) Option { return dedupKeyOption(key) }
 type deduper struct {
 	keyFunc func(*Request) string
 	share   func(any) (any, error)
-	// hashBytes is the digest of a key laid out in one buffer, the same as
-	// hash's; nil when a test replaces hash.
+	// hash is a key's digest; hashBytes is the same digest of a key laid
+	// out in one buffer, nil when a test replaces hash.
 	hash      dedup.Hash
 	hashBytes func([]byte) uint64
 	bufs      sync.Pool
@@ -203,7 +203,7 @@ const maxPooledKey = 64 << 10
 
 // key returns the call's dedup key, partitioned by scope and class, and
 // its digest. The key is in a pooled buffer to put back once it is no
-// longer read: scope 0x00 class 0x00, then (the key proper, from off) the
+// longer read: scope 0x00 class 0x00, then the key's Canon: the
 // parameters of r that decide its admission (see appendPartition) and its
 // key (o's, KeyFunc's or the default one). It returns no buffer when the
 // call opts out.
