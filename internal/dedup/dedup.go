@@ -8,17 +8,17 @@
 // here, holding no capacity, until its leader settles (Settle), when the
 // leader's outcome is handed to every follower; or until its own wait ends
 // first, by its context (Leave) or by its wait bound (a timer of the
-// actor's).
+// actor's). A call whose digest matches an entry of another key (a
+// collision) runs on its own: it neither follows nor registers, so a
+// collision never hands a caller another call's result.
 //
 // A leader that no follower has joined settles without a message
 // (SettleAlone): the table is the actor's alone, but each entry carries
 // one atomic state that the actor and its leader race for, so that either
 // the first follower's join marks it followed (and the leader then sends
 // Settle) or the leader marks it settled first (and that join finds it
-// gone, and leads anew). The actor removes such entries as it goes, a
-// few at each registration, and counts the keys in flight exactly. A call whose digest matches an entry of another key (a
-// collision) runs on its own: it neither follows nor registers, so a
-// collision never hands a caller another call's result.
+// gone, and leads anew). The actor removes such entries as it goes, a few
+// at each registration, and counts the keys in flight exactly.
 //
 // The actor decides nothing about capacity and interprets no outcome: the
 // facade says what a call's key is and what its outcome means. It tells its
