@@ -40,15 +40,15 @@ import (
 //
 // A follower shares its leader's rejection whatever its cause, including
 // causes of the leader's own: a leader rejected Aborted because its own
-// context ended (the error's Cause is that context's, context.Canceled
-// say), Timeout because its own queue timeout (WithQueueTimeout or
-// Config.QueueTimeout) expired, or Shutdown because Close rejected it in
-// the queue, hands that rejection to every follower, even one whose
+// context ended, Timeout because its own queue timeout (WithQueueTimeout
+// or Config.QueueTimeout) expired, or Shutdown because Close rejected it
+// in the queue, hands that rejection to every follower, even one whose
 // context is alive or whose queue timeout is longer. The rejection is
-// counted once, the leader's. A caller that must not inherit them can
-// retry on such an error, or give the call NoDedup: an Aborted error while
-// the caller's own ctx.Err() is nil was inherited, and a retry joins anew
-// or leads.
+// counted once, the leader's. A follower's Aborted or Timeout of this
+// kind matches ErrLeaderRejected (its Cause says so, and names the
+// leader's cause without matching it: errors.Is(err, context.Canceled)
+// is false), so a caller that must not inherit them retries on it, and
+// the retry joins anew or leads; NoDedup opts a call out altogether.
 //
 // When the leader's fn panics or calls
 // runtime.Goexit, the followers get an error matching ErrLeaderPanicked
@@ -129,6 +129,30 @@ type DedupEvent struct {
 	// Scope is its dedup scope (see WithDedupScope), "" for none.
 	Scope string
 }
+
+// ErrLeaderRejected matches the rejection of a deduplicated follower that
+// shares its leader's own Aborted (the leader's context ended) or Timeout
+// (the leader's queue timeout expired), as the error's Cause: the
+// follower's own wait had not ended, so a retry may well succeed (it joins
+// anew, or leads). Such a rejection does not match the leader's context
+// error (context.Canceled, say): the follower's context is its own.
+var ErrLeaderRejected = errors.New("bulkhead: " + leaderRejected)
+
+const leaderRejected = "the identical call in flight was rejected for a cause of its own"
+
+// leaderCause is the Cause of a follower's copy of its leader's own
+// Aborted or Timeout: it matches ErrLeaderRejected and names the leader's
+// cause without wrapping it.
+type leaderCause struct{ cause error }
+
+func (c leaderCause) Error() string {
+	if c.cause == nil {
+		return leaderRejected
+	}
+	return leaderRejected + " (" + c.cause.Error() + ")"
+}
+
+func (c leaderCause) Is(target error) bool { return target == ErrLeaderRejected }
 
 // ErrLeaderPanicked matches the error of a deduplicated follower whose
 // leader's fn panicked or called runtime.Goexit, so that no result came.
@@ -574,11 +598,16 @@ func as[T any](x any) (T, bool) {
 
 // sharedError is a leader's error as a follower gets it: a rejection or a
 // deadline error copied with the follower's own tag, anything else as is.
+// A rejection for the leader's own context or queue timeout says so in its
+// Cause (see ErrLeaderRejected).
 func sharedError(err error, tag string) error {
 	switch e := err.(type) {
 	case *RejectedError:
 		c := *e
 		c.Tag = tag
+		if c.Reason == Aborted || c.Reason == Timeout {
+			c.Cause = leaderCause{cause: e.Cause}
+		}
 		return &c
 	case *BorrowedDeadlineError:
 		c := *e

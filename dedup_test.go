@@ -396,6 +396,9 @@ func TestDedupFollowersJoinQueuedLeaderAndShareItsRejection(t *testing.T) {
 	if lr.Tag != "leader" || fr.Tag != "follower" || fr.Detail == nil || g.count() != 0 {
 		t.Fatalf("leader %+v, follower %+v", lr, fr)
 	}
+	if errors.Is(lr, bulkhead.ErrLeaderRejected) || !errors.Is(fr, bulkhead.ErrLeaderRejected) || !errors.Is(fr, bulkhead.ErrTimeout) {
+		t.Fatalf("leader %v, follower %v: only the follower's is the leader's own", lr, fr)
+	}
 	if st := b.Stats(); st.Calls.Rejected != 1 {
 		t.Fatalf("the shared rejection counted %d times", st.Calls.Rejected)
 	}
@@ -945,10 +948,18 @@ func TestDedupFollowerSharesLeadersOwnAbort(t *testing.T) {
 	f := runAsync(fctx, b, req("q", 1), g.fn("own", nil), bulkhead.WithTag("follower"))
 	waitHits(t, b, 1)
 	lcancel()
-	wantReason(t, (<-leader).err, bulkhead.Aborted)
+	if err := (<-leader).err; !errors.Is(err, context.Canceled) || errors.Is(err, bulkhead.ErrLeaderRejected) {
+		t.Fatalf("leader: %v, want its own context's cause", err)
+	}
 	o := <-f
-	if r := wantReason(t, o.err, bulkhead.Aborted); r.Tag != "follower" || !errors.Is(o.err, context.Canceled) || fctx.Err() != nil {
-		t.Fatalf("follower: %+v", r)
+	// Its own context is alive: the rejection says it is the leader's, and
+	// does not match the leader's context error.
+	r := wantReason(t, o.err, bulkhead.Aborted)
+	if r.Tag != "follower" || !errors.Is(o.err, bulkhead.ErrLeaderRejected) || errors.Is(o.err, context.Canceled) || fctx.Err() != nil {
+		t.Fatalf("follower: %v", o.err)
+	}
+	if want := `bulkhead: rejected: aborted: the context ended before admission: the identical call in flight was rejected for a cause of its own (context canceled) (tag "follower")`; o.err.Error() != want {
+		t.Fatalf("follower's message\n got %s\nwant %s", o.err, want)
 	}
 	if st := b.Stats(); st.Calls.Rejected != 1 || g.count() != 0 || st.Dedup.Active != 0 {
 		t.Fatalf("calls %+v dedup %+v, fn ran %d", st.Calls, st.Dedup, g.count())
@@ -1055,4 +1066,32 @@ func TestDedupSettleRacesJoin(t *testing.T) {
 	}
 	t.Logf("shared %d of 500", hits)
 	wantIdle(t, b)
+}
+
+// TestDedupQueuedLeaderClosed: Close rejects a queued leader Shutdown, and
+// its follower shares that rejection, which is not one of the leader's own
+// (a retry would be rejected Shutdown too). Drain then drains: nothing is
+// in flight and no key is.
+func TestDedupQueuedLeaderClosed(t *testing.T) {
+	b := newBulkhead(t, dedupConfig(1))
+	hold := mustAcquire(t, b, req("hold", 1))
+	g := newGate()
+	leader := runAsync(context.Background(), b, req("q", 1), g.fn("answer", nil))
+	testutil.WaitFor(t, "the leader queued", pending(b))
+	f := runAsync(context.Background(), b, req("q", 1), g.fn("own", nil), bulkhead.WithTag("follower"))
+	waitHits(t, b, 1)
+	b.Close()
+	wantReason(t, (<-leader).err, bulkhead.Shutdown)
+	fo := <-f
+	if r := wantReason(t, fo.err, bulkhead.Shutdown); r.Tag != "follower" || errors.Is(fo.err, bulkhead.ErrLeaderRejected) {
+		t.Fatalf("follower: %v", fo.err)
+	}
+	_ = hold.Release(nil)
+	res, err := b.Drain(context.Background())
+	if err != nil || res != (bulkhead.DrainResult{Drained: true}) || g.count() != 0 {
+		t.Fatalf("Drain = %+v, %v; fn ran %d times", res, err, g.count())
+	}
+	if st := b.Stats(); st.Dedup.Active != 0 || st.Calls.Rejected != 1 {
+		t.Fatalf("dedup %+v calls %+v", st.Dedup, st.Calls)
+	}
 }

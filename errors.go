@@ -108,7 +108,9 @@ type RejectedError struct {
 	// Tag is the caller's tag for the call (see WithTag), "" for none.
 	Tag string
 
-	// Cause is what ended an Aborted wait: the context's cause.
+	// Cause is what ended an Aborted wait: the context's cause. For a
+	// deduplicated follower that shares its leader's own Aborted or
+	// Timeout, it is an error matching ErrLeaderRejected instead.
 	Cause error
 }
 
