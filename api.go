@@ -290,8 +290,10 @@ func (b *Bulkhead) Close() {
 }
 
 // Drain waits until nothing is in flight or queued, every admission has
-// been released, every call bypassed in Observe mode has ended and every
-// event has been delivered, or until ctx ends; it cancels nothing. When ctx ends first it returns Drained false with the counts
+// been released, every call bypassed in Observe mode has ended, every
+// deduplicated leader has returned (a leader rejected in the queue by
+// Close included, so its followers have their outcome) and every event
+// has been delivered, or until ctx ends; it cancels nothing. When ctx ends first it returns Drained false with the counts
 // still outstanding, and ctx's error, as soon as ctx ends (a blocked
 // listener does not hold it). After Close and a Drain that drained, the
 // bulkhead's goroutines have ended; later calls are rejected Shutdown. An
@@ -302,7 +304,7 @@ func (b *Bulkhead) Drain(ctx context.Context) (DrainResult, error) {
 		return DrainResult{}, invalidf("ctx", "must not be nil")
 	}
 	d := b.eng.Drain(ctx)
-	res := DrainResult{Drained: d.Drained, InFlight: d.InFlight, Pending: d.Pending, Bypassed: d.Bypassed}
+	res := DrainResult{Drained: d.Drained, InFlight: d.InFlight, Pending: d.Pending, Bypassed: d.Bypassed, DedupActive: d.DedupActive}
 	if !res.Drained {
 		return res, context.Cause(ctx)
 	}
@@ -400,7 +402,8 @@ type runResult[T any] struct {
 // returns the deadline error even if fn's result is already in.
 //
 // l, when not nil, is a dedup leader's entry, settled before the release
-// (see leadAdmitted).
+// once the deadline is ended (see leadAdmitted), so that the followers get
+// what Run returns.
 func runWithDeadline[T any](ctx context.Context, p *Permit, fn func(context.Context, *RunContext) (T, error), l *leader) (T, error) {
 	deadline, expired := p.l.Deadline()
 	fnCtx, cancel := context.WithCancelCause(ctx)

@@ -40,18 +40,21 @@ import (
 //
 // A follower shares its leader's rejection whatever its cause, including
 // causes of the leader's own: a leader rejected Aborted because its own
-// context ended (the error's Cause is that context's, context.Canceled
-// say), Timeout because its own queue timeout (WithQueueTimeout or
-// Config.QueueTimeout) expired, or Shutdown because Close rejected it in
-// the queue, hands that rejection to every follower, even one whose
+// context ended, Timeout because its own queue timeout (WithQueueTimeout
+// or Config.QueueTimeout) expired, or Shutdown because Close rejected it
+// in the queue, hands that rejection to every follower, even one whose
 // context is alive or whose queue timeout is longer. The rejection is
-// counted once, the leader's. A caller that must not inherit them can
-// retry on such an error, or give the call NoDedup.
+// counted once, the leader's. A follower's Aborted or Timeout of this
+// kind matches ErrLeaderRejected (its Cause says so, and names the
+// leader's cause without matching it: errors.Is(err, context.Canceled)
+// is false), so a caller that must not inherit them retries on it, and
+// the retry joins anew or leads; NoDedup opts a call out altogether.
 //
 // When the leader's fn panics or calls
 // runtime.Goexit, the followers get an error matching ErrLeaderPanicked
-// (the panic goes on in the leader); when its borrowed-slot deadline
-// expires, they get its *BorrowedDeadlineError.
+// (the panic goes on in the leader). With WithBorrowedDeadline, the
+// followers get what the leader's Run returns: its *BorrowedDeadlineError
+// when the deadline expires first, even as fn returns, else fn's outcome.
 //
 // Only Run deduplicates, and calls share only with calls of the same
 // scope, class, priority, mode and reservation override: the same scope
@@ -65,7 +68,9 @@ import (
 // call whose context has already ended is rejected Aborted without joining
 // anything. After Close, a Run joins nothing: it is rejected Shutdown like
 // any later call, while the followers that joined before Close still get
-// their leader's outcome. Acquire never deduplicates.
+// their leader's outcome, and Drain waits until they have it (a leader
+// rejected in the queue by Close releases nothing, yet Drain waits for
+// it). Acquire never deduplicates.
 //
 // Keys are kept as a seeded 64-bit digest (xxhash64, seeded at random when
 // the process starts), and the full key is compared when two digests
@@ -125,6 +130,30 @@ type DedupEvent struct {
 	Scope string
 }
 
+// ErrLeaderRejected matches the rejection of a deduplicated follower that
+// shares its leader's own Aborted (the leader's context ended) or Timeout
+// (the leader's queue timeout expired), as the error's Cause: the
+// follower's own wait had not ended, so a retry may well succeed (it joins
+// anew, or leads). Such a rejection does not match the leader's context
+// error (context.Canceled, say): the follower's context is its own.
+var ErrLeaderRejected = errors.New("bulkhead: " + leaderRejected)
+
+const leaderRejected = "the identical call in flight was rejected for a cause of its own"
+
+// leaderCause is the Cause of a follower's copy of its leader's own
+// Aborted or Timeout: it matches ErrLeaderRejected and names the leader's
+// cause without wrapping it.
+type leaderCause struct{ cause error }
+
+func (c leaderCause) Error() string {
+	if c.cause == nil {
+		return leaderRejected
+	}
+	return leaderRejected + " (" + c.cause.Error() + ")"
+}
+
+func (c leaderCause) Is(target error) bool { return target == ErrLeaderRejected }
+
 // ErrLeaderPanicked matches the error of a deduplicated follower whose
 // leader's fn panicked or called runtime.Goexit, so that no result came.
 // The message carries the panic value.
@@ -176,13 +205,19 @@ func WithDedupKey(key string) Option { return dedupKeyOption(key) }
 type deduper struct {
 	keyFunc func(*Request) string
 	share   func(any) (any, error)
-	hash    dedup.Hash
-	bufs    sync.Pool
+	// hash is a key's digest; hashBytes is the same digest of a key laid
+	// out in one buffer, nil when a test replaces hash.
+	hash      dedup.Hash
+	hashBytes func([]byte) uint64
+	bufs      sync.Pool
+	// leaders keeps the leaders that settled alone.
+	leaders sync.Pool
 }
 
 func newDeduper(cfg DedupConfig) *deduper {
-	d := &deduper{keyFunc: cfg.KeyFunc, share: cfg.ShareResult, hash: dedup.DefaultHash}
+	d := &deduper{keyFunc: cfg.KeyFunc, share: cfg.ShareResult, hash: dedup.DefaultHash, hashBytes: dedup.DefaultHashBytes}
 	d.bufs.New = func() any { return new([]byte) }
+	d.leaders.New = func() any { return new(leader) }
 	return d
 }
 
@@ -190,27 +225,38 @@ func newDeduper(cfg DedupConfig) *deduper {
 // does not pin its buffer.
 const maxPooledKey = 64 << 10
 
-// key returns the call's dedup key, in a pooled buffer to put back once
-// the key is no longer read: the parameters of r that decide its admission
-// (see appendPartition), then its key (o's, KeyFunc's or the default one).
-// It returns "" and no buffer when the call opts out.
-func (d *deduper) key(b *Bulkhead, req *Request, r *actor.AcquireRequest, o *callOptions) (string, *[]byte) {
+// key returns the call's dedup key, partitioned by scope and class, and
+// its digest. The key is in a pooled buffer to put back once it is no
+// longer read: scope 0x00 class 0x00, then the key's Canon: the
+// parameters of r that decide its admission (see appendPartition) and its
+// key (o's, KeyFunc's or the default one). It returns no buffer when the
+// call opts out.
+func (d *deduper) key(b *Bulkhead, req *Request, r *actor.AcquireRequest, o *callOptions, class string) (k dedup.Key, digest uint64, buf *[]byte) {
 	key, user := o.dedupKey, o.hasDedupKey
 	if !user && d.keyFunc != nil {
 		key, user = d.userKey(b, req), true
 	}
 	if user && key == "" {
-		return "", nil
+		return dedup.Key{}, 0, nil
 	}
-	buf := d.bufs.Get().(*[]byte)
-	k := appendPartition((*buf)[:0], r, o)
+	buf = d.bufs.Get().(*[]byte)
+	all := append((*buf)[:0], o.dedupScope...)
+	all = append(all, 0)
+	all = append(all, class...)
+	all = append(all, 0)
+	off := len(all)
+	all = appendPartition(all, r, o)
 	if user {
-		k = append(k, key...)
+		all = append(all, key...)
 	} else {
-		k = appendCanonical(k, req)
+		all = appendCanonical(all, req)
 	}
-	*buf = k
-	return dedup.View(k), buf
+	*buf = all
+	k = dedup.Key{Scope: o.dedupScope, Class: class, Canon: dedup.View(all[off:])}
+	if d.hashBytes != nil {
+		return k, d.hashBytes(all), buf
+	}
+	return k, d.hash(k), buf
 }
 
 // appendPartition appends the parameters of a call that its admission
@@ -305,14 +351,13 @@ func (b *Bulkhead) join(ctx context.Context, req *Request, r *actor.AcquireReque
 		}
 	}
 	d := b.dedup
-	key, buf := d.key(b, req, r, o)
-	if key == "" {
+	key, digest, buf := d.key(b, req, r, o, b.eng.ClassName(r.Class))
+	if buf == nil {
 		return nil
 	}
 	defer d.putBuffer(buf)
 	j := b.eng.NewJoin()
-	j.Key = dedup.Key{Scope: o.dedupScope, Class: b.eng.ClassName(r.Class), Canon: key}
-	j.Digest = d.hash(j.Key)
+	j.Key, j.Digest = key, digest
 	j.Call = r.Request
 	if o.hasQueueTimeout {
 		j.Wait = o.queueTimeout
@@ -349,27 +394,30 @@ func runDedup[T any](ctx context.Context, b *Bulkhead, req *Request, fn func(con
 // before the admission is released (see leadAdmitted), so that whoever
 // sees the release, a Drain included, sees the entry gone.
 func lead[T any](ctx context.Context, b *Bulkhead, r *actor.AcquireRequest, p *Permit, o *callOptions, fn func(context.Context, *RunContext) (T, error), j *dedup.Join) (v T, err error) {
-	l := &leader{b: b, j: j, typ: reflect.TypeFor[T]()}
-	returned := false
+	d := b.dedup
+	l := d.leaders.Get().(*leader)
+	l.b, l.j, l.typ = b, j, reflect.TypeFor[T]()
+	returned, detached := false, false
 	defer func() {
 		if returned {
-			l.settle(&shared{v: v, err: err})
+			settle(l, v, err)
+		} else if l.claim() {
+			pv := recover()
+			l.settleFailed(pv)
+			d.putLeader(l, detached)
+			if pv != nil {
+				panic(pv)
+			}
 			return
-		}
-		if !l.claim() {
-			return // settled by leadAdmitted: the panic or Goexit goes on
-		}
-		pv := recover()
-		l.settleClaimed(&shared{failed: true, panicValue: pv})
-		if pv != nil {
-			panic(pv)
-		}
+		} // else settled by leadAdmitted: the panic or Goexit goes on
+		d.putLeader(l, detached)
 	}()
 	p, err = b.admit(ctx, r, p, o)
 	if err == nil {
 		rc := &p.run
 		rc.p = p
 		if _, expired := p.l.Deadline(); expired != nil {
+			detached = true // fn's goroutine may outlive this Run
 			v, err = runWithDeadline(ctx, p, fn, l)
 		} else {
 			v, err = leadAdmitted(ctx, p, fn, l, nil)
@@ -381,35 +429,61 @@ func lead[T any](ctx context.Context, b *Bulkhead, r *actor.AcquireRequest, p *P
 
 // leader is a leader's entry, settled once: by the goroutine that ran fn,
 // before its release, or by lead when its Run ends first (a rejection, or
-// a borrowed-slot deadline that expired while fn runs).
+// a borrowed-slot deadline that expired while fn runs). It carries the
+// outcome its followers get, so that a leader allocates it once.
 type leader struct {
 	b       *Bulkhead
 	j       *dedup.Join
 	typ     reflect.Type
 	claimed atomic.Bool
+	// out is written once claimed, and read by the followers once settled.
+	out shared
+	// alone says it settled without followers, so that nothing reads out.
+	alone bool
+}
+
+// putLeader keeps l for the next leader when nothing can read it any more:
+// it settled without followers, and fn's goroutine, when it ran on its own
+// (detached), cannot outlive the Run.
+func (d *deduper) putLeader(l *leader, detached bool) {
+	// detached first: fn's goroutine may be settling l right now.
+	if !detached && l.alone {
+		*l = leader{}
+		d.leaders.Put(l)
+	}
 }
 
 // claim reports whether the caller is the one to settle.
 func (l *leader) claim() bool { return l.claimed.CompareAndSwap(false, true) }
 
-// settle settles the entry with out, unless it is settled already.
-func (l *leader) settle(out *shared) {
+// settle settles l's entry with v and err, unless it is settled already.
+// The value is boxed only when it is the one the followers get.
+func settle[T any](l *leader, v T, err error) {
 	if l.claim() {
-		l.settleClaimed(out)
+		l.out.v, l.out.err = v, err
+		l.settleClaimed()
 	}
 }
 
-// settleClaimed settles the entry with out, once claimed.
-func (l *leader) settleClaimed(out *shared) {
-	out.typ = l.typ
-	l.b.eng.Settle(l.j, out)
+// settleFailed settles l's entry, once claimed, for a fn that panicked
+// with pv (nil: it called runtime.Goexit).
+func (l *leader) settleFailed(pv any) {
+	l.out.failed, l.out.panicValue = true, pv
+	l.settleClaimed()
+}
+
+// settleClaimed sends l.out to the followers, once claimed and written.
+func (l *leader) settleClaimed() {
+	l.out.typ = l.typ
+	l.alone = l.b.eng.Settle(l.j, &l.out)
 	l.b.eng.PutJoin(l.j)
 }
 
 // leadAdmitted is runAdmitted for a leader: it settles the entry with fn's
 // outcome before it releases p. expired, when not nil, is the channel of
-// the admission's borrowed-slot deadline: when it has expired by the time
-// fn returns, the outcome is the deadline error, as Run's is.
+// the admission's borrowed-slot deadline: once fn returns, the deadline is
+// ended before the entry settles, so that the followers get what Run
+// returns: the deadline error when it expired first, else fn's outcome.
 func leadAdmitted[T any](ctx context.Context, p *Permit, fn func(context.Context, *RunContext) (T, error), l *leader, expired <-chan struct{}) (v T, err error) {
 	rc := &p.run
 	returned := false
@@ -417,23 +491,25 @@ func leadAdmitted[T any](ctx context.Context, p *Permit, fn func(context.Context
 		var u *admission.Usage
 		if !returned {
 			pv := recover()
-			l.settle(&shared{failed: true, panicValue: pv})
+			if l.claim() {
+				l.settleFailed(pv)
+			}
 			p.release(nil)
 			if pv != nil {
 				panic(pv)
 			}
 			return
 		}
-		out := &shared{v: v, err: err}
-		if expired != nil {
-			select {
-			case <-expired:
-				deadline, _ := p.l.Deadline()
-				out = &shared{err: deadlineError(p, deadline)}
-			default:
-			}
+		if expired != nil && p.l.EndDeadline() {
+			// The deadline expired first: Run returns its error, and so
+			// do the followers. Otherwise it can no longer expire, so
+			// Run returns fn's outcome, as the followers do.
+			deadline, _ := p.l.Deadline()
+			var zero T
+			settle[T](l, zero, deadlineError(p, deadline))
+		} else {
+			settle(l, v, err)
 		}
-		l.settle(out)
 		if err == nil && rc.hasUsage {
 			u = (*admission.Usage)(&rc.usage)
 		}
@@ -522,11 +598,16 @@ func as[T any](x any) (T, bool) {
 
 // sharedError is a leader's error as a follower gets it: a rejection or a
 // deadline error copied with the follower's own tag, anything else as is.
+// A rejection for the leader's own context or queue timeout says so in its
+// Cause (see ErrLeaderRejected).
 func sharedError(err error, tag string) error {
 	switch e := err.(type) {
 	case *RejectedError:
 		c := *e
 		c.Tag = tag
+		if c.Reason == Aborted || c.Reason == Timeout {
+			c.Cause = leaderCause{cause: e.Cause}
+		}
 		return &c
 	case *BorrowedDeadlineError:
 		c := *e

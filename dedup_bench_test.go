@@ -5,7 +5,6 @@ import (
 	"testing"
 
 	"github.com/llmbulkhead/bulkhead/internal/actor"
-	"github.com/llmbulkhead/bulkhead/internal/dedup"
 )
 
 // BenchmarkDedupKey is the default dedup key alone, as a Run builds it: the
@@ -17,8 +16,7 @@ func BenchmarkDedupKey(b *testing.B) {
 	ar, o := &actor.AcquireRequest{}, &callOptions{}
 	b.ReportAllocs()
 	for b.Loop() {
-		k, buf := d.key(nil, r, ar, o)
-		_ = d.hash(dedup.Key{Canon: k})
+		_, _, buf := d.key(nil, r, ar, o, "")
 		d.putBuffer(buf)
 	}
 }

@@ -3,6 +3,7 @@ package bulkhead_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"iter"
 	"net/http"
@@ -394,6 +395,9 @@ func TestDedupFollowersJoinQueuedLeaderAndShareItsRejection(t *testing.T) {
 	fr := wantReason(t, (<-f).err, bulkhead.Timeout)
 	if lr.Tag != "leader" || fr.Tag != "follower" || fr.Detail == nil || g.count() != 0 {
 		t.Fatalf("leader %+v, follower %+v", lr, fr)
+	}
+	if errors.Is(lr, bulkhead.ErrLeaderRejected) || !errors.Is(fr, bulkhead.ErrLeaderRejected) || !errors.Is(fr, bulkhead.ErrTimeout) {
+		t.Fatalf("leader %v, follower %v: only the follower's is the leader's own", lr, fr)
 	}
 	if st := b.Stats(); st.Calls.Rejected != 1 {
 		t.Fatalf("the shared rejection counted %d times", st.Calls.Rejected)
@@ -930,7 +934,9 @@ func TestDedupObserveCallDoesNotFollowEnforcedLeader(t *testing.T) {
 
 // TestDedupFollowerSharesLeadersOwnAbort pins the documented behaviour: a
 // leader rejected Aborted by its own context, while queued, hands that
-// rejection (with its cause) to a follower whose context is alive.
+// rejection (with its cause) to a follower whose context is alive. The
+// follower tells it was inherited (its own ctx.Err() is nil), and a retry
+// leads on its own and runs.
 func TestDedupFollowerSharesLeadersOwnAbort(t *testing.T) {
 	b := newBulkhead(t, dedupConfig(1))
 	hold := mustAcquire(t, b, req("hold", 1))
@@ -938,17 +944,154 @@ func TestDedupFollowerSharesLeadersOwnAbort(t *testing.T) {
 	lctx, lcancel := context.WithCancel(context.Background())
 	leader := runAsync(lctx, b, req("q", 1), g.fn("answer", nil))
 	testutil.WaitFor(t, "the leader queued", pending(b))
-	f := runAsync(context.Background(), b, req("q", 1), g.fn("own", nil), bulkhead.WithTag("follower"))
+	fctx := context.Background()
+	f := runAsync(fctx, b, req("q", 1), g.fn("own", nil), bulkhead.WithTag("follower"))
 	waitHits(t, b, 1)
 	lcancel()
-	wantReason(t, (<-leader).err, bulkhead.Aborted)
-	o := <-f
-	if r := wantReason(t, o.err, bulkhead.Aborted); r.Tag != "follower" || !errors.Is(o.err, context.Canceled) {
-		t.Fatalf("follower: %+v", r)
+	if err := (<-leader).err; !errors.Is(err, context.Canceled) || errors.Is(err, bulkhead.ErrLeaderRejected) {
+		t.Fatalf("leader: %v, want its own context's cause", err)
 	}
-	if st := b.Stats(); st.Calls.Rejected != 1 || g.count() != 0 {
-		t.Fatalf("calls %+v, fn ran %d", st.Calls, g.count())
+	o := <-f
+	// Its own context is alive: the rejection says it is the leader's, and
+	// does not match the leader's context error.
+	r := wantReason(t, o.err, bulkhead.Aborted)
+	if r.Tag != "follower" || !errors.Is(o.err, bulkhead.ErrLeaderRejected) || errors.Is(o.err, context.Canceled) || fctx.Err() != nil {
+		t.Fatalf("follower: %v", o.err)
+	}
+	if want := `bulkhead: rejected: aborted: the context ended before admission: the identical call in flight was rejected for a cause of its own (context canceled) (tag "follower")`; o.err.Error() != want {
+		t.Fatalf("follower's message\n got %s\nwant %s", o.err, want)
+	}
+	if st := b.Stats(); st.Calls.Rejected != 1 || g.count() != 0 || st.Dedup.Active != 0 {
+		t.Fatalf("calls %+v dedup %+v, fn ran %d", st.Calls, st.Dedup, g.count())
+	}
+	retry := runAsync(fctx, b, req("q", 1), g.fn("retried", nil))
+	testutil.WaitFor(t, "the retry queued", pending(b))
+	_ = hold.Release(nil)
+	<-g.started
+	close(g.release)
+	if o := <-retry; o.v != "retried" || o.err != nil {
+		t.Fatalf("retry: %+v", o)
+	}
+	if st := b.Stats(); st.Dedup.Hits != 1 || g.count() != 1 {
+		t.Fatalf("dedup %+v, fn ran %d times: the retry should lead", st.Dedup, g.count())
+	}
+	wantIdle(t, b)
+}
+
+// TestDedupBorrowedDeadlineAtReturnSameForFollowers: when a leader's
+// borrowed-slot deadline expires as its fn returns, the leader's caller
+// gets either fn's value or the *BorrowedDeadlineError, and its followers
+// get exactly what it got, every time. Another goroutine moves the mock
+// clock past the deadline as fn returns, so the expiry lands anywhere
+// around the return and the release.
+func TestDedupBorrowedDeadlineAtReturnSameForFollowers(t *testing.T) {
+	b, clk := mockDedup(t, 2, func(cfg *bulkhead.Config) {
+		cfg.Classes = &bulkhead.Classes{Default: "a", Limits: map[string]bulkhead.ClassLimits{"a": {}}} // no floor: every slot borrowed
+	})
+	seen := map[bool]int{}
+	for i := range 300 {
+		started, release, moved := make(chan struct{}), make(chan struct{}), make(chan struct{})
+		added := make(chan struct{})
+		go func() { <-moved; clk.Add(time.Second); close(added) }()
+		fn := func(ctx context.Context, rc *bulkhead.RunContext) (string, error) {
+			close(started)
+			<-release
+			moved <- struct{}{}
+			return "answer", nil
+		}
+		r := req("d", 1)
+		opt := bulkhead.WithBorrowedDeadline(time.Second)
+		leader := runAsync(context.Background(), b, r, fn, opt)
+		<-started
+		follower := runAsync(context.Background(), b, r, newGate().fn("follower's own", nil), opt)
+		waitHits(t, b, int64(i+1))
+		testutil.WaitFor(t, "the deadline armed", func() bool { return b.Stats().Classes.Classes["a"].Deadlines.Active == 1 })
+		close(release)
+		lo, fo := <-leader, <-follower
+		var le, fe *bulkhead.BorrowedDeadlineError
+		switch {
+		case lo.err == nil:
+			if fo.err != nil || fo.v != lo.v {
+				t.Fatalf("run %d: the leader got %q, its follower %q, %v", i, lo.v, fo.v, fo.err)
+			}
+		case errors.As(lo.err, &le):
+			if !errors.As(fo.err, &fe) || fe.AdmissionID != le.AdmissionID {
+				t.Fatalf("run %d: the leader got %v, its follower %q, %v", i, lo.err, fo.v, fo.err)
+			}
+		default:
+			t.Fatalf("run %d: leader %v", i, lo.err)
+		}
+		seen[lo.err == nil]++
+		<-added
+		testutil.WaitFor(t, "the release", func() bool { return b.Stats().Calls.Released == int64(i+1) })
+	}
+	t.Logf("value %d times, deadline error %d times", seen[true], seen[false])
+	wantIdle(t, b)
+}
+
+// TestDedupSettleRacesJoin: two identical Runs started together, whose fn
+// returns at once, race the first one's settlement against the second
+// one's join: either both get one execution's value (the second followed,
+// one hit) or each ran its own fn (the second came after the first had
+// settled). Never a lost or mixed result, never a key left in flight.
+func TestDedupSettleRacesJoin(t *testing.T) {
+	b := newBulkhead(t, dedupConfig(4))
+	var hits int64
+	for i := range 500 {
+		var mu sync.Mutex
+		ran := 0
+		fn := func(v string) func(context.Context, *bulkhead.RunContext) (string, error) {
+			return func(context.Context, *bulkhead.RunContext) (string, error) {
+				mu.Lock()
+				ran++
+				mu.Unlock()
+				return v, nil
+			}
+		}
+		r := req(fmt.Sprint("race-", i), 1)
+		x := runAsync(context.Background(), b, r, fn("x"))
+		y := runAsync(context.Background(), b, r, fn("y"))
+		ox, oy := <-x, <-y
+		if ox.err != nil || oy.err != nil {
+			t.Fatalf("run %d: %v, %v", i, ox.err, oy.err)
+		}
+		shared := ox.v == oy.v
+		if shared {
+			hits++
+		}
+		st := b.Stats()
+		if (shared && ran != 1) || (!shared && (ran != 2 || ox.v != "x" || oy.v != "y")) || st.Dedup.Hits != hits || st.Dedup.Active != 0 {
+			t.Fatalf("run %d: got %q and %q with fn run %d times; dedup %+v, want %d hits", i, ox.v, oy.v, ran, st.Dedup, hits)
+		}
+	}
+	t.Logf("shared %d of 500", hits)
+	wantIdle(t, b)
+}
+
+// TestDedupQueuedLeaderClosed: Close rejects a queued leader Shutdown, and
+// its follower shares that rejection, which is not one of the leader's own
+// (a retry would be rejected Shutdown too). Drain then drains: nothing is
+// in flight and no key is.
+func TestDedupQueuedLeaderClosed(t *testing.T) {
+	b := newBulkhead(t, dedupConfig(1))
+	hold := mustAcquire(t, b, req("hold", 1))
+	g := newGate()
+	leader := runAsync(context.Background(), b, req("q", 1), g.fn("answer", nil))
+	testutil.WaitFor(t, "the leader queued", pending(b))
+	f := runAsync(context.Background(), b, req("q", 1), g.fn("own", nil), bulkhead.WithTag("follower"))
+	waitHits(t, b, 1)
+	b.Close()
+	wantReason(t, (<-leader).err, bulkhead.Shutdown)
+	fo := <-f
+	if r := wantReason(t, fo.err, bulkhead.Shutdown); r.Tag != "follower" || errors.Is(fo.err, bulkhead.ErrLeaderRejected) {
+		t.Fatalf("follower: %v", fo.err)
 	}
 	_ = hold.Release(nil)
-	wantIdle(t, b)
+	res, err := b.Drain(context.Background())
+	if err != nil || res != (bulkhead.DrainResult{Drained: true}) || g.count() != 0 {
+		t.Fatalf("Drain = %+v, %v; fn ran %d times", res, err, g.count())
+	}
+	if st := b.Stats(); st.Dedup.Active != 0 || st.Calls.Rejected != 1 {
+		t.Fatalf("dedup %+v calls %+v", st.Dedup, st.Calls)
+	}
 }

@@ -128,7 +128,9 @@ type RejectedError struct {
 	Tag string
 
 	// Cause is what ended an Aborted wait (the context's cause), or the
-	// Redis error of a RateUnavailable or FleetUnavailable rejection.
+	// Redis error of a RateUnavailable or FleetUnavailable rejection. For a
+	// deduplicated follower that shares its leader's own Aborted or
+	// Timeout, it is an error matching ErrLeaderRejected instead.
 	Cause error
 }
 

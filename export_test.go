@@ -9,6 +9,7 @@ import (
 // SetDedupHash replaces b's dedup digest, for tests that force collisions.
 func SetDedupHash(b *Bulkhead, h func(scope, class, key string) uint64) {
 	b.dedup.hash = func(k dedup.Key) uint64 { return h(k.Scope, k.Class, k.Canon) }
+	b.dedup.hashBytes = nil
 }
 
 // CanonicalKey is the default dedup key of r.

@@ -84,8 +84,9 @@ type Decision struct {
 // DrainResult is the outcome of Drain.
 type DrainResult struct {
 	// Drained is true when nothing was in flight or queued, every admission
-	// had been released, every bypassed call had ended and every event had
-	// been delivered.
+	// had been released, every bypassed call had ended, every deduplicated
+	// leader had returned (so every follower had its outcome) and every
+	// event had been delivered.
 	Drained bool
 	// InFlight is the number of admissions not yet released when Drain
 	// gave up.
@@ -95,6 +96,10 @@ type DrainResult struct {
 	// Bypassed is the number of bypassed calls (see WithMode) still
 	// running when Drain gave up.
 	Bypassed int
+	// DedupActive is the number of deduplicated keys (see DedupConfig)
+	// whose leader had not yet returned when Drain gave up: their
+	// followers were still waiting.
+	DedupActive int
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }

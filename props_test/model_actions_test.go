@@ -806,12 +806,13 @@ func (m *machine) invalid(t *rapid.T) {
 }
 
 // drainDoneCtx calls Drain with a context that has already ended: it
-// reports what is outstanding, abandoned admissions included, and cancels
-// nothing (F33).
+// reports what is outstanding, abandoned admissions and deduplicated keys
+// in flight included, and cancels nothing (F33, I3).
 func (m *machine) drainDoneCtx(t *rapid.T) {
 	live := m.calls.Admitted - m.calls.Released
 	bypassed := int(m.observe.InFlight)
-	idle := live == 0 && len(m.queue) == 0 && bypassed == 0
+	keys := int(m.activeKeys())
+	idle := live == 0 && len(m.queue) == 0 && bypassed == 0 && keys == 0
 	if idle && m.closed {
 		// A drained, closed bulkhead stops event delivery; that is the
 		// final Drain's job (see TestDrainDoneCtxOnClosedIdleKeepsEvents).
@@ -824,7 +825,7 @@ func (m *machine) drainDoneCtx(t *rapid.T) {
 	res, err := m.b.Drain(ctx)
 	want := bulkhead.DrainResult{Drained: idle}
 	if !idle {
-		want.InFlight, want.Pending, want.Bypassed = int(live), len(m.queue), bypassed
+		want.InFlight, want.Pending, want.Bypassed, want.DedupActive = int(live), len(m.queue), bypassed, keys
 	}
 	if res != want || (idle && err != nil) || (!idle && !errors.Is(err, context.Canceled)) {
 		t.Fatalf("%s: = %+v, %v; want %+v", m.descr, res, err, want)

@@ -254,6 +254,13 @@ func (m *machine) settleGroups(t *rapid.T) {
 			if !sameOutcome(*ld, d) {
 				t.Fatalf("I9: follower %d of %s returned %d, %v; its leader %d, %v", f.w.id, g.key, d.v, d.err, ld.v, ld.err)
 			}
+			// A copy of the leader's own Aborted or Timeout says it is the
+			// leader's, and never matches the leader's context error.
+			var lr *bulkhead.RejectedError
+			own := errors.As(ld.err, &lr) && (lr.Reason == bulkhead.Aborted || lr.Reason == bulkhead.Timeout)
+			if errors.Is(d.err, bulkhead.ErrLeaderRejected) != own || (own && errors.Is(d.err, context.Canceled)) {
+				t.Fatalf("follower %d of %s returned %v for its leader's %v", f.w.id, g.key, d.err, ld.err)
+			}
 			m.seen[fmt.Sprintf("dedup shared %s", outcomeKind(*ld))]++
 		}
 	}

@@ -389,8 +389,20 @@ func (e *Engine) Follow(ctx context.Context, j *dedup.Join) (reusable bool) {
 }
 
 // Settle ends leader j's entry: its followers get outcome. It does not
-// wait: every later join is ordered behind it.
-func (e *Engine) Settle(j *dedup.Join, outcome any) { e.root.Send(e.dedup, j.Settle(outcome)) }
+// wait: every later join is ordered behind it. A leader that no follower
+// joined settles without a message; alone says so (nobody reads outcome).
+func (e *Engine) Settle(j *dedup.Join, outcome any) (alone bool) {
+	if settled, wake := j.SettleAlone(); settled {
+		if wake {
+			e.root.Send(e.dedup, dedupWake)
+		}
+		return true
+	}
+	e.root.Send(e.dedup, j.Settle(outcome))
+	return false
+}
+
+var dedupWake = &dedup.WakeDrains{}
 
 // Limits returns the current limits snapshot.
 func (e *Engine) Limits() admission.Limits {
@@ -453,14 +465,39 @@ var dedupClose = &dedup.Close{}
 // (the events behind the one it is handling cannot be delivered until it
 // returns), so its Drain ends only with its ctx; other Drains are not held
 // up by it and keep their own deadlines.
+//
+// With deduplication on, Drain also waits until no deduplicated key is in
+// flight: a leader rejected in the queue (by Close, say) releases
+// nothing, and its followers wait until its entry settles.
 func (e *Engine) Drain(ctx context.Context) admission.DrainResult {
-	d := &drainRequest{done: make(chan struct{}, 1)}
-	e.send(d)
-	select {
-	case <-d.done:
-	case <-ctx.Done():
-		e.send(&drainCancel{d: d})
-		<-d.done
+	var d *drainRequest
+	for {
+		d = &drainRequest{done: make(chan struct{}, 1)}
+		e.send(d)
+		select {
+		case <-d.done:
+		case <-ctx.Done():
+			e.send(&drainCancel{d: d})
+			<-d.done
+		}
+		if e.dedup == nil {
+			break
+		}
+		if !d.result.Drained {
+			d.result.DedupActive = int(e.dedupActive())
+			return d.result
+		}
+		active, waited := e.drainDedup(ctx)
+		if active > 0 {
+			d.result.Drained, d.result.DedupActive = false, int(active)
+			return d.result
+		}
+		if !waited {
+			// The table was empty right behind the engine's idle answer:
+			// after Close neither can fill again.
+			break
+		}
+		// The table emptied while Drain waited: check the engine again.
 	}
 	if d.result.Drained && d.closed && !e.stop(ctx) {
 		// The work has drained but listeners are still being handed
@@ -468,6 +505,29 @@ func (e *Engine) Drain(ctx context.Context) admission.DrainResult {
 		d.result.Drained = false
 	}
 	return d.result
+}
+
+// drainDedup waits until the dedup table is empty, or until ctx ends. It
+// returns the number of keys still in flight (0 once empty) and whether it
+// had to wait.
+func (e *Engine) drainDedup(ctx context.Context) (active int64, waited bool) {
+	q := dedup.NewDrain()
+	e.root.Send(e.dedup, q)
+	select {
+	case <-q.Done():
+	case <-ctx.Done():
+		e.root.Send(e.dedup, q.Cancel())
+		<-q.Done()
+	}
+	return q.Active, q.Waited
+}
+
+// dedupActive returns the number of deduplicated keys in flight.
+func (e *Engine) dedupActive() int64 {
+	q := dedup.NewStatsRequest()
+	e.root.Send(e.dedup, q)
+	q.Await()
+	return q.Active
 }
 
 // stop ends event delivery and reports whether it has: the admission actor
@@ -620,6 +680,9 @@ func (a *admissionActor) Receive(ctx actor.Context) {
 		m.done <- struct{}{}
 	case *abandonRequest:
 		m.result = s.abandon(m.l, admission.AbandonManual)
+		m.done <- struct{}{}
+	case *endDeadlineRequest:
+		s.stopDeadline(m.l)
 		m.done <- struct{}{}
 	case *classes.DeadlineExpired[*Lease]:
 		s.abandon(m.Lease, admission.AbandonDeadline)

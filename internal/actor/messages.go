@@ -206,9 +206,11 @@ type Lease struct {
 	classID   classes.Class
 	abandoned bool
 	// deadline is the borrowed-slot deadline, zero when none runs; expired
-	// is closed when it expires first.
-	deadline time.Duration
-	expired  chan struct{}
+	// is closed when it expires first. deadlineOff is set when EndDeadline
+	// stopped it before the release: it can no longer expire.
+	deadline    time.Duration
+	expired     chan struct{}
+	deadlineOff bool
 }
 
 // Bypass is what observe mode records of a call it bypassed.
@@ -243,6 +245,27 @@ func (l *Lease) Abandon() bool {
 func (l *Lease) Sync() {
 	q := &syncRequest{done: make(chan struct{}, 1)}
 	l.engine.call(q, q.done)
+}
+
+// EndDeadline ends the admission's borrowed-slot deadline ahead of its
+// release, so that what the call returns is settled before the release:
+// it reports whether the deadline had expired first (the slot was then
+// abandoned); when it reports false, the deadline never expires.
+func (l *Lease) EndDeadline() (expired bool) {
+	q := &endDeadlineRequest{l: l, done: make(chan struct{}, 1)}
+	l.engine.call(q, q.done)
+	select {
+	case <-l.expired:
+		return true
+	default:
+		return false
+	}
+}
+
+// endDeadlineRequest asks to end a lease's borrowed-slot deadline.
+type endDeadlineRequest struct {
+	l    *Lease
+	done chan struct{}
 }
 
 // abandonRequest asks to abandon a lease's borrowed slot.

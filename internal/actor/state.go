@@ -847,7 +847,8 @@ func (s *state) applyLimits(q *applyRequest) (admission.ApplyResult, error) {
 // falls, while the token hold stays until release. It is effective once,
 // and only for an admission that borrowed its slot.
 func (s *state) abandon(l *Lease, cause admission.AbandonCause) bool {
-	if l.released || l.abandoned || !l.Resources.BorrowedConcurrency {
+	if l.released || l.abandoned || !l.Resources.BorrowedConcurrency ||
+		cause == admission.AbandonDeadline && l.deadlineOff {
 		return false
 	}
 	l.abandoned = true
@@ -882,6 +883,16 @@ func (s *state) endDeadline(l *Lease) {
 	if l.deadline > 0 {
 		s.fx.tell(l.classID, &classes.EndDeadline[*Lease]{Lease: l})
 	}
+}
+
+// stopDeadline ends l's borrowed-slot deadline before its release, unless
+// it has expired already: from now on it never expires.
+func (s *state) stopDeadline(l *Lease) {
+	if l.released || l.abandoned || l.deadlineOff {
+		return
+	}
+	l.deadlineOff = true
+	s.endDeadline(l)
 }
 
 // close rejects every waiter and every later call with Shutdown.

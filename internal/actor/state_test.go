@@ -512,15 +512,23 @@ func TestStateUsageBreakdown(t *testing.T) {
 	}
 }
 
+// borrowingState is a state with a budget of 1000 and one class "bg"
+// without floors, so that every admission borrows.
+func borrowingState(t *testing.T, maxConcurrent, maxQueue int) (*state, *recorder, classes.Class) {
+	t.Helper()
+	limits := budgetLimits(maxConcurrent, maxQueue, 1000)
+	limits.Classes = &admission.Classes{Default: "bg", Limits: map[string]admission.ClassLimits{"bg": {}}}
+	s, rec := newTestState(t, limits)
+	bg, _ := s.tab.Lookup("bg")
+	return s, rec, bg
+}
+
 // TestStateAbandon: a borrowed slot is given back once, admitting the next
 // waiter, while the hold and the admission stay until release; its
 // deadline expires with it, or is ended; a slot on the class's floor
 // cannot be abandoned.
 func TestStateAbandon(t *testing.T) {
-	limits := budgetLimits(1, 1, 1000)
-	limits.Classes = &admission.Classes{Default: "bg", Limits: map[string]admission.ClassLimits{"bg": {}}} // no floors: all borrow
-	s, rec := newTestState(t, limits)
-	bg, _ := s.tab.Lookup("bg")
+	s, rec, bg := borrowingState(t, 1, 1)
 	borrowed, waiter := newReq("borrowed", 20), newReq("waiter", 10)
 	borrowed.Class, waiter.Class = bg, bg
 	borrowed.BorrowedDeadline, waiter.BorrowedDeadline = time.Minute, time.Minute
@@ -558,6 +566,7 @@ func TestStateAbandon(t *testing.T) {
 	}
 	release(s, waiter)
 
+	limits := budgetLimits(1, 1, 1000)
 	limits.Classes = &admission.Classes{Default: "fg", Limits: map[string]admission.ClassLimits{"fg": {ProtectedConcurrent: 1}}}
 	s, _ = newTestState(t, limits)
 	floor := newReq("floor", 0)
@@ -750,4 +759,52 @@ func TestObserveBypass(t *testing.T) {
 	if got, want := rec.kinds(), []string{"Release", "BypassRelease", "BypassRelease"}; !reflect.DeepEqual(got, want) {
 		t.Fatalf("events %v, want %v", got, want)
 	}
+}
+
+// TestStateStopDeadline: a deadline ended before the release (what a dedup
+// leader does once fn returns, to fix its followers' outcome) tells the
+// class actor and never expires after that: a late expiry abandons
+// nothing, while a manual abandon still works. A deadline that expired
+// first stays expired.
+func TestStateStopDeadline(t *testing.T) {
+	s, rec, bg := borrowingState(t, 2, 0)
+	ended, expired := newReq("ended", 1), newReq("expired", 1)
+	for _, r := range []*AcquireRequest{ended, expired} {
+		r.Class, r.BorrowedDeadline = bg, time.Minute
+		s.acquire(r)
+	}
+	wantAnswers(t, rec, "ended", admitted, "expired", admitted)
+	rec.tells = nil
+
+	s.stopDeadline(ended.Lease)
+	if len(rec.tells) != 1 {
+		t.Fatalf("tells %+v, want the deadline ended", rec.tells)
+	}
+	if _, ok := rec.tells[0].(*classes.EndDeadline[*Lease]); !ok {
+		t.Fatalf("tells %+v, want the deadline ended", rec.tells)
+	}
+	if s.abandon(ended.Lease, admission.AbandonDeadline) {
+		t.Fatal("an ended deadline expired")
+	}
+	s.stopDeadline(ended.Lease) // once is enough
+	if len(rec.tells) != 1 || len(rec.expired) != 0 {
+		t.Fatalf("tells %+v, expired %v", rec.tells, rec.expired)
+	}
+
+	if !s.abandon(expired.Lease, admission.AbandonDeadline) {
+		t.Fatal("deadline abandon refused")
+	}
+	s.stopDeadline(expired.Lease) // too late: changes nothing
+	if len(rec.expired) != 1 || rec.expired[0] != expired.Lease || expired.Lease.deadlineOff {
+		t.Fatalf("expired %v", rec.expired)
+	}
+	if !s.abandon(ended.Lease, admission.AbandonManual) {
+		t.Fatal("manual abandon after the deadline ended refused")
+	}
+	st := s.stats(external{})
+	if st.Calls.AbandonedByCause[admission.AbandonDeadline] != 1 || st.Calls.AbandonedByCause[admission.AbandonManual] != 1 {
+		t.Fatalf("abandoned %+v", st.Calls.AbandonedByCause)
+	}
+	release(s, ended)
+	release(s, expired)
 }

@@ -87,10 +87,11 @@ type Decision struct {
 // DrainResult is the engine's form of bulkhead.DrainResult; the facade
 // converts it, and the root type documents the fields.
 type DrainResult struct {
-	Drained  bool
-	InFlight int
-	Pending  int
-	Bypassed int
+	Drained     bool
+	InFlight    int
+	Pending     int
+	Bypassed    int
+	DedupActive int
 }
 
 // AbandonCause says why a borrowed slot was given back early.

@@ -12,6 +12,14 @@
 // collision) runs on its own: it neither follows nor registers, so a
 // collision never hands a caller another call's result.
 //
+// A leader that no follower has joined settles without a message
+// (SettleAlone): the table is the actor's alone, but each entry carries
+// one atomic state that the actor and its leader race for, so that either
+// the first follower's join marks it followed (and the leader then sends
+// Settle) or the leader marks it settled first (and that join finds it
+// gone, and leads anew). The actor removes such entries as it goes, a few
+// at each registration, and counts the keys in flight exactly.
+//
 // The actor decides nothing about capacity and interprets no outcome: the
 // facade says what a call's key is and what its outcome means. It tells its
 // parent, the admission actor, of each follower that joins (Joined), so
@@ -23,6 +31,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -66,6 +75,18 @@ func NewHash(seed uint64) Hash {
 
 var separator = [1]byte{0}
 
+// NewHashBytes returns the digest of NewHash(seed) over a key already laid
+// out as scope 0x00 class 0x00 canon in one buffer: one write instead of
+// five. It allocates nothing.
+func NewHashBytes(seed uint64) func([]byte) uint64 {
+	return func(b []byte) uint64 {
+		var d xxhash.Digest
+		d.ResetWithSeed(seed)
+		_, _ = d.Write(b)
+		return d.Sum64()
+	}
+}
+
 // processSeed is drawn at start-up, so that digests cannot be computed in
 // advance (to aim collisions at a key) from outside the process.
 var processSeed = func() uint64 {
@@ -74,8 +95,12 @@ var processSeed = func() uint64 {
 	return binary.LittleEndian.Uint64(b[:])
 }()
 
-// DefaultHash is NewHash with the process's random seed.
-var DefaultHash = NewHash(processSeed)
+// DefaultHash is NewHash with the process's random seed, and
+// DefaultHashBytes NewHashBytes with it.
+var (
+	DefaultHash      = NewHash(processSeed)
+	DefaultHashBytes = NewHashBytes(processSeed)
+)
 
 // View returns b as a string without copying it. The string is valid only
 // while b is not modified: for a Join's Canon, until the join is answered.
@@ -124,8 +149,10 @@ type Join struct {
 	Left  admission.Reason
 	Cause error
 
-	// done carries two answers: the role, then a follower's final one.
+	// done carries a follower's final answer, and the role when the
+	// caller waits for it: placed says who came first (see AwaitRole).
 	done     chan struct{}
+	placed   atomic.Uint32
 	entry    *entry
 	answered bool // a follower's final answer was sent
 	timer    clock.Timer
@@ -138,10 +165,45 @@ type Join struct {
 func NewJoin() *Join { return &Join{done: make(chan struct{}, 2)} }
 
 // AwaitRole waits until the actor has placed the call.
-func (j *Join) AwaitRole() { <-j.done }
+//
+// The actor and the caller race for placed: when the actor has placed
+// the call by the time the caller looks (the join ran on the caller's own
+// goroutine), no channel is used; else the actor sends the role on done.
+func (j *Join) AwaitRole() {
+	if j.placed.CompareAndSwap(unplaced, roleAwaited) {
+		<-j.done
+	}
+}
+
+// The states of Join.placed.
+const (
+	unplaced uint32 = iota
+	roleAwaited
+	rolePlaced
+)
+
+// place hands j its role.
+func (j *Join) place() {
+	if !j.placed.CompareAndSwap(unplaced, rolePlaced) {
+		j.done <- struct{}{}
+	}
+}
 
 // Answered is the channel that delivers a follower's final answer.
 func (j *Join) Answered() <-chan struct{} { return j.done }
+
+// SettleAlone settles a leader's entry without a message when no follower
+// has joined it, and reports whether it did: if not, send Settle. When it
+// did and wake is true, send WakeDrains: the last key in flight has gone
+// while a Drain waits.
+func (j *Join) SettleAlone() (settled, wake bool) {
+	e := j.entry
+	if !e.state.CompareAndSwap(entryOpen, entryAlone) {
+		return false, false
+	}
+	t := e.tally
+	return true, t.live.Add(-1) == 0 && t.draining.Load() > 0
+}
 
 // Settle returns the message that settles a leader's entry with outcome:
 // the entry goes, and every follower gets outcome. Send it once. The
@@ -194,18 +256,51 @@ type Joined struct {
 	Class, Scope string
 }
 
+// WakeDrains tells the actor to answer the drains waiting, if the table has
+// emptied (see SettleAlone).
+type WakeDrains struct{}
+
 // Close tells the actor that the bulkhead is closed: every later join is
 // answered Alone, so that the call goes to admission, which rejects it
 // Shutdown. Entries in flight, and their followers, go on: a follower that
 // joined before Close still gets its leader's outcome.
 type Close struct{}
 
+// Drain waits until the table is empty: every leader has settled. Send it
+// once, then wait on Done; Cancel withdraws it when the caller gives up.
+type Drain struct {
+	// Active is the number of keys in flight when the drain was answered:
+	// 0 when the table emptied, more when it was withdrawn first.
+	Active int64
+	// Waited says the table was not empty when the drain arrived.
+	Waited bool
+	done   chan struct{}
+	cancel DrainCancel
+}
+
+// NewDrain returns a drain to send.
+func NewDrain() *Drain { return &Drain{done: make(chan struct{}, 1)} }
+
+// Done delivers the drain's one answer.
+func (q *Drain) Done() <-chan struct{} { return q.done }
+
+// Cancel returns the message that withdraws q: it is answered at once,
+// unless it was answered already. Send it at most once.
+func (q *Drain) Cancel() *DrainCancel {
+	q.cancel = DrainCancel{q: q}
+	return &q.cancel
+}
+
+// DrainCancel withdraws a Drain (see Drain.Cancel).
+type DrainCancel struct{ q *Drain }
+
 // StatsRequest asks for the actor's statistics.
 type StatsRequest struct {
 	// Active is the number of keys in flight; Hits counts the followers
-	// that ever joined.
-	Active, Hits int64
-	done         chan struct{}
+	// that ever joined; Draining is the number of drains waiting; Entries
+	// is the size of the table, settled entries not yet removed included.
+	Active, Hits, Draining, Entries int64
+	done                            chan struct{}
 }
 
 // NewStatsRequest returns a request to send; Await waits for its answer.
@@ -220,6 +315,29 @@ type entry struct {
 	digest       uint64
 	followers    []*Join
 	settle       Settle
+	// state is raced for by the actor (a follower joins) and the leader
+	// (it settles alone); see SettleAlone.
+	state atomic.Uint32
+	tally *tally
+}
+
+// The states of an entry.
+const (
+	// entryOpen: registered, no follower yet.
+	entryOpen uint32 = iota
+	// entryFollowed: a follower joined; the leader settles with a message.
+	entryFollowed
+	// entryAlone: the leader settled without a message; the entry is dead
+	// but may still be in the table.
+	entryAlone
+	// entrySettled: settled with a message and out of the table.
+	entrySettled
+)
+
+// tally is what a leader that settles alone updates: the keys in flight,
+// and the drains waiting for them to reach 0.
+type tally struct {
+	live, draining atomic.Int64
 }
 
 // is reports whether e is the entry of k.
@@ -250,6 +368,14 @@ type Actor struct {
 	free []*entry
 	// closed is set by Close: no join registers or follows after it.
 	closed bool
+	// drains wait for the table to empty.
+	drains []*Drain
+	// tally counts the keys in flight, shared with the leaders.
+	tally *tally
+	// order[head:] is the registered entries not yet recycled, oldest
+	// first; each registration looks at the oldest two, to remove the dead.
+	order []*entry
+	head  int
 }
 
 // NewActor returns the props of a dedup actor whose followers' wait bounds
@@ -260,7 +386,7 @@ type Actor struct {
 // and a follower's timer is armed before its join is answered.
 func NewActor(clk clock.Clock, log *slog.Logger) *actor.Props {
 	return actor.PropsFromProducer(func() actor.Actor {
-		return &Actor{clk: clock.OrReal(clk), log: log, table: make(map[uint64]*entry)}
+		return &Actor{clk: clock.OrReal(clk), log: log, table: make(map[uint64]*entry), tally: new(tally)}
 	}, actor.WithDispatcher(actor.NewSynchronizedDispatcher(300)))
 }
 
@@ -287,11 +413,55 @@ func (a *Actor) Receive(ctx actor.Context) {
 			a.leaveEntry(m.j, admission.Timeout, nil)
 		}
 	case *StatsRequest:
-		m.Active, m.Hits = int64(len(a.table)), a.hits
+		m.Active, m.Hits, m.Draining, m.Entries = a.tally.live.Load(), a.hits, int64(len(a.drains)), int64(len(a.table))
 		m.done <- struct{}{}
 	case *Close:
 		a.closed = true
+	case *Drain:
+		a.drain(m)
+	case *DrainCancel:
+		a.cancelDrain(m.q)
+	case *WakeDrains:
+		a.checkDrains()
 	}
+}
+
+func (a *Actor) drain(q *Drain) {
+	// Counted before the keys are read: a leader that settles alone
+	// meanwhile sees the count and wakes the drains (see SettleAlone).
+	a.tally.draining.Add(1)
+	if a.tally.live.Load() == 0 {
+		a.tally.draining.Add(-1)
+		q.done <- struct{}{}
+		return
+	}
+	q.Waited = true
+	a.drains = append(a.drains, q)
+}
+
+func (a *Actor) cancelDrain(q *Drain) {
+	for i, w := range a.drains {
+		if w == q {
+			a.drains = append(a.drains[:i], a.drains[i+1:]...)
+			a.tally.draining.Add(-1)
+			q.Active = a.tally.live.Load()
+			q.done <- struct{}{}
+			return
+		}
+	}
+}
+
+// checkDrains answers the drains once the table is empty.
+func (a *Actor) checkDrains() {
+	if len(a.drains) == 0 || a.tally.live.Load() > 0 {
+		return
+	}
+	a.tally.draining.Add(-int64(len(a.drains)))
+	for _, q := range a.drains {
+		q.done <- struct{}{}
+	}
+	clear(a.drains)
+	a.drains = a.drains[:0]
 }
 
 func (a *Actor) recovered(msg, p any) {
@@ -300,9 +470,9 @@ func (a *Actor) recovered(msg, p any) {
 	}
 	switch m := msg.(type) {
 	case *Join:
-		if len(m.done) == 0 && m.entry == nil {
+		if m.placed.Load() != rolePlaced && len(m.done) == 0 && m.entry == nil {
 			m.Role = Alone
-			m.done <- struct{}{}
+			m.place()
 		}
 	case *StatsRequest:
 		if len(m.done) == 0 {
@@ -313,16 +483,30 @@ func (a *Actor) recovered(msg, p any) {
 
 func (a *Actor) join(j *Join) {
 	e := a.table[j.Digest]
+	if e != nil && e.state.Load() == entryAlone {
+		// Its leader settled alone: the entry is dead, so the key leads
+		// anew (the entry is recycled from order).
+		delete(a.table, j.Digest)
+		e = nil
+	}
 	switch {
 	case a.closed:
 		j.Role = Alone // closed: admission rejects the call Shutdown
 	case e == nil:
+		a.sweep()
 		e = a.newEntry()
 		e.scope, e.class, e.canon, e.digest = j.Key.Scope, j.Key.Class, append(e.canon, j.Key.Canon...), j.Digest
 		a.table[j.Digest] = e
+		a.pushOrder(e)
+		a.tally.live.Add(1)
 		j.Role, j.entry = Leader, e
 	case !e.is(j.Key):
 		j.Role = Alone // a collision: never share another key's result
+	case !e.state.CompareAndSwap(entryOpen, entryFollowed) && e.state.Load() != entryFollowed:
+		// Its leader settled alone just now: the key leads anew.
+		delete(a.table, j.Digest)
+		a.join(j)
+		return
 	default:
 		j.Role, j.entry = Follower, e
 		a.hits++
@@ -337,7 +521,7 @@ func (a *Actor) join(j *Join) {
 	// The canonical key may be a view of the caller's buffer, which the
 	// caller reuses once answered.
 	j.Key.Canon = ""
-	j.done <- struct{}{}
+	j.place()
 }
 
 func (a *Actor) newEntry() *entry {
@@ -346,7 +530,61 @@ func (a *Actor) newEntry() *entry {
 		a.free = a.free[:n-1]
 		return e
 	}
-	return new(entry)
+	return &entry{tally: a.tally}
+}
+
+// sweep looks at the two oldest entries of order: a dead one (settled) is
+// taken out of the table, if still there, and recycled; a live one goes to
+// the back. Each registration adds one entry and looks at two, so the
+// dead entries in the table stay few, however long a leader lives.
+func (a *Actor) sweep() {
+	for range 2 {
+		if a.head == len(a.order) {
+			return
+		}
+		e := a.order[a.head]
+		a.order[a.head] = nil
+		a.head++
+		if a.head == len(a.order) {
+			a.order, a.head = a.order[:0], 0
+		}
+		switch e.state.Load() {
+		case entryAlone, entrySettled:
+			if a.table[e.digest] == e {
+				delete(a.table, e.digest)
+			}
+			a.recycle(e)
+		default:
+			a.pushOrder(e)
+		}
+	}
+}
+
+// pushOrder appends e to order, moving the live part to the front rather
+// than growing when the front has room.
+func (a *Actor) pushOrder(e *entry) {
+	if a.head > 0 && len(a.order) == cap(a.order) {
+		n := copy(a.order, a.order[a.head:])
+		clear(a.order[n:])
+		a.order, a.head = a.order[:n], 0
+	}
+	a.order = append(a.order, e)
+}
+
+// recycle keeps dead entry e for reuse, within bounds.
+func (a *Actor) recycle(e *entry) {
+	clear(e.followers)
+	e.followers = e.followers[:0]
+	e.settle = Settle{}
+	e.scope, e.class = "", ""
+	if cap(e.canon) > maxFreeCanon {
+		e.canon = nil
+	}
+	e.canon = e.canon[:0]
+	e.state.Store(entryOpen)
+	if len(a.free) < maxFree {
+		a.free = append(a.free, e)
+	}
 }
 
 func (a *Actor) settleEntry(m *Settle) {
@@ -359,17 +597,10 @@ func (a *Actor) settleEntry(m *Settle) {
 		f.Outcome = m.outcome
 		a.answer(f)
 	}
-	clear(e.followers)
-	e.followers = e.followers[:0]
-	e.settle = Settle{}
-	e.scope, e.class = "", ""
-	if cap(e.canon) > maxFreeCanon {
-		e.canon = nil
-	}
-	e.canon = e.canon[:0]
-	if len(a.free) < maxFree {
-		a.free = append(a.free, e)
-	}
+	// Recycled from order, once swept.
+	e.state.Store(entrySettled)
+	a.tally.live.Add(-1)
+	a.checkDrains()
 }
 
 // leaveEntry withdraws follower j, unless it was answered already.

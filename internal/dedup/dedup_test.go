@@ -2,7 +2,9 @@ package dedup
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -216,8 +218,145 @@ func TestHash(t *testing.T) {
 	if n := testing.AllocsPerRun(100, func() { _ = a(k) }); n != 0 {
 		t.Fatalf("hash allocates %v", n)
 	}
+	// One buffer laid out as scope 0x00 class 0x00 canon has the same
+	// digest, short keys and keys over a block alike.
+	long := Key{Scope: "tenant", Class: "batch", Canon: strings.Repeat("0123456789", 30)}
+	for _, k := range []Key{k, {}, long} {
+		laid := []byte(k.Scope + "\x00" + k.Class + "\x00" + k.Canon)
+		if NewHashBytes(1)(laid) != a(k) || DefaultHashBytes(laid) != DefaultHash(k) {
+			t.Fatalf("the digest of %q laid out in one buffer differs", laid)
+		}
+	}
+	one := []byte("s\x00c\x00k")
+	if n := testing.AllocsPerRun(100, func() { _ = DefaultHashBytes(one) }); n != 0 {
+		t.Fatalf("hash of a buffer allocates %v", n)
+	}
 	buf := []byte("view")
 	if View(buf) != "view" || View(nil) != "" {
 		t.Fatal("View")
+	}
+}
+
+// TestDrain: a drain is answered at once on an empty table; otherwise it
+// waits until the last entry settles (a follower leaving does not end it),
+// and a cancelled one is answered at once with the keys in flight.
+func TestDrain(t *testing.T) {
+	h := newHarness(t)
+	drain := func() *Drain {
+		q := NewDrain()
+		h.sys.Root.Send(h.pid, q)
+		return q
+	}
+	pending := func(q *Drain) bool {
+		select {
+		case <-q.Done():
+			return false
+		default:
+			return true
+		}
+	}
+	if q := drain(); pending(q) || q.Waited || q.Active != 0 {
+		t.Fatalf("drain of an empty table: pending %v, %+v", pending(q), q)
+	}
+	a := h.join(Key{Canon: "a"}, DefaultHash, 0, nil)
+	b := h.join(Key{Canon: "b"}, DefaultHash, 0, nil)
+	f := h.join(Key{Canon: "a"}, DefaultHash, 0, nil)
+	waiting, given := drain(), drain()
+	h.sys.Root.Send(h.pid, given.Cancel())
+	<-given.Done()
+	if !given.Waited || given.Active != 2 {
+		t.Fatalf("cancelled drain %+v, want 2 keys in flight", given)
+	}
+	h.sys.Root.Send(h.pid, f.Leave(nil))
+	answered(t, f)
+	h.sys.Root.Send(h.pid, a.Settle("a"))
+	h.stats() // behind the settlement
+	if !pending(waiting) {
+		t.Fatal("drain answered with a key in flight")
+	}
+	h.sys.Root.Send(h.pid, b.Settle("b"))
+	<-waiting.Done()
+	if !waiting.Waited || waiting.Active != 0 {
+		t.Fatalf("drain %+v", waiting)
+	}
+}
+
+func (h *harness) entries() int64 {
+	q := NewStatsRequest()
+	h.sys.Root.Send(h.pid, q)
+	q.Await()
+	return q.Entries
+}
+
+// TestSettleAlone: a leader that no follower joined settles without a
+// message: its key is no longer in flight at once, the next call of the
+// key leads anew, and the dead entries are removed as calls register, so
+// the table stays small however long another leader lives. A leader with
+// a follower cannot settle alone.
+func TestSettleAlone(t *testing.T) {
+	h := newHarness(t)
+	long := h.join(Key{Canon: "long-lived"}, DefaultHash, 0, nil)
+	k := Key{Canon: "k"}
+	first := h.join(k, DefaultHash, 0, nil)
+	if settled, wake := first.SettleAlone(); !settled || wake {
+		t.Fatalf("SettleAlone = %v, %v; want settled, no drain to wake", settled, wake)
+	}
+	if a, _ := h.stats(); a != 1 {
+		t.Fatalf("active %d, want 1 (the long-lived leader)", a)
+	}
+	again := h.join(k, DefaultHash, 0, nil)
+	if again.Role != Leader {
+		t.Fatalf("after settling alone: role %v, want Leader", again.Role)
+	}
+	f := h.join(k, DefaultHash, 0, "F")
+	if f.Role != Follower {
+		t.Fatalf("role %v, want Follower", f.Role)
+	}
+	if settled, _ := again.SettleAlone(); settled {
+		t.Fatal("a leader with a follower settled alone")
+	}
+	h.sys.Root.Send(h.pid, again.Settle("out"))
+	answered(t, f)
+	if f.Outcome != "out" {
+		t.Fatalf("follower outcome %v", f.Outcome)
+	}
+	for i := range 1000 {
+		j := h.join(Key{Canon: fmt.Sprint("key-", i)}, DefaultHash, 0, nil)
+		if settled, _ := j.SettleAlone(); !settled {
+			t.Fatalf("leader %d did not settle alone", i)
+		}
+	}
+	if n := h.entries(); n > 4 {
+		t.Fatalf("%d entries in the table with 1 key in flight", n)
+	}
+	if a, _ := h.stats(); a != 1 {
+		t.Fatalf("active %d, want 1", a)
+	}
+	h.sys.Root.Send(h.pid, long.Settle(nil))
+	if a, _ := h.stats(); a != 0 {
+		t.Fatalf("active %d, want 0", a)
+	}
+}
+
+// TestSettleAloneWakesDrain: a drain waiting for the last key in flight is
+// woken when that key's leader settles alone.
+func TestSettleAloneWakesDrain(t *testing.T) {
+	h := newHarness(t)
+	j := h.join(Key{Canon: "k"}, DefaultHash, 0, nil)
+	q := NewDrain()
+	h.sys.Root.Send(h.pid, q)
+	sq := NewStatsRequest()
+	h.sys.Root.Send(h.pid, sq) // behind the drain
+	if sq.Await(); sq.Draining != 1 {
+		t.Fatalf("%d drains waiting, want 1", sq.Draining)
+	}
+	settled, wake := j.SettleAlone()
+	if !settled || !wake {
+		t.Fatalf("SettleAlone = %v, %v; want settled and a drain to wake", settled, wake)
+	}
+	h.sys.Root.Send(h.pid, &WakeDrains{})
+	<-q.Done()
+	if !q.Waited || q.Active != 0 {
+		t.Fatalf("drain %+v", q)
 	}
 }
