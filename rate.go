@@ -159,8 +159,12 @@ type rateLimiter struct {
 	closing   chan struct{}
 	closeOnce sync.Once
 
-	sets      sync.Map // rateSetKey -> *rateSet
-	setsCount atomic.Int64
+	// own holds the rate sets of Config.Model, by class, built with the
+	// limiter and read-only after: the common lookup takes no lock. Other
+	// models' sets are built on demand into sets, up to maxRateSets.
+	own    map[string]*rateSet
+	setsMu sync.RWMutex
+	sets   map[rateSetKey]*rateSet
 
 	checked, paced, pacedNs, fallbacks  atomic.Int64
 	overruns, overrunTokens, overrunErr atomic.Int64
@@ -265,11 +269,21 @@ func newRateLimiter(cfg *Config) (*rateLimiter, error) {
 	if store == nil {
 		store = pacer.NewLocal(pacer.LocalOptions{Clock: cfg.Clock})
 	}
-	return &rateLimiter{
+	lim := &rateLimiter{
 		store: store, name: name, key: name, pace: rl.Pace, model: cfg.Model,
 		clk: clock.OrReal(cfg.Clock), perModel: rl.PerModel, perClass: perClass,
-		closing: make(chan struct{}), local: isLocal(store),
-	}, nil
+		closing: make(chan struct{}), local: isLocal(store), sets: map[rateSetKey]*rateSet{},
+	}
+	var classes []string
+	if cfg.Classes != nil {
+		for c := range cfg.Classes.Limits {
+			classes = append(classes, c)
+		}
+	}
+	if err := lim.buildOwn(classes); err != nil {
+		return nil, err
+	}
+	return lim, nil
 }
 
 func isLocal(s pacer.Store) bool {
@@ -313,24 +327,46 @@ func (rl *rateLimiter) Check(r *actor.AcquireRequest) (admission.Reason, *admiss
 
 // set returns the rates of a call of model and class, nil when none apply.
 func (rl *rateLimiter) set(model, class string) (*rateSet, error) {
-	if model == "" {
+	if model == "" || model == rl.model {
+		if s, ok := rl.own[class]; ok {
+			return s, nil
+		}
 		model = rl.model
 	}
 	k := rateSetKey{model, class}
-	if s, ok := rl.sets.Load(k); ok {
-		return s.(*rateSet), nil
+	rl.setsMu.RLock()
+	s, ok := rl.sets[k]
+	rl.setsMu.RUnlock()
+	if ok {
+		return s, nil
 	}
 	s, err := rl.build(model, class)
-	if err != nil || s == nil {
-		return s, err
+	if err != nil {
+		return nil, err
 	}
-	if rl.setsCount.Load() < maxRateSets {
-		if prev, loaded := rl.sets.LoadOrStore(k, s); loaded {
-			return prev.(*rateSet), nil
-		}
-		rl.setsCount.Add(1)
+	rl.setsMu.Lock()
+	defer rl.setsMu.Unlock()
+	if prev, ok := rl.sets[k]; ok {
+		return prev, nil
+	}
+	if len(rl.sets) < maxRateSets {
+		rl.sets[k] = s // nil too: no rate applies
 	}
 	return s, nil
+}
+
+// buildOwn builds the rate sets of Config.Model for the default class ("")
+// and each class of classes.
+func (rl *rateLimiter) buildOwn(classes []string) error {
+	rl.own = make(map[string]*rateSet, len(classes)+1)
+	for _, c := range append([]string{""}, classes...) {
+		s, err := rl.build(rl.model, c)
+		if err != nil {
+			return err
+		}
+		rl.own[c] = s
+	}
+	return nil
 }
 
 func (rl *rateLimiter) build(model, class string) (*rateSet, error) {
