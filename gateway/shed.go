@@ -1,0 +1,303 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/llmbulkhead/bulkhead"
+	"github.com/llmbulkhead/bulkhead/stream"
+)
+
+// StatusClientClosedRequest is the status logged for a call whose client
+// went away before it was admitted (nobody reads the answer).
+const StatusClientClosedRequest = 499
+
+// Rejection is what WriteError answers for an error: the status, the
+// headers that tell a client when and whether to retry, and the body in the
+// dialect of the API the client called.
+type Rejection struct {
+	// Status is the HTTP status: 429 for a rate limit or a class's quota,
+	// 503 (529 in the Anthropic dialect) when the bulkhead or the fleet is
+	// full or cannot decide, 413 for a call that can never fit, 400 for an
+	// invalid request, 502 when the upstream could not be reached.
+	Status int
+	// RetryAfter is the honest time after which the call would go; zero
+	// when there is none (then no retry-after header is sent).
+	RetryAfter time.Duration
+	// ShouldRetry is the x-should-retry header: false when a retry cannot
+	// help (a call that never fits, an invalid request).
+	ShouldRetry bool
+	// Type and Code are the error's type and code in the dialect's body.
+	Type, Code string
+	// Message is the error's one-line message.
+	Message string
+	// Detail is the rejection as the body's "bulkhead" field: the
+	// bulkhead's reason and the numbers that decided it. Nil for an error
+	// that is not a rejection.
+	Detail *Detail
+}
+
+// Detail is the JSON form of a rejection, carried in every shed response
+// under the key "bulkhead" (inside "error" in the OpenAI and Gemini
+// dialects, at the top level in the Anthropic one).
+type Detail struct {
+	Reason        string       `json:"reason"`
+	Tag           string       `json:"tag,omitempty"`
+	Constraint    string       `json:"constraint,omitempty"`
+	NeverFits     bool         `json:"never_fits,omitempty"`
+	RetryAfterMs  int64        `json:"retry_after_ms,omitempty"`
+	LimitRevision int64        `json:"limit_revision"`
+	InFlight      int          `json:"in_flight"`
+	MaxConcurrent int          `json:"max_concurrent"`
+	Pending       int          `json:"pending"`
+	MaxQueue      int          `json:"max_queue"`
+	Tokens        *TokenDetail `json:"tokens,omitempty"`
+	Class         *ClassDetail `json:"class,omitempty"`
+	Rate          *RateDetail  `json:"rate,omitempty"`
+	Fleet         *FleetDetail `json:"fleet,omitempty"`
+}
+
+// TokenDetail is the token budget when the call was decided.
+type TokenDetail struct {
+	Budget          int64 `json:"budget"`
+	EffectiveBudget int64 `json:"effective_budget"`
+	InFlight        int64 `json:"in_flight"`
+	Available       int64 `json:"available"`
+	Reserved        int64 `json:"reserved"`
+}
+
+// ClassDetail is the call's admission class when it was decided.
+type ClassDetail struct {
+	Name           string `json:"name"`
+	InFlight       int    `json:"in_flight"`
+	InFlightTokens int64  `json:"in_flight_tokens"`
+}
+
+// RateDetail is the rate limit that decided the call.
+type RateDetail struct {
+	Scope     string  `json:"scope,omitempty"`
+	Key       string  `json:"key,omitempty"`
+	Limit     string  `json:"limit,omitempty"`
+	PerMinute float64 `json:"per_minute,omitempty"`
+	Burst     float64 `json:"burst,omitempty"`
+	Weight    float64 `json:"weight,omitempty"`
+	Error     string  `json:"error,omitempty"`
+}
+
+// FleetDetail is the fleet pool that decided the call.
+type FleetDetail struct {
+	Pool           string `json:"pool"`
+	InFlight       int64  `json:"in_flight"`
+	InFlightTokens int64  `json:"in_flight_tokens"`
+	MaxConcurrent  int64  `json:"max_concurrent"`
+	TokenBudget    int64  `json:"token_budget"`
+	Error          string `json:"error,omitempty"`
+}
+
+// maxRetryAfter is the longest retry-after a shed response advertises in
+// whole seconds: some SDKs ignore longer values and retry sooner, others
+// stop retrying. retry-after-ms always carries the exact time.
+const maxRetryAfter = 60 * time.Second
+
+// RejectionOf says how to answer err, the error of admitting or forwarding
+// a call, in the dialect of format.
+func RejectionOf(format stream.Format, err error) Rejection {
+	var rej *bulkhead.RejectedError
+	var body *stream.BodyError
+	var tooLarge *stream.TooLargeError
+	switch {
+	case errors.As(err, &rej):
+		return rejection(format, rej)
+	case errors.As(err, &tooLarge):
+		return Rejection{Status: http.StatusRequestEntityTooLarge, Type: invalidType(format), Code: "request_too_large", Message: err.Error()}
+	case errors.As(err, &body), errors.Is(err, bulkhead.ErrInvalid):
+		return Rejection{Status: http.StatusBadRequest, Type: invalidType(format), Code: "invalid_request", Message: err.Error()}
+	case errors.Is(err, context.Canceled):
+		return Rejection{Status: StatusClientClosedRequest, Type: "client_closed_request", Message: err.Error()}
+	}
+	return Rejection{Status: http.StatusBadGateway, ShouldRetry: true, Type: serverType(format), Code: "upstream_unavailable", Message: err.Error()}
+}
+
+func rejection(format stream.Format, rej *bulkhead.RejectedError) Rejection {
+	r := Rejection{Message: rej.Error(), Detail: detailOf(rej), ShouldRetry: true}
+	d := rej.Detail
+	switch {
+	case rej.Reason == bulkhead.RateLimit:
+		r.Status = http.StatusTooManyRequests
+		r.RetryAfter, _ = rej.RetryAfter()
+		r.Type, r.Code = rateType(format, d), "rate_limit_exceeded"
+	case rej.NeverFits():
+		r.Status, r.ShouldRetry = http.StatusRequestEntityTooLarge, false
+		r.Type, r.Code = invalidType(format), "request_too_large"
+	case d != nil && (d.Constraint == bulkhead.ConstraintClass || d.Constraint == bulkhead.ConstraintClassProtection):
+		// A tenant's own quota: the others are not overloaded.
+		r.Status = http.StatusTooManyRequests
+		r.Type, r.Code = rateType(format, d), "rate_limit_exceeded"
+	case rej.Reason == bulkhead.Aborted:
+		r.Status, r.ShouldRetry = StatusClientClosedRequest, false
+		r.Type, r.Code = "client_closed_request", ""
+	default:
+		// Shared overload, a closing gateway, or a store that cannot
+		// decide: retry, here or at another replica.
+		r.Status = http.StatusServiceUnavailable
+		if format == stream.AnthropicMessages {
+			r.Status = 529
+		}
+		r.Type, r.Code = overloadType(format), "server_is_overloaded"
+	}
+	if r.Detail != nil && r.RetryAfter > 0 {
+		r.Detail.RetryAfterMs = ceilMs(r.RetryAfter)
+	}
+	return r
+}
+
+// WriteError answers err, the error of admitting or forwarding a call, in
+// the dialect of format (see RejectionOf), and returns the status written.
+// Nothing must have been written to w before.
+func WriteError(w http.ResponseWriter, format stream.Format, err error) int {
+	r := RejectionOf(format, err)
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	if r.RetryAfter > 0 {
+		h.Set("Retry-After", strconv.FormatInt(int64(math.Ceil(min(r.RetryAfter, maxRetryAfter).Seconds())), 10))
+		h.Set("Retry-After-Ms", strconv.FormatInt(ceilMs(r.RetryAfter), 10))
+	}
+	h.Set("X-Should-Retry", strconv.FormatBool(r.ShouldRetry))
+	if r.Detail != nil && r.Detail.Rate != nil && format != stream.AnthropicMessages && format != stream.Gemini {
+		// OpenAI-style rate headers, with only the numbers that are real.
+		rd := r.Detail.Rate
+		h.Set("X-Ratelimit-Limit-"+rd.Limit, strconv.FormatFloat(rd.PerMinute, 'f', -1, 64))
+		h.Set("X-Ratelimit-Reset-"+rd.Limit, r.RetryAfter.String())
+	}
+	w.WriteHeader(r.Status)
+	_ = json.NewEncoder(w).Encode(r.body(format))
+	return r.Status
+}
+
+// body is the response body in format's dialect.
+func (r Rejection) body(format stream.Format) any {
+	switch format {
+	case stream.AnthropicMessages:
+		type inner struct {
+			Type    string `json:"type"`
+			Message string `json:"message"`
+		}
+		return struct {
+			Type     string  `json:"type"`
+			Error    inner   `json:"error"`
+			Bulkhead *Detail `json:"bulkhead,omitempty"`
+		}{"error", inner{r.Type, r.Message}, r.Detail}
+	case stream.Gemini:
+		return struct {
+			Error any `json:"error"`
+		}{struct {
+			Code     int     `json:"code"`
+			Message  string  `json:"message"`
+			Status   string  `json:"status"`
+			Bulkhead *Detail `json:"bulkhead,omitempty"`
+		}{r.Status, r.Message, r.Type, r.Detail}}
+	}
+	return struct {
+		Error any `json:"error"`
+	}{struct {
+		Message  string  `json:"message"`
+		Type     string  `json:"type"`
+		Param    *string `json:"param"`
+		Code     *string `json:"code"`
+		Bulkhead *Detail `json:"bulkhead,omitempty"`
+	}{r.Message, r.Type, nil, nullable(r.Code), r.Detail}}
+}
+
+func nullable(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+// rateType is the error type of a per-tenant or rate rejection.
+func rateType(format stream.Format, d *bulkhead.RejectDetail) string {
+	switch format {
+	case stream.AnthropicMessages:
+		return "rate_limit_error"
+	case stream.Gemini:
+		return "RESOURCE_EXHAUSTED"
+	}
+	switch {
+	case d != nil && d.Rate != nil:
+		return d.Rate.Limit // "requests" or "tokens", as OpenAI's own 429s say
+	case d != nil && d.TokenBudget != nil && d.Class != nil && d.Class.Limits.MaxInFlightTokens != nil &&
+		d.Class.InFlightTokens+d.TokenBudget.Reserved > *d.Class.Limits.MaxInFlightTokens:
+		return "tokens"
+	}
+	return "requests"
+}
+
+func overloadType(format stream.Format) string {
+	switch format {
+	case stream.AnthropicMessages:
+		return "overloaded_error"
+	case stream.Gemini:
+		return "UNAVAILABLE"
+	}
+	return "service_unavailable_error"
+}
+
+func invalidType(format stream.Format) string {
+	switch format {
+	case stream.AnthropicMessages:
+		return "invalid_request_error"
+	case stream.Gemini:
+		return "INVALID_ARGUMENT"
+	}
+	return "invalid_request_error"
+}
+
+func serverType(format stream.Format) string {
+	switch format {
+	case stream.AnthropicMessages:
+		return "api_error"
+	case stream.Gemini:
+		return "UNAVAILABLE"
+	}
+	return "server_error"
+}
+
+func ceilMs(d time.Duration) int64 { return int64((d + time.Millisecond - 1) / time.Millisecond) }
+
+// detailOf is the JSON form of rej.
+func detailOf(rej *bulkhead.RejectedError) *Detail {
+	out := &Detail{Reason: rej.Reason.String(), Tag: rej.Tag, NeverFits: rej.NeverFits()}
+	d := rej.Detail
+	if d == nil {
+		return out
+	}
+	out.Constraint = string(d.Constraint)
+	out.LimitRevision, out.InFlight, out.MaxConcurrent, out.Pending, out.MaxQueue = d.LimitRevision, d.InFlight, d.MaxConcurrent, d.Pending, d.MaxQueue
+	if b := d.TokenBudget; b != nil {
+		out.Tokens = &TokenDetail{Budget: b.Budget, EffectiveBudget: b.EffectiveBudget, InFlight: b.InFlightTokens, Available: b.Available, Reserved: b.Reserved}
+	}
+	if c := d.Class; c != nil {
+		out.Class = &ClassDetail{Name: c.Name, InFlight: c.InFlight, InFlightTokens: c.InFlightTokens}
+	}
+	if r := d.Rate; r != nil {
+		out.Rate = &RateDetail{Scope: r.Scope, Key: r.Key, Limit: r.Limit, PerMinute: r.PerMinute, Burst: r.Burst, Weight: r.Weight, Error: errText(r.Fallback)}
+	}
+	if f := d.Fleet; f != nil {
+		out.Fleet = &FleetDetail{Pool: f.Pool, InFlight: f.InFlight, InFlightTokens: f.InFlightTokens,
+			MaxConcurrent: f.MaxConcurrent, TokenBudget: f.TokenBudget, Error: errText(f.Fallback)}
+	}
+	return out
+}
+
+func errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
