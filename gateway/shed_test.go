@@ -217,7 +217,7 @@ func TestRetryAfterCapped(t *testing.T) {
 	defer p.Release(nil)
 	_, err = b.Acquire(context.Background(), req)
 	s := write(t, stream.OpenAIChat, err)
-	if s.retryAfter != "60" || s.retryAfterMs != fmt.Sprint((2 * time.Minute).Milliseconds()) {
+	if s.retryAfter != "60" || s.retryAfterMs != fmt.Sprint((2*time.Minute).Milliseconds()) {
 		t.Fatalf("retry-after %q, retry-after-ms %q: want 60 s at most, and the exact 120000 ms", s.retryAfter, s.retryAfterMs)
 	}
 }
