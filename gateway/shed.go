@@ -161,6 +161,12 @@ func rejection(format stream.Format, rej *bulkhead.RejectedError) Rejection {
 // Nothing must have been written to w before.
 func WriteError(w http.ResponseWriter, format stream.Format, err error) int {
 	r := RejectionOf(format, err)
+	write(w, format, r)
+	return r.Status
+}
+
+// write answers r in format's dialect.
+func write(w http.ResponseWriter, format stream.Format, r Rejection) {
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	if r.RetryAfter > 0 {
@@ -176,7 +182,6 @@ func WriteError(w http.ResponseWriter, format stream.Format, err error) int {
 	}
 	w.WriteHeader(r.Status)
 	_ = json.NewEncoder(w).Encode(r.body(format))
-	return r.Status
 }
 
 // body is the response body in format's dialect.

@@ -1,0 +1,259 @@
+package gateway_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/llmbulkhead/bulkhead"
+	"github.com/llmbulkhead/bulkhead/gateway"
+	"github.com/llmbulkhead/bulkhead/internal/testutil"
+	"github.com/llmbulkhead/bulkhead/stream"
+)
+
+// fakeOpenAI is an OpenAI-compatible upstream: a plain completion, or a
+// stream of two deltas and a usage chunk. A request whose user message is
+// "hold" streams its first delta, then waits for release (or for the
+// client to go away).
+type fakeOpenAI struct {
+	srv     *httptest.Server
+	release chan struct{}
+	auth    chan string
+}
+
+func newFakeOpenAI(t *testing.T) *fakeOpenAI {
+	f := &fakeOpenAI{release: make(chan struct{}), auth: make(chan string, 16)}
+	f.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f.auth <- r.Header.Get("Authorization")
+		var body struct {
+			Stream   bool `json:"stream"`
+			Messages []struct {
+				Content string `json:"content"`
+			} `json:"messages"`
+			StreamOptions *struct {
+				IncludeUsage bool `json:"include_usage"`
+			} `json:"stream_options"`
+		}
+		if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
+			http.Error(w, err.Error(), 400)
+			return
+		}
+		if !body.Stream {
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprint(w, `{"id":"c1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hello"},"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":2,"total_tokens":11}}`)
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		fl := w.(http.Flusher)
+		fmt.Fprint(w, "data: {\"id\":\"c1\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hel\"}}]}\n\n")
+		fl.Flush()
+		if len(body.Messages) > 0 && body.Messages[0].Content == "hold" {
+			select {
+			case <-f.release:
+			case <-r.Context().Done():
+				return
+			}
+		}
+		fmt.Fprint(w, "data: {\"id\":\"c1\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"lo\"},\"finish_reason\":\"stop\"}]}\n\n")
+		if body.StreamOptions != nil && body.StreamOptions.IncludeUsage {
+			fmt.Fprint(w, "data: {\"id\":\"c1\",\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":2,\"total_tokens\":11}}\n\n")
+		}
+		fmt.Fprint(w, "data: [DONE]\n\n")
+	}))
+	t.Cleanup(f.srv.Close)
+	return f
+}
+
+func newGateway(t *testing.T, upstream string, cfg bulkhead.Config) (*httptest.Server, *bulkhead.Bulkhead) {
+	t.Helper()
+	b, err := bulkhead.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, _ := url.Parse(upstream)
+	h, err := gateway.New(gateway.Route{Format: stream.OpenAIChat, Upstream: u, APIKey: "sk-upstream", Bulkhead: b,
+		Options: func(r *http.Request, _ *stream.Call) []bulkhead.Option {
+			return []bulkhead.Option{bulkhead.WithTag(r.Header.Get("X-Request-Id"))}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw := httptest.NewServer(h)
+	t.Cleanup(func() {
+		gw.Close()
+		if res, err := b.Shutdown(context.Background()); err != nil || !res.Drained {
+			t.Errorf("Shutdown: %+v, %v", res, err)
+		}
+	})
+	return gw, b
+}
+
+func post(t *testing.T, ctx context.Context, url, body string) *http.Response {
+	t.Helper()
+	req, _ := http.NewRequestWithContext(ctx, "POST", url+"/v1/chat/completions", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer client-key")
+	req.Header.Set("X-Request-Id", "req-1")
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+func idle(b *bulkhead.Bulkhead) func() bool {
+	return func() bool {
+		st := b.Stats()
+		return st.Gate.InFlight == 0 && st.Calls.InFlight == 0 && st.TokenBudget.InFlightTokens == 0
+	}
+}
+
+func budgetConfig(maxConc int) bulkhead.Config {
+	return bulkhead.Config{Model: "gpt-4o", MaxConcurrent: maxConc, TokenBudget: &bulkhead.TokenBudget{Budget: 100_000}}
+}
+
+func TestHandlerPlainAndStream(t *testing.T) {
+	up := newFakeOpenAI(t)
+	gw, b := newGateway(t, up.srv.URL, budgetConfig(4))
+	res := post(t, context.Background(), gw.URL, `{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}],"max_tokens":50}`)
+	body, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != 200 || !strings.Contains(string(body), `"content":"hello"`) {
+		t.Fatalf("plain: %d %s", res.StatusCode, body)
+	}
+	if got := <-up.auth; got != "Bearer sk-upstream" {
+		t.Fatalf("upstream saw Authorization %q; want the gateway's key", got)
+	}
+	testutil.WaitFor(t, "the plain call's release", idle(b))
+	if st := b.Stats(); st.Calls.Released != 1 || st.TokenBudget.TotalConsumed != 11 {
+		t.Fatalf("plain settlement: %v", st)
+	}
+
+	// A stream: the client did not ask for usage, so the gateway asks the
+	// upstream for it and strips the extra chunk from what the client sees.
+	res = post(t, context.Background(), gw.URL, `{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"hi"}],"max_tokens":50}`)
+	body, _ = io.ReadAll(res.Body)
+	res.Body.Close()
+	<-up.auth
+	if res.StatusCode != 200 || strings.Contains(string(body), `"usage"`) || !strings.HasSuffix(string(body), "data: [DONE]\n\n") {
+		t.Fatalf("stream: %d %q", res.StatusCode, body)
+	}
+	testutil.WaitFor(t, "the stream's release", idle(b))
+	if st := b.Stats(); st.Calls.Released != 2 || st.TokenBudget.TotalConsumed != 22 {
+		t.Fatalf("stream settlement: %v", st)
+	}
+}
+
+func TestHandlerSheds(t *testing.T) {
+	up := newFakeOpenAI(t)
+	gw, b := newGateway(t, up.srv.URL, budgetConfig(1))
+	// One stream holds the only slot.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	held := post(t, ctx, gw.URL, `{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"hold"}],"max_tokens":50}`)
+	<-up.auth
+	line, _ := bufio.NewReader(held.Body).ReadString('\n')
+	if !strings.HasPrefix(line, "data: ") {
+		t.Fatalf("first line %q", line)
+	}
+	res := post(t, context.Background(), gw.URL, `{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}],"max_tokens":50}`)
+	var shed struct {
+		Error struct {
+			Type     string         `json:"type"`
+			Code     string         `json:"code"`
+			Bulkhead gateway.Detail `json:"bulkhead"`
+		} `json:"error"`
+	}
+	if err := json.NewDecoder(res.Body).Decode(&shed); err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != 503 || res.Header.Get("X-Should-Retry") != "true" || res.Header.Get("Retry-After") != "" ||
+		shed.Error.Code != "server_is_overloaded" || shed.Error.Bulkhead.Reason != "concurrency_limit" || shed.Error.Bulkhead.Tag != "req-1" {
+		t.Fatalf("shed: %d %v %+v", res.StatusCode, res.Header, shed)
+	}
+	select {
+	case <-up.auth:
+		t.Fatal("a shed call reached the upstream")
+	default:
+	}
+	// The client of the held stream goes away mid-stream: its admission
+	// is released at once.
+	cancel()
+	held.Body.Close()
+	testutil.WaitFor(t, "the vanished client's release", idle(b))
+	if st := b.Stats(); st.Calls.Released != 1 || st.Calls.RejectedByReason[bulkhead.ConcurrencyLimit] != 1 {
+		t.Fatalf("stats: %v", st)
+	}
+}
+
+func TestHandlerErrors(t *testing.T) {
+	up := newFakeOpenAI(t)
+	gw, b := newGateway(t, up.srv.URL, budgetConfig(2))
+	for _, tc := range []struct {
+		name, body string
+		status     int
+	}{
+		{"malformed", `{"model":`, 400},
+		{"wrong type", `{"model":"gpt-4o","messages":3}`, 400},
+		{"too large for the budget", `{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}],"max_tokens":200000}`, 413},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res := post(t, context.Background(), gw.URL, tc.body)
+			io.Copy(io.Discard, res.Body)
+			res.Body.Close()
+			if res.StatusCode != tc.status || res.Header.Get("X-Should-Retry") != "false" {
+				t.Fatalf("status %d, x-should-retry %q; want %d, false", res.StatusCode, res.Header.Get("X-Should-Retry"), tc.status)
+			}
+		})
+	}
+	// No route: 404. An upstream that is down: 502, and nothing held.
+	res, err := http.Post(gw.URL+"/v1/messages", "application/json", strings.NewReader(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != 404 {
+		t.Fatalf("no route: %d", res.StatusCode)
+	}
+	up.srv.Close()
+	res = post(t, context.Background(), gw.URL, `{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}],"max_tokens":5}`)
+	res.Body.Close()
+	if res.StatusCode != 502 {
+		t.Fatalf("upstream down: %d", res.StatusCode)
+	}
+	testutil.WaitFor(t, "nothing held", idle(b))
+}
+
+func TestNewValidates(t *testing.T) {
+	b, _ := bulkhead.New(bulkhead.Config{MaxConcurrent: 1})
+	defer b.Shutdown(context.Background())
+	u, _ := url.Parse("https://api.openai.com")
+	for _, tc := range []struct {
+		name  string
+		r     []gateway.Route
+		field string
+	}{
+		{"format", []gateway.Route{{Upstream: u, Bulkhead: b}}, "routes[0].Format"},
+		{"upstream", []gateway.Route{{Format: stream.OpenAIChat, Bulkhead: b}}, "routes[0].Upstream"},
+		{"relative upstream", []gateway.Route{{Format: stream.OpenAIChat, Upstream: &url.URL{Path: "/x"}, Bulkhead: b}}, "routes[0].Upstream"},
+		{"bulkhead", []gateway.Route{{Format: stream.OpenAIChat, Upstream: u}}, "routes[0].Bulkhead"},
+		{"twice", []gateway.Route{{Format: stream.OpenAIChat, Upstream: u, Bulkhead: b}, {Format: stream.OpenAIChat, Upstream: u, Bulkhead: b}}, "routes[1].Format"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := gateway.New(tc.r...)
+			var ce *bulkhead.ConfigError
+			if !errors.As(err, &ce) || ce.Field != tc.field {
+				t.Fatalf("New: %v; want a ConfigError on %s", err, tc.field)
+			}
+		})
+	}
+}
