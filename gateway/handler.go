@@ -18,6 +18,12 @@ type Route struct {
 	// recognises as this format (stream.FormatOf) takes this route.
 	Format stream.Format
 
+	// Models, when not empty, narrows the route to the calls of these
+	// models (the body's model, or the model in a Gemini URL); the route of
+	// a format without Models takes its other calls. A format may have
+	// several routes with Models and one without.
+	Models []string
+
 	// Upstream is the provider's base URL, such as
 	// "https://api.openai.com": a request for /v1/chat/completions is sent
 	// to its /v1/chat/completions (joined to the base URL's own path).
@@ -55,12 +61,20 @@ type Route struct {
 // that is not a route's API endpoint is answered 404; a request to one that
 // is not a POST is passed upstream without admission.
 type Handler struct {
-	routes map[stream.Format]*httputil.ReverseProxy
+	formats map[stream.Format]*formatRoutes
 }
 
-// New returns a Handler for routes, at most one per format.
+// formatRoutes is the routes of one format: by model, and the default.
+type formatRoutes struct {
+	byModel map[string]*routeProxy
+	other   *routeProxy
+	maxBody int64 // the largest body a route of the format reads
+}
+
+// New returns a Handler for routes: for each format at most one route
+// without Models, and each model in at most one route.
 func New(routes ...Route) (*Handler, error) {
-	h := &Handler{routes: map[stream.Format]*httputil.ReverseProxy{}}
+	h := &Handler{formats: map[stream.Format]*formatRoutes{}}
 	for i, r := range routes {
 		field := fmt.Sprintf("routes[%d]", i)
 		switch r.Format {
@@ -68,23 +82,45 @@ func New(routes ...Route) (*Handler, error) {
 		default:
 			return nil, &bulkhead.ConfigError{Field: field + ".Format", Problem: fmt.Sprintf("must be a stream format, got %d", r.Format)}
 		}
+		fr := h.formats[r.Format]
+		if fr == nil {
+			fr = &formatRoutes{byModel: map[string]*routeProxy{}}
+			h.formats[r.Format] = fr
+		}
 		switch {
-		case h.routes[r.Format] != nil:
-			return nil, &bulkhead.ConfigError{Field: field + ".Format", Problem: fmt.Sprintf("%v has a route already", r.Format)}
+		case len(r.Models) == 0 && fr.other != nil:
+			return nil, &bulkhead.ConfigError{Field: field + ".Format", Problem: fmt.Sprintf("%v has a route for its other models already", r.Format)}
 		case r.Upstream == nil || r.Upstream.Scheme == "" || r.Upstream.Host == "":
 			return nil, &bulkhead.ConfigError{Field: field + ".Upstream", Problem: "must be an absolute URL, such as https://api.openai.com"}
 		case r.Bulkhead == nil:
 			return nil, &bulkhead.ConfigError{Field: field + ".Bulkhead", Problem: "must not be nil"}
 		}
-		h.routes[r.Format] = proxy(r)
+		rp := proxy(r)
+		for j, m := range r.Models {
+			if fr.byModel[m] != nil {
+				return nil, &bulkhead.ConfigError{Field: fmt.Sprintf("%s.Models[%d]", field, j), Problem: fmt.Sprintf("%v model %q has a route already", r.Format, m)}
+			}
+			fr.byModel[m] = rp
+		}
+		if len(r.Models) == 0 {
+			fr.other = rp
+		}
+		fr.maxBody = max(fr.maxBody, bodyLimit(r.MaxBodyBytes))
 	}
 	return h, nil
 }
 
+func bodyLimit(n int64) int64 {
+	if n <= 0 {
+		return stream.DefaultMaxBodyBytes
+	}
+	return n
+}
+
 // proxy is the reverse proxy of route r.
-func proxy(r Route) *httputil.ReverseProxy {
+func proxy(r Route) *routeProxy {
 	format, upstream, key := r.Format, r.Upstream, r.APIKey
-	return &httputil.ReverseProxy{
+	return &routeProxy{ReverseProxy: httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(upstream)
 			pr.SetXForwarded()
@@ -105,7 +141,20 @@ func proxy(r Route) *httputil.ReverseProxy {
 			}
 			WriteError(w, format, err)
 		},
+	}}
+}
+
+// routeProxy is one route's reverse proxy.
+type routeProxy struct{ httputil.ReverseProxy }
+
+// serve proxies req, or answers 404 with why when there is no route (p is
+// nil).
+func (p *routeProxy) serve(w http.ResponseWriter, req *http.Request, format stream.Format, why string) {
+	if p == nil {
+		writeNotFound(w, format, why)
+		return
 	}
+	p.ServeHTTP(w, req)
 }
 
 // setKey puts the upstream's credentials in h, in the header of format's
@@ -124,19 +173,33 @@ func setKey(h http.Header, format stream.Format, key string) {
 	}
 }
 
-// ServeHTTP proxies req to the route of its API, or answers 404.
+// ServeHTTP proxies req to the route of its API and model, or answers 404.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	format, ok := stream.FormatOf(req.URL.Path)
-	rp := h.routes[format]
-	if !ok || rp == nil {
-		writeNotFound(w, format, req.URL.Path)
+	fr := h.formats[format]
+	if !ok || fr == nil {
+		writeNotFound(w, format, "no route for "+req.URL.Path)
 		return
 	}
-	rp.ServeHTTP(w, req)
+	if len(fr.byModel) == 0 || req.Method != http.MethodPost {
+		fr.other.serve(w, req, format, req.URL.Path)
+		return
+	}
+	// The route depends on the model: read the body once, and hand the
+	// call to the route's transport so it is not read again.
+	call, err := stream.ReadRequest(req, fr.maxBody)
+	if err != nil {
+		WriteError(w, format, err)
+		return
+	}
+	rp := fr.byModel[call.Request.Model]
+	if rp == nil {
+		rp = fr.other
+	}
+	rp.serve(w, req.WithContext(stream.WithCall(req.Context(), call)), format, fmt.Sprintf("no route for model %q", call.Request.Model))
 }
 
 // writeNotFound answers a request no route covers.
-func writeNotFound(w http.ResponseWriter, format stream.Format, path string) {
-	r := Rejection{Status: http.StatusNotFound, Type: invalidType(format), Code: "not_found", Message: fmt.Sprintf("gateway: no route for %s", path)}
-	write(w, format, r)
+func writeNotFound(w http.ResponseWriter, format stream.Format, why string) {
+	write(w, format, Rejection{Status: http.StatusNotFound, Type: invalidType(format), Code: "not_found", Message: "gateway: " + why})
 }

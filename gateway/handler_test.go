@@ -257,3 +257,66 @@ func TestNewValidates(t *testing.T) {
 		})
 	}
 }
+
+// TestHandlerRoutesByModel checks that a call takes the route of its model,
+// that the other models take the format's route without Models, and that
+// a model no route takes is answered 404.
+func TestHandlerRoutesByModel(t *testing.T) {
+	up := newFakeOpenAI(t)
+	u, _ := url.Parse(up.srv.URL)
+	closed, _ := bulkhead.New(bulkhead.Config{Model: "gpt-4o", MaxConcurrent: 0}) // sheds everything
+	open, _ := bulkhead.New(budgetConfig(4))
+	defer closed.Shutdown(context.Background())
+	defer open.Shutdown(context.Background())
+	h, err := gateway.New(
+		gateway.Route{Format: stream.OpenAIChat, Models: []string{"gpt-4o", "gpt-4.1"}, Upstream: u, Bulkhead: closed},
+		gateway.Route{Format: stream.OpenAIChat, Upstream: u, Bulkhead: open},
+		gateway.Route{Format: stream.OpenAIResponses, Models: []string{"o3"}, Upstream: u, Bulkhead: open},
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw := httptest.NewServer(h)
+	defer gw.Close()
+	for _, tc := range []struct {
+		path, model string
+		stream      bool
+		status      int
+	}{
+		{"/v1/chat/completions", "gpt-4o", false, 503},
+		{"/v1/chat/completions", "gpt-4.1", true, 503},
+		{"/v1/chat/completions", "llama", false, 200},
+		{"/v1/chat/completions", "llama", true, 200},
+		{"/v1/responses", "gpt-5", false, 404},
+	} {
+		req, _ := http.NewRequest("POST", gw.URL+tc.path, strings.NewReader(fmt.Sprintf(`{"model":%q,"stream":%v,"messages":[{"role":"user","content":"hi"}],"input":"hi","max_tokens":5}`, tc.model, tc.stream)))
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if res.StatusCode != tc.status {
+			t.Fatalf("%s %s: %d %s; want %d", tc.path, tc.model, res.StatusCode, body, tc.status)
+		}
+		if tc.status == 200 {
+			<-up.auth
+			if tc.stream && strings.Contains(string(body), `"usage"`) {
+				t.Fatalf("the usage chunk the gateway asked for reached the client: %q", body)
+			}
+		}
+	}
+	testutil.WaitFor(t, "the calls' releases", idle(open))
+	if st := open.Stats(); st.Calls.Released != 2 || st.TokenBudget.TotalConsumed != 22 {
+		t.Fatalf("the default route's bulkhead: %v", st)
+	}
+	if st := closed.Stats(); st.Calls.Rejected != 2 {
+		t.Fatalf("the model route's bulkhead: %v", st)
+	}
+	_, err = gateway.New(gateway.Route{Format: stream.OpenAIChat, Models: []string{"a"}, Upstream: u, Bulkhead: open},
+		gateway.Route{Format: stream.OpenAIChat, Models: []string{"b", "a"}, Upstream: u, Bulkhead: open})
+	var ce *bulkhead.ConfigError
+	if !errors.As(err, &ce) || ce.Field != "routes[1].Models[1]" {
+		t.Fatalf("a model in two routes: %v", err)
+	}
+}

@@ -1,6 +1,7 @@
 package stream
 
 import (
+	"context"
 	"errors"
 	"io"
 	"net/http"
@@ -93,9 +94,12 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 
 	out := req.Clone(req.Context())
-	call, err := ReadRequest(out, t.MaxBodyBytes) // closes req.Body
-	if err != nil {
-		return nil, err
+	call := callOf(req.Context())
+	if call == nil {
+		var err error
+		if call, err = ReadRequest(out, t.MaxBodyBytes); err != nil { // closes req.Body
+			return nil, err
+		}
 	}
 	strip := false
 	if call.Format == OpenAIChat && call.Stream && !call.IncludeUsage && !t.KeepStreamOptions {
@@ -158,4 +162,21 @@ func sendReleasing(base http.RoundTripper, out *http.Request, permit *bulkhead.P
 		return nil, err
 	}
 	return resp, nil
+}
+
+type callKey struct{}
+
+// WithCall returns a copy of ctx that carries call, the result of
+// ReadRequest on the request that will carry ctx: a Transport sending that
+// request admits call as it is instead of reading the body again. A proxy
+// that reads the body to choose where to send the call (by its model)
+// passes it on this way.
+func WithCall(ctx context.Context, call *Call) context.Context {
+	return context.WithValue(ctx, callKey{}, call)
+}
+
+// callOf returns the call ctx carries, nil for none.
+func callOf(ctx context.Context) *Call {
+	c, _ := ctx.Value(callKey{}).(*Call)
+	return c
 }
