@@ -10,5 +10,10 @@
 // the call can never fit, with x-should-retry: false. A retry-after header
 // is sent only with an honest time: capacity that frees when other calls
 // finish has none. The body carries the rejection's reason and numbers under
-// the key "bulkhead" (see Detail).
+// the key "bulkhead" (see Detail), and the header X-Bulkhead-Reason its
+// reason alone.
+//
+// Handler is the proxy, built from Routes; Build makes one, with its
+// bulkheads, health endpoints and request log, from a configuration file
+// (Config, LoadConfig).
 package gateway

@@ -174,6 +174,9 @@ func write(w http.ResponseWriter, format stream.Format, r Rejection) {
 		h.Set("Retry-After-Ms", strconv.FormatInt(ceilMs(r.RetryAfter), 10))
 	}
 	h.Set("X-Should-Retry", strconv.FormatBool(r.ShouldRetry))
+	if r.Detail != nil {
+		h.Set("X-Bulkhead-Reason", r.Detail.Reason)
+	}
 	if r.Detail != nil && r.Detail.Rate != nil && format != stream.AnthropicMessages && format != stream.Gemini {
 		// OpenAI-style rate headers, with only the numbers that are real.
 		rd := r.Detail.Rate

@@ -1,0 +1,330 @@
+package gateway
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/llmbulkhead/bulkhead"
+	"github.com/llmbulkhead/bulkhead/stream"
+)
+
+// Config is a gateway's configuration file. Every duration is written as
+// Go writes one ("2s", "1m30s").
+//
+//	listen: ":8080"
+//	shutdown_timeout: 30s
+//	log: {format: json}
+//	upstreams:
+//	  openai: {base_url: "https://api.openai.com", api_key_env: OPENAI_API_KEY, header_timeout: 60s}
+//	bulkheads:
+//	  gpt4o:
+//	    model: gpt-4o
+//	    max_concurrent: 32
+//	    max_queue: 16
+//	    queue_timeout: 2s
+//	    token_budget: 200000
+//	    rate_limits: {requests_per_minute: 500, tokens_per_minute: 300000}
+//	routes:
+//	  - {api: openai-chat, upstream: openai, bulkhead: gpt4o}
+type Config struct {
+	// Listen is the address to serve on; default ":8080".
+	Listen string `yaml:"listen"`
+	// ShutdownTimeout bounds the drain on SIGTERM; default 30s.
+	ShutdownTimeout Duration `yaml:"shutdown_timeout"`
+	// Log chooses the request log's format.
+	Log LogConfig `yaml:"log"`
+	// Upstreams are the providers, by name.
+	Upstreams map[string]UpstreamConfig `yaml:"upstreams"`
+	// Bulkheads are the bulkheads, by name: one per model or pool.
+	Bulkheads map[string]BulkheadConfig `yaml:"bulkheads"`
+	// Routes send each API (and model) to an upstream through a bulkhead.
+	Routes []RouteConfig `yaml:"routes"`
+	// Class says how a call's admission class is found.
+	Class ClassFrom `yaml:"class"`
+	// Priority says how a call's priority is found.
+	Priority PriorityFrom `yaml:"priority"`
+
+	// root is the file's nodes, for the lines of errors found later.
+	root *yaml.Node
+}
+
+// LogConfig is the request log.
+type LogConfig struct {
+	// Format is "json" (the default) or "text".
+	Format string `yaml:"format"`
+}
+
+// UpstreamConfig is one provider.
+type UpstreamConfig struct {
+	// BaseURL is the provider's base URL, such as https://api.openai.com.
+	BaseURL string `yaml:"base_url"`
+	// APIKeyEnv names the environment variable holding the API key sent
+	// upstream; empty passes the clients' own credentials.
+	APIKeyEnv string `yaml:"api_key_env"`
+	// HeaderTimeout bounds the wait for the upstream's response headers;
+	// zero means none.
+	HeaderTimeout Duration `yaml:"header_timeout"`
+}
+
+// RouteConfig is one route.
+type RouteConfig struct {
+	// API is "openai-chat", "openai-responses", "anthropic-messages" or
+	// "gemini".
+	API string `yaml:"api"`
+	// Models narrows the route to these models (see Route.Models).
+	Models []string `yaml:"models"`
+	// Upstream and Bulkhead name an upstream and a bulkhead.
+	Upstream string `yaml:"upstream"`
+	Bulkhead string `yaml:"bulkhead"`
+}
+
+// BulkheadConfig is one bulkhead's limits (see bulkhead.Config).
+type BulkheadConfig struct {
+	Model         string   `yaml:"model"`
+	MaxConcurrent int      `yaml:"max_concurrent"`
+	MaxQueue      int      `yaml:"max_queue"`
+	QueueTimeout  Duration `yaml:"queue_timeout"`
+	// TokenBudget, when set, turns on token admission with this budget.
+	TokenBudget         *int64 `yaml:"token_budget"`
+	HighPriorityReserve int64  `yaml:"high_priority_reserve"`
+	OutputCap           int64  `yaml:"output_cap"`
+	// Classes, when set, partitions the bulkhead between classes.
+	Classes *ClassesConfig `yaml:"classes"`
+	// RateLimits, when set, caps the calls and tokens per minute.
+	RateLimits *RateConfig `yaml:"rate_limits"`
+}
+
+// ClassesConfig is an admission class table.
+type ClassesConfig struct {
+	Default string                 `yaml:"default"`
+	Limits  map[string]ClassLimits `yaml:"limits"`
+}
+
+// ClassLimits is one class's floors and ceilings (see bulkhead.ClassLimits).
+type ClassLimits struct {
+	ProtectedConcurrent     int    `yaml:"protected_concurrent"`
+	MaxConcurrent           *int   `yaml:"max_concurrent"`
+	ProtectedInFlightTokens int64  `yaml:"protected_tokens"`
+	MaxInFlightTokens       *int64 `yaml:"max_tokens"`
+}
+
+// RateConfig is a bulkhead's rate limits (see bulkhead.RateLimits).
+type RateConfig struct {
+	Pace              bool            `yaml:"pace"`
+	RequestsPerMinute float64         `yaml:"requests_per_minute"`
+	TokensPerMinute   float64         `yaml:"tokens_per_minute"`
+	RequestBurst      float64         `yaml:"request_burst"`
+	TokenBurst        float64         `yaml:"token_burst"`
+	PerClass          map[string]Rate `yaml:"per_class"`
+}
+
+// Rate is one class's rate.
+type Rate struct {
+	RequestsPerMinute float64 `yaml:"requests_per_minute"`
+	TokensPerMinute   float64 `yaml:"tokens_per_minute"`
+	RequestBurst      float64 `yaml:"request_burst"`
+	TokenBurst        float64 `yaml:"token_burst"`
+}
+
+// ClassFrom finds a call's admission class: from a header, else from the
+// client's API key, else the bulkhead's default class.
+type ClassFrom struct {
+	Header  string            `yaml:"header"`
+	APIKeys map[string]string `yaml:"api_keys"`
+}
+
+// PriorityFrom finds a call's priority: a header whose value "high" makes
+// it High.
+type PriorityFrom struct {
+	Header string `yaml:"header"`
+}
+
+// Duration is a time.Duration written as "2s" in the file.
+type Duration time.Duration
+
+// UnmarshalYAML reads a duration such as "1m30s".
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	v, err := time.ParseDuration(n.Value)
+	if err != nil || v < 0 {
+		return fmt.Errorf("line %d: want a duration such as 2s or 1m30s, got %q", n.Line, n.Value)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// ConfigError reports a problem in a configuration file, with the line and
+// the key. It matches bulkhead.ErrInvalid.
+type ConfigError struct {
+	// File is the file's name, Line the line of the key (0 when the key is
+	// missing), and Key its path, such as "bulkheads.gpt4o.max_concurrent".
+	File string
+	Line int
+	Key  string
+	// Problem says what is wrong.
+	Problem string
+}
+
+// Error returns "gateway: <file>:<line>: <key>: <problem>".
+func (e *ConfigError) Error() string {
+	loc := e.File
+	if e.Line > 0 {
+		loc += ":" + strconv.Itoa(e.Line)
+	}
+	if e.Key == "" {
+		return "gateway: " + loc + ": " + e.Problem
+	}
+	return "gateway: " + loc + ": " + e.Key + ": " + e.Problem
+}
+
+// Is reports whether target is bulkhead.ErrInvalid.
+func (e *ConfigError) Is(target error) bool { return target == bulkhead.ErrInvalid }
+
+// LoadConfig reads and checks the configuration file at path: its syntax,
+// unknown keys (a misspelt key is an error, not ignored), and every value
+// (see ParseConfig).
+func LoadConfig(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return ParseConfig(path, data)
+}
+
+var yamlLine = regexp.MustCompile(`line (\d+): (.*)`)
+
+// ParseConfig reads and checks a configuration; name is the file's name,
+// for errors.
+func ParseConfig(name string, data []byte) (*Config, error) {
+	var cfg Config
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&cfg); err != nil {
+		ce := &ConfigError{File: name, Problem: strings.TrimPrefix(err.Error(), "yaml: ")}
+		var te *yaml.TypeError
+		if errors.As(err, &te) && len(te.Errors) > 0 {
+			ce.Problem = te.Errors[0]
+		}
+		if m := yamlLine.FindStringSubmatch(ce.Problem); m != nil {
+			ce.Line, _ = strconv.Atoi(m[1])
+			ce.Problem = m[2]
+		}
+		return nil, ce
+	}
+	var root yaml.Node
+	_ = yaml.Unmarshal(data, &root)
+	cfg.root = &root
+	v := &validator{file: name, root: &root}
+	v.check(&cfg)
+	if v.err != nil {
+		return nil, v.err
+	}
+	return &cfg, nil
+}
+
+// validator checks a decoded configuration and reports the first problem
+// with the line of its key.
+type validator struct {
+	file string
+	root *yaml.Node
+	err  *ConfigError
+}
+
+func (v *validator) failf(path []string, format string, args ...any) {
+	if v.err == nil {
+		v.err = &ConfigError{File: v.file, Line: v.line(path), Key: strings.Join(path, "."), Problem: fmt.Sprintf(format, args...)}
+	}
+}
+
+// line returns the line of the key at path (a list index as a number), or
+// of the deepest part of it that exists.
+func (v *validator) line(path []string) int {
+	n := v.root
+	if n != nil && n.Kind == yaml.DocumentNode && len(n.Content) > 0 {
+		n = n.Content[0]
+	}
+	line := 0
+	for _, p := range path {
+		if n == nil {
+			break
+		}
+		var next *yaml.Node
+		switch n.Kind {
+		case yaml.MappingNode:
+			for i := 0; i+1 < len(n.Content); i += 2 {
+				if n.Content[i].Value == p {
+					line, next = n.Content[i].Line, n.Content[i+1]
+				}
+			}
+		case yaml.SequenceNode:
+			if i, err := strconv.Atoi(p); err == nil && i < len(n.Content) {
+				line, next = n.Content[i].Line, n.Content[i]
+			}
+		}
+		n = next
+	}
+	return line
+}
+
+// apis maps the file's API names to formats.
+var apis = map[string]stream.Format{
+	"openai-chat":        stream.OpenAIChat,
+	"openai-responses":   stream.OpenAIResponses,
+	"anthropic-messages": stream.AnthropicMessages,
+	"gemini":             stream.Gemini,
+}
+
+func (v *validator) check(c *Config) {
+	if c.Log.Format != "" && c.Log.Format != "json" && c.Log.Format != "text" {
+		v.failf([]string{"log", "format"}, "want json or text, got %q", c.Log.Format)
+	}
+	if len(c.Routes) == 0 {
+		v.failf([]string{"routes"}, "at least one route is needed")
+	}
+	for _, name := range sortedKeys(c.Upstreams) {
+		u := c.Upstreams[name]
+		p := []string{"upstreams", name}
+		pu, err := url.Parse(u.BaseURL)
+		if err != nil || pu.Scheme == "" || pu.Host == "" {
+			v.failf(append(p, "base_url"), "want an absolute URL such as https://api.openai.com, got %q", u.BaseURL)
+		}
+	}
+	for _, name := range sortedKeys(c.Bulkheads) {
+		b := c.Bulkheads[name]
+		p := []string{"bulkheads", name}
+		// The limits themselves are checked by bulkhead.New, in Build.
+		if b.TokenBudget != nil && b.Model == "" {
+			v.failf(append(p, "model"), "is needed with token_budget: the estimator reads it")
+		}
+	}
+	for i, r := range c.Routes {
+		p := []string{"routes", strconv.Itoa(i)}
+		if _, ok := apis[r.API]; !ok {
+			v.failf(append(p, "api"), "want openai-chat, openai-responses, anthropic-messages or gemini, got %q", r.API)
+		}
+		if _, ok := c.Upstreams[r.Upstream]; !ok {
+			v.failf(append(p, "upstream"), "no upstream %q", r.Upstream)
+		}
+		if _, ok := c.Bulkheads[r.Bulkhead]; !ok {
+			v.failf(append(p, "bulkhead"), "no bulkhead %q", r.Bulkhead)
+		}
+	}
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}

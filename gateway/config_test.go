@@ -1,0 +1,149 @@
+package gateway_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/llmbulkhead/bulkhead"
+	"github.com/llmbulkhead/bulkhead/gateway"
+)
+
+const sample = `listen: ":9090"
+shutdown_timeout: 5s
+log: {format: text}
+upstreams:
+  openai:
+    base_url: UPSTREAM
+    api_key_env: TEST_OPENAI_KEY
+    header_timeout: 30s
+bulkheads:
+  gpt4o:
+    model: gpt-4o
+    max_concurrent: 2
+    max_queue: 0
+    token_budget: 100000
+    classes:
+      default: web
+      limits:
+        web: {}
+        batch: {max_concurrent: 1}
+    rate_limits: {requests_per_minute: 600, request_burst: 10}
+routes:
+  - {api: openai-chat, upstream: openai, bulkhead: gpt4o}
+class: {header: X-Tenant}
+priority: {header: X-Priority}
+`
+
+func TestConfigBuildAndServe(t *testing.T) {
+	up := newFakeOpenAI(t)
+	cfg, err := gateway.ParseConfig("gw.yaml", []byte(strings.Replace(sample, "UPSTREAM", up.srv.URL, 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs strings.Builder
+	g, err := gateway.Build(cfg, "gw.yaml", func(k string) string { return map[string]string{"TEST_OPENAI_KEY": "sk-env"}[k] },
+		slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g.Listen != ":9090" || g.ShutdownTimeout.String() != "5s" || len(g.Bulkheads) != 1 {
+		t.Fatalf("gateway %+v", g)
+	}
+	srv := httptest.NewServer(g.Handler)
+	defer srv.Close()
+	for _, path := range []string{"/healthz", "/readyz"} {
+		res, err := http.Get(srv.URL + path)
+		if err != nil || res.StatusCode != 200 {
+			t.Fatalf("%s: %v %v", path, res, err)
+		}
+		res.Body.Close()
+	}
+	// A batch call (class from the header) and a call: the batch class's
+	// ceiling of 1 sheds a second batch call as the tenant's own quota.
+	body := `{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"hold"}],"max_tokens":5}`
+	req, _ := http.NewRequest("POST", srv.URL+"/v1/chat/completions", strings.NewReader(body))
+	req.Header.Set("X-Tenant", "batch")
+	held, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := <-up.auth; got != "Bearer sk-env" {
+		t.Fatalf("upstream key %q", got)
+	}
+	req, _ = http.NewRequest("POST", srv.URL+"/v1/chat/completions", strings.NewReader(body))
+	req.Header.Set("X-Tenant", "batch")
+	req.Header.Set("X-Request-Id", "second")
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, res.Body)
+	res.Body.Close()
+	if res.StatusCode != 429 || res.Header.Get("X-Bulkhead-Reason") != "concurrency_limit" {
+		t.Fatalf("second batch call: %d %v", res.StatusCode, res.Header)
+	}
+	close(up.release)
+	io.Copy(io.Discard, held.Body)
+	held.Body.Close()
+	if !strings.Contains(logs.String(), "status=429") || !strings.Contains(logs.String(), "tag=second") || !strings.Contains(logs.String(), "shed=concurrency_limit") {
+		t.Fatalf("log:\n%s", logs.String())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), g.ShutdownTimeout)
+	defer cancel()
+	if left := g.Shutdown(ctx); len(left) != 0 {
+		t.Fatalf("left in flight: %v", left)
+	}
+	res, _ = http.Get(srv.URL + "/readyz")
+	res.Body.Close()
+	if res.StatusCode != 503 {
+		t.Fatalf("/readyz after Shutdown: %d", res.StatusCode)
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name, edit, want string
+	}{
+		{"unknown key", "max_queue: 0", "gw.yaml:13: field max_qeue not found in type gateway.BulkheadConfig"},
+		{"bad duration", "shutdown_timeout: 5s", "gw.yaml:2: want a duration such as 2s or 1m30s"},
+		{"bad api", "api: openai-chat", "gw.yaml:22: routes.0.api: want openai-chat"},
+		{"no upstream", "upstream: openai, bulk", "gw.yaml:22: routes.0.upstream: no upstream"},
+		{"bad url", "base_url: UPSTREAM", "gw.yaml:6: upstreams.openai.base_url: want an absolute URL"},
+		{"bad limit", "max_concurrent: 2", "gw.yaml:12: bulkheads.gpt4o.max_concurrent: must be >= 0, got -2"},
+		{"no key", "api_key_env: TEST_OPENAI_KEY", "gw.yaml:7: upstreams.openai.api_key_env: the environment variable NOT_SET is not set"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			text := strings.Replace(sample, "UPSTREAM", "https://api.openai.com", 1)
+			switch tc.name {
+			case "unknown key":
+				text = strings.Replace(text, "max_queue: 0", "max_qeue: 0", 1)
+			case "bad duration":
+				text = strings.Replace(text, "shutdown_timeout: 5s", "shutdown_timeout: five", 1)
+			case "bad api":
+				text = strings.Replace(text, "api: openai-chat", "api: openai", 1)
+			case "no upstream":
+				text = strings.Replace(text, "upstream: openai, bulk", "upstream: azure, bulk", 1)
+			case "bad url":
+				text = strings.Replace(sample, "UPSTREAM", "api.openai.com", 1)
+			case "bad limit":
+				text = strings.Replace(text, "max_concurrent: 2", "max_concurrent: -2", 1)
+			case "no key":
+				text = strings.Replace(text, "TEST_OPENAI_KEY", "NOT_SET", 1)
+			}
+			cfg, err := gateway.ParseConfig("gw.yaml", []byte(text))
+			if err == nil {
+				_, err = gateway.Build(cfg, "gw.yaml", nil, slog.New(slog.DiscardHandler))
+			}
+			var ce *gateway.ConfigError
+			if !errors.As(err, &ce) || !errors.Is(err, bulkhead.ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v; want one containing %q", err, tc.want)
+			}
+		})
+	}
+}
