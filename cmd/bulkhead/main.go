@@ -1,5 +1,5 @@
-// Command bulkhead shows what the bulkhead library does, and will run it as
-// a gateway.
+// Command bulkhead shows what the bulkhead library does, and runs it as a
+// gateway.
 //
 // Usage:
 //
@@ -9,6 +9,8 @@
 //
 //	demo    fire a burst of LLM calls at a simulated provider account, once
 //	        bare and once through a bulkhead, and compare (the default)
+//	gateway serve an admission proxy in front of LLM providers, from a
+//	        configuration file: bulkhead gateway -config FILE [-check]
 //
 // The demo needs no network and no API key: its provider is simulated, with
 // realistic latency and token counts and an account that answers 429 above
@@ -49,6 +51,7 @@ type command struct {
 func commands() []command {
 	return []command{
 		{"demo", "fire a burst of calls at a simulated provider, bare and through a bulkhead, and compare (default)", runDemo},
+		{"gateway", "serve an admission proxy in front of LLM providers, from a configuration file", runGateway},
 	}
 }
 

@@ -3,9 +3,14 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
+	"net/http"
+	"os"
 	"strings"
+	"sync"
 	"testing"
 
+	"github.com/llmbulkhead/bulkhead/internal/testutil"
 	"go.uber.org/goleak"
 )
 
@@ -72,3 +77,84 @@ func TestUsageErrors(t *testing.T) {
 		}
 	}
 }
+
+func TestGatewayCheck(t *testing.T) {
+	dir := t.TempDir()
+	good := dir + "/gw.yaml"
+	if err := os.WriteFile(good, []byte(`listen: "127.0.0.1:0"
+upstreams: {openai: {base_url: "https://api.openai.com"}}
+bulkheads: {main: {model: gpt-4o, max_concurrent: 4, token_budget: 1000}}
+routes: [{api: openai-chat, upstream: openai, bulkhead: main}]
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := runArgs("gateway", "-config", good, "-check")
+	if code != 0 || !strings.Contains(out, "is valid: 1 bulkheads") {
+		t.Fatalf("check: exit %d, %q %q", code, out, errOut)
+	}
+	bad := dir + "/bad.yaml"
+	if err := os.WriteFile(bad, []byte("routes: [{api: nope}]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errOut = runArgs("gateway", "-config", bad, "-check")
+	if code != 1 || !strings.Contains(errOut, "bad.yaml:1: routes.0.api") {
+		t.Fatalf("bad config: exit %d, %q", code, errOut)
+	}
+	if code, _, _ := runArgs("gateway"); code != 2 {
+		t.Fatalf("no -config: exit %d", code)
+	}
+}
+
+// TestGatewayServe runs the gateway, checks /healthz, and shuts it down by
+// ending its context (as SIGTERM does).
+func TestGatewayServe(t *testing.T) {
+	dir := t.TempDir()
+	cfg := dir + "/gw.yaml"
+	if err := os.WriteFile(cfg, []byte(`listen: "127.0.0.1:0"
+shutdown_timeout: 2s
+log: {format: text}
+upstreams: {openai: {base_url: "https://api.openai.com"}}
+bulkheads: {main: {max_concurrent: 4}}
+routes: [{api: openai-chat, upstream: openai, bulkhead: main}]
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var out syncBuffer
+	done := make(chan int, 1)
+	go func() { done <- run(ctx, []string{"gateway", "-config", cfg}, &out, io.Discard) }()
+	var addr string
+	testutil.WaitFor(t, "the gateway to listen", func() bool {
+		s := out.String()
+		if i := strings.Index(s, "listening on "); i >= 0 {
+			addr = strings.TrimSpace(s[i+len("listening on "):])
+			if j := strings.IndexByte(addr, '\n'); j >= 0 {
+				addr = addr[:j]
+			}
+			return true
+		}
+		return false
+	})
+	res, err := http.Get("http://" + addr + "/healthz")
+	if err != nil || res.StatusCode != 200 {
+		t.Fatalf("/healthz: %v, %v", res, err)
+	}
+	res.Body.Close()
+	cancel()
+	if code := <-done; code != 0 || !strings.Contains(out.String(), "drained") {
+		t.Fatalf("exit %d:\n%s", code, out.String())
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for one writer and one reader.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
