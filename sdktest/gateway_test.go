@@ -1,0 +1,187 @@
+package sdktest
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/anthropics/anthropic-sdk-go"
+	aoption "github.com/anthropics/anthropic-sdk-go/option"
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+
+	"github.com/llmbulkhead/bulkhead"
+	"github.com/llmbulkhead/bulkhead/gateway"
+	"github.com/llmbulkhead/bulkhead/internal/testutil"
+	"github.com/llmbulkhead/bulkhead/stream"
+)
+
+// gatewayRig is a gateway in front of a fake provider, with one bulkhead
+// per API; the SDKs talk to the gateway over plain HTTP.
+type gatewayRig struct {
+	srv *httptest.Server
+	b   *bulkhead.Bulkhead
+}
+
+func newGatewayRig(t *testing.T, p *provider, cfg bulkhead.Config) *gatewayRig {
+	t.Helper()
+	b, err := bulkhead.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, _ := url.Parse(p.srv.URL)
+	base := &http.Transport{}
+	h, err := gateway.New(
+		gateway.Route{Format: stream.OpenAIChat, Upstream: u, Bulkhead: b, Transport: base},
+		gateway.Route{Format: stream.AnthropicMessages, Upstream: u, Bulkhead: b, Transport: base},
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &gatewayRig{srv: httptest.NewServer(h), b: b}
+	t.Cleanup(func() {
+		g.srv.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if res, err := b.Shutdown(ctx); err != nil || !res.Drained {
+			t.Errorf("Shutdown = %+v, %v: an admission leaked", res, err)
+		}
+		base.CloseIdleConnections()
+	})
+	return g
+}
+
+func (g *gatewayRig) openai(opts ...option.RequestOption) openai.Client {
+	return openai.NewClient(append([]option.RequestOption{option.WithBaseURL(g.srv.URL + "/v1"), option.WithAPIKey("test")}, opts...)...)
+}
+
+func (g *gatewayRig) anthropic(opts ...aoption.RequestOption) anthropic.Client {
+	return anthropic.NewClient(append([]aoption.RequestOption{aoption.WithBaseURL(g.srv.URL), aoption.WithAPIKey("test")}, opts...)...)
+}
+
+// idle waits until the gateway's bulkhead holds nothing.
+func (g *gatewayRig) idle(t *testing.T) {
+	t.Helper()
+	testutil.WaitFor(t, "the gateway's bulkhead to hold nothing", func() bool {
+		st := g.b.Stats()
+		return st.Calls.InFlight == 0 && st.Gate.InFlight == 0 && (st.TokenBudget == nil || st.TokenBudget.InFlightTokens == 0)
+	})
+}
+
+func TestGatewayOpenAI(t *testing.T) {
+	p := newProvider(t, chatStream)
+	g := newGatewayRig(t, p, budgetConfig("gpt-4o", 4, 10_000))
+	c := g.openai()
+	s := c.Chat.Completions.NewStreaming(context.Background(), chatParams)
+	var text strings.Builder
+	for s.Next() {
+		if ch := s.Current(); len(ch.Choices) > 0 {
+			text.WriteString(ch.Choices[0].Delta.Content)
+		}
+	}
+	if err := s.Err(); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	if text.String() != "Hello there, friend." {
+		t.Errorf("text = %q", text.String())
+	}
+	g.idle(t)
+	if st := g.b.Stats(); st.TokenBudget.TotalConsumed != 19 {
+		t.Errorf("settled %d tokens, want the provider's 19", st.TokenBudget.TotalConsumed)
+	}
+}
+
+// TestGatewayOpenAIShed: a shed call reaches the SDK as an *openai.Error
+// with the gateway's status; the SDK retries a 503 (x-should-retry: true)
+// and never a 413 (x-should-retry: false); nothing reaches the provider.
+func TestGatewayOpenAIShed(t *testing.T) {
+	p := newProvider(t, chatStream)
+	full := newGatewayRig(t, p, bulkhead.Config{Model: "gpt-4o", MaxConcurrent: 0})
+	fc := full.openai(option.WithMaxRetries(1))
+	_, err := fc.Chat.Completions.New(context.Background(), chatParams)
+	var oe *openai.Error
+	if !errors.As(err, &oe) || oe.StatusCode != 503 || !strings.Contains(oe.RawJSON(), `"reason":"concurrency_limit"`) {
+		t.Fatalf("error = %v, want a 503 *openai.Error with the bulkhead's reason", err)
+	}
+	if n := full.b.Stats().Calls.Rejected; n != 2 {
+		t.Errorf("%d attempts at the gateway, want 2 (the first and its one retry)", n)
+	}
+	tooBig := newGatewayRig(t, p, budgetConfig("gpt-4o", 4, 50)) // 107 tokens never fit
+	tc := tooBig.openai()
+	_, err = tc.Chat.Completions.New(context.Background(), chatParams)
+	if !errors.As(err, &oe) || oe.StatusCode != 413 {
+		t.Fatalf("error = %v, want a 413 *openai.Error", err)
+	}
+	if n := tooBig.b.Stats().Calls.Rejected; n != 1 {
+		t.Errorf("%d attempts at the gateway, want 1: x-should-retry false stops the SDK", n)
+	}
+	if p.hits.Load() != 0 {
+		t.Errorf("the provider saw %d requests", p.hits.Load())
+	}
+}
+
+// TestGatewayOpenAIRetryAfter: a rate-limited call is answered 429 with
+// the exact retry-after-ms, which the SDK waits before its retry, which
+// then goes through.
+func TestGatewayOpenAIRetryAfter(t *testing.T) {
+	p := newProvider(t, func(w http.ResponseWriter, _ map[string]any) {
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"id":"c1","object":"chat.completion","created":1,"model":"gpt-4o","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`)
+	})
+	cfg := budgetConfig("gpt-4o", 4, 10_000)
+	cfg.RateLimits = &bulkhead.RateLimits{PerModel: bulkhead.Rate{RequestsPerMinute: 600}} // one call per 100 ms
+	g := newGatewayRig(t, p, cfg)
+	c := g.openai()
+	params := chatParams
+	if _, err := c.Chat.Completions.New(context.Background(), params); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if _, err := c.Chat.Completions.New(context.Background(), params); err != nil {
+		t.Fatalf("the second call, after its retry: %v", err)
+	}
+	if d := time.Since(start); d < 50*time.Millisecond {
+		t.Errorf("the retry came after %v: the SDK did not wait for retry-after-ms", d)
+	}
+	st := g.b.Stats()
+	if st.Calls.Admitted != 2 || st.Calls.RejectedByReason[bulkhead.RateLimit] < 1 || p.hits.Load() != 2 {
+		t.Errorf("admitted %d, rate-limited %d, provider hits %d", st.Calls.Admitted, st.Calls.RejectedByReason[bulkhead.RateLimit], p.hits.Load())
+	}
+	g.idle(t)
+}
+
+func TestGatewayAnthropic(t *testing.T) {
+	p := newProvider(t, anthropicStream)
+	g := newGatewayRig(t, p, budgetConfig("claude-sonnet-4-5", 4, 10_000))
+	ac := g.anthropic()
+	s := ac.Messages.NewStreaming(context.Background(), messageParams)
+	msg := anthropic.Message{}
+	for s.Next() {
+		if err := msg.Accumulate(s.Current()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Err(); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	if len(msg.Content) != 1 || msg.Content[0].Text != "A number system." {
+		t.Errorf("accumulated %+v", msg)
+	}
+	g.idle(t)
+
+	full := newGatewayRig(t, p, bulkhead.Config{Model: "claude-sonnet-4-5", MaxConcurrent: 0})
+	fa := full.anthropic(aoption.WithMaxRetries(0))
+	_, err := fa.Messages.New(context.Background(), messageParams)
+	var ae *anthropic.Error
+	if !errors.As(err, &ae) || ae.StatusCode != 529 || !strings.Contains(ae.RawJSON(), `"overloaded_error"`) {
+		t.Fatalf("error = %v, want a 529 overloaded *anthropic.Error", err)
+	}
+}
