@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/llmbulkhead/bulkhead"
 	"github.com/llmbulkhead/bulkhead/gateway"
@@ -318,5 +319,62 @@ func TestHandlerRoutesByModel(t *testing.T) {
 	var ce *bulkhead.ConfigError
 	if !errors.As(err, &ce) || ce.Field != "routes[1].Models[1]" {
 		t.Fatalf("a model in two routes: %v", err)
+	}
+}
+
+// TestHandlerUpstreamTrouble: an upstream that does not answer in time is a
+// 502 (and the admission is released); an upstream error mid-stream reaches
+// the client as the provider sent it, and the admission settles once.
+func TestHandlerUpstreamTrouble(t *testing.T) {
+	stuck := make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.Contains(r.URL.Path, "chat") {
+			select { // never answers in time
+			case <-stuck:
+			case <-r.Context().Done():
+			}
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"model\":\"claude\",\"usage\":{\"input_tokens\":10,\"output_tokens\":1}}}\n\n")
+		fmt.Fprint(w, "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n")
+	}))
+	defer up.Close()
+	defer close(stuck)
+	u, _ := url.Parse(up.URL)
+	b, _ := bulkhead.New(budgetConfig(4))
+	defer b.Shutdown(context.Background())
+	slow := http.DefaultTransport.(*http.Transport).Clone()
+	slow.ResponseHeaderTimeout = 50 * time.Millisecond
+	defer slow.CloseIdleConnections()
+	h, err := gateway.New(
+		gateway.Route{Format: stream.OpenAIChat, Upstream: u, Bulkhead: b, Transport: slow},
+		gateway.Route{Format: stream.AnthropicMessages, Upstream: u, Bulkhead: b},
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw := httptest.NewServer(h)
+	defer gw.Close()
+	res := post(t, context.Background(), gw.URL, `{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}],"max_tokens":5}`)
+	res.Body.Close()
+	if res.StatusCode != 502 || res.Header.Get("X-Should-Retry") != "true" {
+		t.Fatalf("an upstream that does not answer: %d", res.StatusCode)
+	}
+	testutil.WaitFor(t, "the timed-out call's release", idle(b))
+
+	res, err = http.Post(gw.URL+"/v1/messages", "application/json",
+		strings.NewReader(`{"model":"claude","max_tokens":50,"stream":true,"messages":[{"role":"user","content":"hi"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != 200 || !strings.Contains(string(body), `"overloaded_error"`) {
+		t.Fatalf("mid-stream error: %d %q", res.StatusCode, body)
+	}
+	testutil.WaitFor(t, "the failed stream's release", idle(b))
+	if st := b.Stats(); st.Calls.Released != 2 || st.Gate.DoubleReleases != 0 {
+		t.Fatalf("stats: %v", st)
 	}
 }
