@@ -108,6 +108,9 @@ func New(b *bulkhead.Bulkhead, opts Options) (*Collector, error) {
 	if ns == "" {
 		ns = DefaultNamespace
 	}
+	if !validName(ns, true) {
+		return nil, fmt.Errorf("metrics: Options.Namespace %q: want letters, digits and underscores, not starting with a digit", ns)
+	}
 	labels, err := constLabels(opts)
 	if err != nil {
 		return nil, err
@@ -422,6 +425,9 @@ var reservedLabels = []string{"reason", "class", "cause", "outcome", NameLabel}
 func constLabels(opts Options) (prometheus.Labels, error) {
 	labels := prometheus.Labels{}
 	for k, v := range opts.ConstLabels {
+		if !validName(k, false) || strings.HasPrefix(k, "__") {
+			return nil, fmt.Errorf("metrics: Options.ConstLabels: label name %q: want letters, digits and underscores, not starting with a digit or __", k)
+		}
 		for _, r := range reservedLabels {
 			if k == r {
 				return nil, fmt.Errorf("metrics: Options.ConstLabels: label %q is the collector's own", k)
@@ -433,6 +439,18 @@ func constLabels(opts Options) (prometheus.Labels, error) {
 		labels[NameLabel] = opts.Name
 	}
 	return labels, nil
+}
+
+// validName reports whether s is a metric name (colons allowed) or a label
+// name that every Prometheus version accepts.
+func validName(s string, colons bool) bool {
+	for i, r := range s {
+		ok := r == '_' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || i > 0 && r >= '0' && r <= '9' || colons && r == ':'
+		if !ok {
+			return false
+		}
+	}
+	return s != ""
 }
 
 func buckets(field string, bs []float64, def func() []float64) ([]float64, error) {

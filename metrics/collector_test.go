@@ -270,7 +270,7 @@ func matchesStats(t *testing.T, got map[string]sample, st bulkhead.Stats, labels
 	byReason := map[string]float64{}
 	var sum float64
 	for k, s := range got {
-		if strings.HasPrefix(k, "bulkhead_rejected_total{") && strings.Contains(k, labels) {
+		if strings.HasPrefix(k, "bulkhead_rejected_total{") && hasLabels(k, labels) {
 			i := strings.Index(k, `reason="`) + len(`reason="`)
 			byReason[k[i:i+strings.IndexByte(k[i:], '"')]] += s.value
 			sum += s.value
@@ -284,6 +284,17 @@ func matchesStats(t *testing.T, got map[string]sample, st bulkhead.Stats, labels
 			t.Errorf("rejected_total{reason=%q} = %v, want %d (Stats)", r, byReason[r.String()], n)
 		}
 	}
+}
+
+// hasLabels reports whether the series key k has every label of labels, a
+// comma-separated list.
+func hasLabels(k, labels string) bool {
+	for _, l := range strings.Split(labels, ",") {
+		if !strings.Contains(k, l) {
+			return false
+		}
+	}
+	return true
 }
 
 func TestScrapeAfterShutdown(t *testing.T) {
