@@ -3,6 +3,7 @@ package metrics
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -104,14 +105,7 @@ func New(b *bulkhead.Bulkhead, opts Options) (*Collector, error) {
 	if b == nil {
 		return nil, errors.New("metrics: nil *bulkhead.Bulkhead")
 	}
-	ns := opts.Namespace
-	if ns == "" {
-		ns = DefaultNamespace
-	}
-	if !validName(ns, true) {
-		return nil, fmt.Errorf("metrics: Options.Namespace %q: want letters, digits and underscores, not starting with a digit", ns)
-	}
-	labels, err := constLabels(opts)
+	ns, labels, err := names(opts, "reason", "class", "cause", "outcome")
 	if err != nil {
 		return nil, err
 	}
@@ -419,26 +413,30 @@ func classNames(cs *bulkhead.ClassesStats) []string {
 	return names
 }
 
-// reservedLabels are the metrics' own label names.
-var reservedLabels = []string{"reason", "class", "cause", "outcome", NameLabel}
-
-func constLabels(opts Options) (prometheus.Labels, error) {
+// names returns the namespace and the constant labels of opts, checking
+// that the labels use none of the names in own, nor NameLabel.
+func names(opts Options, own ...string) (string, prometheus.Labels, error) {
+	ns := opts.Namespace
+	if ns == "" {
+		ns = DefaultNamespace
+	}
+	if !validName(ns, true) {
+		return "", nil, fmt.Errorf("metrics: Options.Namespace %q: want letters, digits and underscores, not starting with a digit", ns)
+	}
 	labels := prometheus.Labels{}
 	for k, v := range opts.ConstLabels {
 		if !validName(k, false) || strings.HasPrefix(k, "__") {
-			return nil, fmt.Errorf("metrics: Options.ConstLabels: label name %q: want letters, digits and underscores, not starting with a digit or __", k)
+			return "", nil, fmt.Errorf("metrics: Options.ConstLabels: label name %q: want letters, digits and underscores, not starting with a digit or __", k)
 		}
-		for _, r := range reservedLabels {
-			if k == r {
-				return nil, fmt.Errorf("metrics: Options.ConstLabels: label %q is the collector's own", k)
-			}
+		if k == NameLabel || slices.Contains(own, k) {
+			return "", nil, fmt.Errorf("metrics: Options.ConstLabels: label %q is the collector's own", k)
 		}
 		labels[k] = v
 	}
 	if opts.Name != "" {
 		labels[NameLabel] = opts.Name
 	}
-	return labels, nil
+	return ns, labels, nil
 }
 
 // validName reports whether s is a metric name (colons allowed) or a label

@@ -105,5 +105,19 @@
 // bulkhead_bypassed_total.
 //
 // NewPoolCollector exports the counters of a fleet pool (package fleet) in
-// the same way.
+// the same way, each labelled pool="<the pool's name>":
+//
+//	bulkhead_fleet_reserve_total{outcome}        reserves ("admitted", "duplicate", "rejected_slots", "rejected_tokens", "relearning", "released", "error")
+//	bulkhead_fleet_errors_total{op,kind}         failed Redis calls (op "reserve", "release", "adjust", "renew", "gen"; kind "timeout", "conn", "noscript", "other")
+//	bulkhead_fleet_policy_admissions_total, bulkhead_fleet_policy_rejections_total   reserves the failure policy decided
+//	bulkhead_fleet_in_flight, bulkhead_fleet_tokens_in_flight   fleet-wide, from the last reply
+//	bulkhead_fleet_limit_slots, bulkhead_fleet_limit_tokens     the pool's limits (-1: not enforced)
+//	bulkhead_fleet_local_holds, bulkhead_fleet_local_tokens     this replica's live holds
+//	bulkhead_fleet_renew_total{status}           lease renewals ("renewed", "reinstated", "released", "lost")
+//	bulkhead_fleet_reclaimed_total               expired holds this replica reclaimed
+//	bulkhead_fleet_state_loss_total              times Redis lost the pool's state
+//	bulkhead_fleet_unaccounted_admissions        holds admitted by the failure policy, not yet in Redis
+//	bulkhead_fleet_release_backlog               releases waiting to be sent
+//	bulkhead_fleet_adjust_total{result}          usage adjustments ("applied", "stale", "lost", "coalesced")
+//	bulkhead_fleet_breaker_open                  1 while the circuit breaker is open
 package metrics
