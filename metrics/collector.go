@@ -3,8 +3,8 @@ package metrics
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 
@@ -73,7 +73,9 @@ func DefaultTokenBuckets() []float64 {
 //
 // Counters and gauges are read from Bulkhead.Stats at each scrape, so they
 // are exact and agree with one another. Histograms are fed from the
-// bulkhead's events, from New on, until Close.
+// bulkhead's events, from New on, until Close. Events reach listeners on
+// the bulkhead's event goroutine, a moment after Stats shows their change,
+// so a histogram's count may trail the matching counter for that moment.
 //
 // A Collector is safe for concurrent use.
 type Collector struct {
@@ -81,19 +83,26 @@ type Collector struct {
 	d       descs
 	reasons []bulkhead.Reason
 
-	queueWait, decision, rateWait *prometheus.HistogramVec
-	consumed, refunded            prometheus.Histogram
-	hists                         []prometheus.Collector
+	// admitted and rejected observe the timings of each outcome; rate is
+	// nil without rate limits.
+	admitted, rejected timing
+	consumed, refunded prometheus.Histogram
+	hists              []prometheus.Collector
 
 	unsubscribe func()
 	closeOnce   sync.Once
 }
 
-// Outcome label values of the time histograms.
-const (
-	outcomeAdmitted = "admitted"
-	outcomeRejected = "rejected"
-)
+// timing is the series of one outcome of the time histograms.
+type timing struct{ queue, decision, rate prometheus.Observer }
+
+func (t timing) observe(e bulkhead.Timing) {
+	t.queue.Observe(e.QueueWait.Seconds())
+	t.decision.Observe(e.DecisionDuration.Seconds())
+	if t.rate != nil {
+		t.rate.Observe(e.RateWait.Seconds())
+	}
+}
 
 // New returns a Collector of b's metrics and subscribes it to b's events.
 // The families that depend on b's configuration (token budget, classes,
@@ -122,34 +131,34 @@ func New(b *bulkhead.Bulkhead, opts Options) (*Collector, error) {
 	c := &Collector{b: b, reasons: knownReasons()}
 	c.d.init(ns, labels)
 
-	hist := func(name, help string, bs []float64, outcomes bool) (*prometheus.HistogramVec, prometheus.Histogram) {
-		o := prometheus.HistogramOpts{Namespace: ns, Name: name, Help: help, ConstLabels: labels, Buckets: bs}
-		if !outcomes {
-			h := prometheus.NewHistogram(o)
-			c.hists = append(c.hists, h)
-			return nil, h
-		}
-		v := prometheus.NewHistogramVec(o, []string{"outcome"})
-		// Both outcomes exist from the start, so rates over them never miss
-		// a series.
-		v.WithLabelValues(outcomeAdmitted)
-		v.WithLabelValues(outcomeRejected)
+	hopts := func(name, help string, bs []float64) prometheus.HistogramOpts {
+		return prometheus.HistogramOpts{Namespace: ns, Name: name, Help: help, ConstLabels: labels, Buckets: bs}
+	}
+	hist := func(name, help string, bs []float64) prometheus.Histogram {
+		h := prometheus.NewHistogram(hopts(name, help, bs))
+		c.hists = append(c.hists, h)
+		return h
+	}
+	// byOutcome makes a histogram labelled by outcome, with both series
+	// there from the start, so that rates over them never miss one.
+	byOutcome := func(name, help string) (admitted, rejected prometheus.Observer) {
+		v := prometheus.NewHistogramVec(hopts(name, help, durations), []string{"outcome"})
 		c.hists = append(c.hists, v)
-		return v, nil
+		return v.WithLabelValues("admitted"), v.WithLabelValues("rejected")
 	}
-	c.queueWait, _ = hist("queue_wait_seconds",
-		"Time calls waited in the queue for a slot, by outcome; 0 for a call that never queued.", durations, true)
-	c.decision, _ = hist("decision_seconds",
-		"Time the bulkhead spent deciding calls, queue wait excluded, by outcome.", durations, true)
+	c.admitted.queue, c.rejected.queue = byOutcome("queue_wait_seconds",
+		"Time calls waited in the queue for a slot, by outcome; 0 for a call that never queued.")
+	c.admitted.decision, c.rejected.decision = byOutcome("decision_seconds",
+		"Time the bulkhead spent deciding calls, queue wait excluded, by outcome.")
 	if st.Rate != nil {
-		c.rateWait, _ = hist("rate_wait_seconds",
-			"Time calls waited for a rate-limit turn before asking for a slot, by outcome; 0 for a call that did not wait.", durations, true)
+		c.admitted.rate, c.rejected.rate = byOutcome("rate_wait_seconds",
+			"Time calls waited for a rate-limit turn before asking for a slot, by outcome; 0 for a call that did not wait.")
 	}
-	_, c.consumed = hist("release_consumed_tokens",
-		"Tokens each released admission consumed, by its final usage; releases without usage are not observed.", tokens, false)
+	c.consumed = hist("release_consumed_tokens",
+		"Tokens each released admission consumed, by its final usage; releases without usage are not observed.", tokens)
 	if st.TokenBudget != nil {
-		_, c.refunded = hist("release_refunded_tokens",
-			"Tokens each release with a final usage gave back unused.", tokens, false)
+		c.refunded = hist("release_refunded_tokens",
+			"Tokens each release with a final usage gave back unused.", tokens)
 	}
 
 	// Registering on a throwaway registry reports every invalid name or
@@ -172,17 +181,9 @@ func (c *Collector) Close() {
 	c.closeOnce.Do(func() { c.unsubscribe() })
 }
 
-func (c *Collector) onAdmit(e bulkhead.AdmitEvent) { c.observeTiming(outcomeAdmitted, e.Timing) }
+func (c *Collector) onAdmit(e bulkhead.AdmitEvent) { c.admitted.observe(e.Timing) }
 
-func (c *Collector) onReject(e bulkhead.RejectEvent) { c.observeTiming(outcomeRejected, e.Timing) }
-
-func (c *Collector) observeTiming(outcome string, t bulkhead.Timing) {
-	c.queueWait.WithLabelValues(outcome).Observe(t.QueueWait.Seconds())
-	c.decision.WithLabelValues(outcome).Observe(t.DecisionDuration.Seconds())
-	if c.rateWait != nil {
-		c.rateWait.WithLabelValues(outcome).Observe(t.RateWait.Seconds())
-	}
-}
+func (c *Collector) onReject(e bulkhead.RejectEvent) { c.rejected.observe(e.Timing) }
 
 func (c *Collector) onRelease(e bulkhead.ReleaseEvent) {
 	if e.Usage == nil {
@@ -390,27 +391,18 @@ func knownReasons() []bulkhead.Reason {
 
 // reasonsOf returns base followed by the other keys of m, in order.
 func reasonsOf(m map[bulkhead.Reason]int64, base []bulkhead.Reason) []bulkhead.Reason {
-	rs := append([]bulkhead.Reason(nil), base...)
+	var more []bulkhead.Reason
 	for r := range m {
-		found := false
-		for _, b := range base {
-			found = found || b == r
-		}
-		if !found {
-			rs = append(rs, r)
+		if !slices.Contains(base, r) {
+			more = append(more, r)
 		}
 	}
-	sort.Slice(rs[len(base):], func(i, j int) bool { return rs[len(base)+i] < rs[len(base)+j] })
-	return rs
+	slices.Sort(more)
+	return append(slices.Clone(base), more...)
 }
 
 func classNames(cs *bulkhead.ClassesStats) []string {
-	names := make([]string, 0, len(cs.Classes))
-	for name := range cs.Classes {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	return names
+	return slices.Sorted(maps.Keys(cs.Classes))
 }
 
 // names returns the namespace and the constant labels of opts, checking
