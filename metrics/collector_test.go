@@ -237,35 +237,26 @@ bulkhead_release_refunded_tokens_count{bulkhead="main"} 2
 // matchesStats checks the scraped counters against st, field by field.
 func matchesStats(t *testing.T, got map[string]sample, st bulkhead.Stats, labels string) {
 	t.Helper()
-	check := func(name string, want int64) {
-		t.Helper()
-		k := name + "{" + labels + "}"
-		s, ok := got[k]
-		if !ok {
-			t.Errorf("%s: missing", k)
-			return
-		}
-		if s.value != float64(want) {
-			t.Errorf("%s = %v, want %d (Stats)", k, s.value, want)
-		}
+	want := map[string]int64{
+		"bulkhead_admitted_total":        st.Calls.Admitted,
+		"bulkhead_released_total":        st.Calls.Released,
+		"bulkhead_in_flight":             st.Calls.InFlight,
+		"bulkhead_slots_in_use":          int64(st.Gate.InFlight),
+		"bulkhead_pending":               int64(st.Gate.Pending),
+		"bulkhead_double_releases_total": st.Gate.DoubleReleases,
+		"bulkhead_event_backlog":         st.Events.Backlog,
+		"bulkhead_listener_panics_total": st.Events.ListenerPanics,
+		"bulkhead_ledger_drift_total":    st.LedgerDrift,
 	}
-	check("bulkhead_admitted_total", st.Calls.Admitted)
-	check("bulkhead_released_total", st.Calls.Released)
-	check("bulkhead_in_flight", st.Calls.InFlight)
-	check("bulkhead_slots_in_use", int64(st.Gate.InFlight))
-	check("bulkhead_pending", int64(st.Gate.Pending))
-	check("bulkhead_double_releases_total", st.Gate.DoubleReleases)
-	check("bulkhead_event_backlog", st.Events.Backlog)
-	check("bulkhead_listener_panics_total", st.Events.ListenerPanics)
-	check("bulkhead_ledger_drift_total", st.LedgerDrift)
 	if tb := st.TokenBudget; tb != nil {
-		check("bulkhead_tokens_in_flight", tb.InFlightTokens)
-		check("bulkhead_tokens_available", tb.Available)
-		check("bulkhead_tokens_reserved_total", tb.TotalReserved)
-		check("bulkhead_tokens_consumed_total", tb.TotalConsumed)
-		check("bulkhead_tokens_refunded_total", tb.TotalRefunded)
-		check("bulkhead_tokens_overrun_total", tb.TotalOverrun)
+		want["bulkhead_tokens_in_flight"] = tb.InFlightTokens
+		want["bulkhead_tokens_available"] = tb.Available
+		want["bulkhead_tokens_reserved_total"] = tb.TotalReserved
+		want["bulkhead_tokens_consumed_total"] = tb.TotalConsumed
+		want["bulkhead_tokens_refunded_total"] = tb.TotalRefunded
+		want["bulkhead_tokens_overrun_total"] = tb.TotalOverrun
 	}
+	wantValues(t, got, labelled("{"+labels+"}", want))
 	// The rejection series add up to every rejection, reason by reason.
 	byReason := map[string]float64{}
 	var sum float64

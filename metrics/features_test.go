@@ -84,15 +84,11 @@ bulkhead_shared_token_budget 900
 	}
 
 	got := scrape(t, reg)
-	for k, v := range map[string]float64{
+	wantValues(t, got, map[string]float64{
 		`bulkhead_rejected_total{class="b",reason="concurrency_limit"}`: 1,
 		`bulkhead_rejected_total{class="a",reason="concurrency_limit"}`: 0,
 		`bulkhead_rejected_total{class="a",reason="shutdown"}`:          0,
-	} {
-		if s, ok := got[k]; !ok || s.value != v {
-			t.Errorf("%s = %v (present %v), want %v", k, s.value, ok, v)
-		}
-	}
+	})
 	if _, ok := got[`bulkhead_rejected_total{class="",reason="concurrency_limit"}`]; ok {
 		t.Error(`a class="" rejection series with classes, whose rejections all have a class`)
 	}
@@ -108,19 +104,14 @@ bulkhead_shared_token_budget 900
 	st := b.Stats()
 	for _, name := range []string{"a", "b"} {
 		cl := st.Classes.Classes[name]
-		for metric, want := range map[string]int64{
+		wantValues(t, got, labelled(`{class="`+name+`"}`, map[string]int64{
 			"bulkhead_class_admitted_total":            cl.Admitted,
 			"bulkhead_class_released_total":            cl.Released,
 			"bulkhead_class_tokens_reserved_total":     cl.TotalReserved,
 			"bulkhead_class_tokens_consumed_total":     cl.TotalConsumed,
 			"bulkhead_class_tokens_refunded_total":     cl.TotalRefunded,
 			"bulkhead_class_borrowed_admissions_total": cl.TotalBorrowedAdmissions,
-		} {
-			k := metric + `{class="` + name + `"}`
-			if got[k].value != float64(want) {
-				t.Errorf("%s = %v, want %d (Stats)", k, got[k].value, want)
-			}
-		}
+		}))
 	}
 	if got[`bulkhead_class_tokens_refunded_total{class="a"}`].value != 40 {
 		t.Errorf("class a refunded %v, want 40", got[`bulkhead_class_tokens_refunded_total{class="a"}`].value)
@@ -141,16 +132,12 @@ func TestTwoBulkheadsOneRegistry(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := scrape(t, reg)
-	for k, v := range map[string]float64{
+	wantValues(t, got, map[string]float64{
 		`bulkhead_admitted_total{bulkhead="gpt-4o"}`: 1,
 		`bulkhead_admitted_total{bulkhead="claude"}`: 0,
 		`bulkhead_max_concurrent{bulkhead="gpt-4o"}`: 1,
 		`bulkhead_max_concurrent{bulkhead="claude"}`: 3,
-	} {
-		if s, ok := got[k]; !ok || s.value != v {
-			t.Errorf("%s = %v (present %v), want %v", k, s.value, ok, v)
-		}
-	}
+	})
 	if err := p.Release(nil); err != nil {
 		t.Fatal(err)
 	}
@@ -250,8 +237,7 @@ func TestEveryFeature(t *testing.T) {
 
 	got := scrape(t, reg)
 	st := b.Stats()
-	lbl := `{bulkhead="all",region="eu"}`
-	for k, v := range map[string]int64{
+	wantValues(t, got, labelled(`{bulkhead="all",region="eu"}`, map[string]int64{
 		"bulkhead_rate_checked_total":            st.Rate.Checked,
 		"bulkhead_rate_paced_total":              st.Rate.Paced,
 		"bulkhead_dedup_active":                  st.Dedup.Active,
@@ -260,15 +246,11 @@ func TestEveryFeature(t *testing.T) {
 		"bulkhead_bypassed_usage_reported_total": 1,
 		"bulkhead_bypassed_input_tokens_total":   3,
 		"bulkhead_bypassed_output_tokens_total":  4,
-	} {
-		if s, ok := got[k+lbl]; !ok || s.value != float64(v) {
-			t.Errorf("%s = %v (present %v), want %d", k+lbl, s.value, ok, v)
-		}
-	}
+	}))
 	if st.Rate.Checked == 0 {
 		t.Error("no rate check counted")
 	}
-	for k, v := range map[string]float64{
+	wantValues(t, got, map[string]float64{
 		`bulkhead_rejected_total{bulkhead="all",class="b",reason="rate_limit",region="eu"}`: 1,
 		`bulkhead_bypassed_total{bulkhead="all",reason="concurrency_limit",region="eu"}`:    1,
 		`bulkhead_bypassed_total{bulkhead="all",reason="budget_limit",region="eu"}`:         0,
@@ -278,11 +260,7 @@ func TestEveryFeature(t *testing.T) {
 		`bulkhead_release_consumed_tokens{bulkhead="all",region="eu"}`:                      0, // no release had usage
 		`bulkhead_rate_wait_seconds{bulkhead="all",outcome="admitted",region="eu"}`:         0,
 		`bulkhead_rate_wait_seconds{bulkhead="all",outcome="rejected",region="eu"}`:         0,
-	} {
-		if s, ok := got[k]; !ok || s.value != v {
-			t.Errorf("%s = %v (present %v), want %v", k, s.value, ok, v)
-		}
-	}
+	})
 	if n := got[`bulkhead_rate_wait_seconds{bulkhead="all",outcome="rejected",region="eu"}`].count; n != 1 {
 		t.Errorf("rate_wait_seconds counted %d rejections, want 1", n)
 	}

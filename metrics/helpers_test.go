@@ -138,6 +138,26 @@ func scrape(t *testing.T, reg prometheus.Gatherer) map[string]sample {
 	return out
 }
 
+// wantValues checks that each series of want was scraped, with its value.
+func wantValues(t *testing.T, got map[string]sample, want map[string]float64) {
+	t.Helper()
+	for k, v := range want {
+		if s, ok := got[k]; !ok || s.value != v {
+			t.Errorf("%s = %v (present %v), want %v", k, s.value, ok, v)
+		}
+	}
+}
+
+// labelled returns want with labels, such as `{class="a"}`, after each
+// metric name, for wantValues.
+func labelled(labels string, want map[string]int64) map[string]float64 {
+	out := make(map[string]float64, len(want))
+	for name, v := range want {
+		out[name+labels] = float64(v)
+	}
+	return out
+}
+
 func key(name string, labels []*dto.LabelPair) string {
 	var parts []string
 	for _, l := range labels {

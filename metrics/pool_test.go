@@ -50,7 +50,7 @@ func TestPoolCollector(t *testing.T) {
 	}
 	defer p.Release(nil)
 	got := scrape(t, reg)
-	for k, v := range map[string]float64{
+	wantValues(t, got, map[string]float64{
 		`bulkhead_fleet_reserve_total{bulkhead="gpt",outcome="admitted",pool="gpt"}`:         1,
 		`bulkhead_fleet_reserve_total{bulkhead="gpt",outcome="rejected_slots",pool="gpt"}`:   0,
 		`bulkhead_fleet_errors_total{bulkhead="gpt",kind="timeout",op="reserve",pool="gpt"}`: 0,
@@ -63,11 +63,7 @@ func TestPoolCollector(t *testing.T) {
 		`bulkhead_fleet_admitted_total{bulkhead="gpt"}`:                                      1,
 		`bulkhead_fleet_view_in_flight{bulkhead="gpt"}`:                                      1,
 		`bulkhead_fleet_view_max_concurrent{bulkhead="gpt"}`:                                 2,
-	} {
-		if s, ok := got[k]; !ok || s.value != v {
-			t.Errorf("%s = %v (present %v), want %v", k, s.value, ok, v)
-		}
-	}
+	})
 	if n := testutil.CollectAndCount(pc, "bulkhead_fleet_errors_total"); n != 20 {
 		t.Errorf("fleet_errors_total: %d series, want 5 operations x 4 kinds", n)
 	}
