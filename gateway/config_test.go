@@ -64,6 +64,20 @@ func TestConfigBuildAndServe(t *testing.T) {
 		}
 		res.Body.Close()
 	}
+	defer func() {
+		// The calls below show in /metrics, labelled with the bulkhead's name.
+		res, err := http.Get(srv.URL + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		text, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		for _, want := range []string{`bulkhead_admitted_total{bulkhead="gpt4o"} 1`, `bulkhead_rejected_total{bulkhead="gpt4o",class="batch",reason="concurrency_limit"} 1`} {
+			if !strings.Contains(string(text), want) {
+				t.Errorf("/metrics lacks %s:\n%s", want, text)
+			}
+		}
+	}()
 	// A batch call (class from the header) and a call: the batch class's
 	// ceiling of 1 sheds a second batch call as the tenant's own quota.
 	body := `{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"hold"}],"max_tokens":5}`

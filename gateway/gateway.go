@@ -10,7 +10,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
 	"github.com/llmbulkhead/bulkhead"
+	"github.com/llmbulkhead/bulkhead/metrics"
 	"github.com/llmbulkhead/bulkhead/stream"
 )
 
@@ -21,11 +25,12 @@ const (
 )
 
 // Gateway is a gateway built from a Config: its bulkheads and the HTTP
-// handler serving the routes, /healthz and /readyz.
+// handler serving the routes, /healthz, /readyz and /metrics.
 type Gateway struct {
-	// Handler serves the routes, /healthz (200 while the process runs) and
-	// /readyz (200 until Shutdown begins, then 503), and logs one line per
-	// call.
+	// Handler serves the routes, /healthz (200 while the process runs),
+	// /readyz (200 until Shutdown begins, then 503) and /metrics (every
+	// bulkhead's Prometheus metrics, labelled bulkhead="<name>"), and logs
+	// one line per call.
 	Handler http.Handler
 	// Bulkheads are the gateway's bulkheads, by name.
 	Bulkheads map[string]*bulkhead.Bulkhead
@@ -33,7 +38,8 @@ type Gateway struct {
 	Listen          string
 	ShutdownTimeout time.Duration
 
-	ready chan struct{} // closed when Shutdown begins
+	ready      chan struct{} // closed when Shutdown begins
+	collectors []*metrics.Collector
 }
 
 // Build makes the gateway cfg describes: file names the configuration for
@@ -68,6 +74,17 @@ func Build(cfg *Config, file string, getenv func(string) string, logger *slog.Lo
 			return fail(err)
 		}
 		g.Bulkheads[name] = b
+	}
+	reg := prometheus.NewRegistry()
+	for _, name := range sortedKeys(g.Bulkheads) {
+		c, err := metrics.New(g.Bulkheads[name], metrics.Options{Name: name})
+		if err == nil {
+			err = reg.Register(c)
+		}
+		if err != nil {
+			return fail(err)
+		}
+		g.collectors = append(g.collectors, c)
 	}
 	var routes []Route
 	opts := cfg.options()
@@ -109,6 +126,7 @@ func Build(cfg *Config, file string, getenv func(string) string, logger *slog.Lo
 			fmt.Fprintln(w, "ready")
 		}
 	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.Handle("/", logged(h, logger))
 	g.Handler = mux
 	return g, nil
@@ -225,6 +243,9 @@ func (g *Gateway) Shutdown(ctx context.Context) map[string]bulkhead.DrainResult 
 
 func (g *Gateway) closeAll(ctx context.Context) map[string]bulkhead.DrainResult {
 	left := map[string]bulkhead.DrainResult{}
+	for _, c := range g.collectors {
+		c.Close()
+	}
 	for _, b := range g.Bulkheads {
 		b.Close()
 	}
