@@ -2,6 +2,7 @@ package bulkhead
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/llmbulkhead/bulkhead/internal/actor"
 	"github.com/llmbulkhead/bulkhead/internal/admission"
@@ -43,7 +44,23 @@ func (b *Bulkhead) admit(ctx context.Context, r *actor.AcquireRequest, p *Permit
 		return p, err // a bypassed call holds nothing and books nothing
 	}
 	why, ext, cause := admission.NoReason, (*admission.External)(nil), error(nil)
-	held := false
+	held, settled := false, false
+	defer func() {
+		if settled {
+			return
+		}
+		// A panic on this goroutine (a context or a Redis hook of the
+		// caller's) between the grant and the verdict: give everything back
+		// before it goes on.
+		pv := recover()
+		if held {
+			b.fleet.Release(fleetID(p))
+		}
+		_ = b.eng.Rollback(&p.l, admission.Aborted, nil, fmt.Errorf("bulkhead: panic during the admission's checks: %v", pv))
+		if pv != nil {
+			panic(pv)
+		} // else runtime.Goexit, which goes on by itself
+	}()
 	if b.fleet != nil {
 		why, ext, cause = b.fleetReserve(ctx, p)
 		held = why == admission.NoReason
@@ -51,6 +68,7 @@ func (b *Bulkhead) admit(ctx context.Context, r *actor.AcquireRequest, p *Permit
 	if why == admission.NoReason && postRate {
 		why, ext, cause = b.rateCheck(ctx, set, p)
 	}
+	settled = true
 	if why == admission.NoReason {
 		b.eng.Confirm(&p.l)
 		return p, nil

@@ -188,7 +188,9 @@ func (b *Bulkhead) check(req *Request, o *callOptions, method string, queueing b
 // rate limits, a call that capacity would admit is then checked against
 // them: over the rate it answers RateLimit (with the retry-after in the
 // detail); a store that cannot decide answers RateUnavailable unless its
-// failure policy decides. It does not ask the fleet pool (Config.Fleet). It is advisory: by the
+// failure policy decides. In Pace mode a call over the rate would wait, so
+// the rates do not change the answer. It does not ask the fleet pool
+// (Config.Fleet). It is advisory: by the
 // time the caller acts, other calls may have changed the answer. Invalid
 // input is an error, even on a closed bulkhead. Options: WithPriority,
 // WithClass, WithReservation, WithDetail.
@@ -457,6 +459,9 @@ func runWithDeadline[T any](ctx context.Context, p *Permit, fn func(context.Cont
 // deadlineExpired cancels fn's context with the deadline error and returns
 // it.
 func deadlineExpired[T any](p *Permit, deadline time.Duration, cancel context.CancelCauseFunc) (T, error) {
+	if p.b.fleet != nil {
+		p.fleetAbandon() // the engine gave the slot back: so does the fleet hold
+	}
 	err := deadlineError(p, deadline)
 	cancel(err)
 	var zero T

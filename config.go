@@ -51,7 +51,11 @@ type Config struct {
 	// Fleet shares the bulkhead's concurrency and token limits with the
 	// other replicas of the service, through a pool in Redis (see package
 	// fleet). Nil means none. The pool stays the caller's: close it after
-	// the bulkhead's Shutdown.
+	// the bulkhead's Shutdown. A pool with a token budget needs TokenBudget
+	// (its estimator makes the reservations the pool holds). Observe mode
+	// shadows the bulkhead's own limits only: the pool's are enforced for
+	// the observe-mode calls that are admitted, and a bypassed call takes
+	// no fleet hold.
 	Fleet *fleet.Pool
 
 	// Dedup turns on in-flight deduplication for Run: identical calls made
@@ -117,6 +121,11 @@ func (cfg *Config) validate() error {
 		return err
 	}
 	tb := cfg.TokenBudget
+	if cfg.Fleet != nil && tb == nil {
+		if _, budget, _ := cfg.Fleet.Limits(); budget >= 0 {
+			return invalidf("Config.Fleet", "has a token budget (%d), which needs Config.TokenBudget: its estimator makes the reservations the pool holds", budget)
+		}
+	}
 	if tb == nil {
 		return nil
 	}

@@ -141,8 +141,9 @@ func rejectDetailFor(d *admission.RejectDetail, why Reason) *RejectDetail {
 		out.Class = cd
 	}
 	if why == BudgetLimit || why == ConcurrencyLimit {
-		out.NeverFits = out.neverFits() || d.NeverFits
+		out.NeverFits = out.neverFits()
 	}
+	out.NeverFits = out.NeverFits || d.NeverFits
 	return out
 }
 

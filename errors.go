@@ -161,8 +161,9 @@ func (e *RejectedError) Is(target error) bool {
 	return target != nil && int(e.Reason) < len(sentinels) && target == sentinels[e.Reason]
 }
 
-// Unwrap returns the cause of an Aborted or RateUnavailable rejection, or
-// nil.
+// Unwrap returns the cause of an Aborted, RateUnavailable or
+// FleetUnavailable rejection (and of a fleet rejection decided by its
+// failure policy while Redis failed), or nil.
 func (e *RejectedError) Unwrap() error { return e.Cause }
 
 // RetryAfter returns how long after the rejection the call would be

@@ -33,6 +33,10 @@ type FleetDetail struct {
 func (d *FleetDetail) explain(why Reason, reserved int64) string {
 	pool := fmt.Sprintf("fleet pool %q: ", d.Pool)
 	switch {
+	case errors.Is(d.Fallback, fleet.ErrClosed):
+		return pool + "the pool is closed"
+	case d.Fallback != nil && (why == ConcurrencyLimit || why == BudgetLimit):
+		return pool + "Redis failed, and this replica's local share is full" // the error follows, as the cause
 	case why == ConcurrencyLimit:
 		return fmt.Sprintf("%s%d of %d in flight across the fleet", pool, d.InFlight, d.MaxConcurrent)
 	case why == BudgetLimit:
@@ -88,7 +92,7 @@ func (b *Bulkhead) fleetReserve(ctx context.Context, p *Permit) (admission.Reaso
 		return admission.Aborted, nil, context.Cause(ctx)
 	case errors.Is(err, fleet.ErrClosed):
 		d.Fallback = err
-		return admission.FleetUnavailable, &admission.External{Fleet: d}, err
+		return admission.FleetUnavailable, &admission.External{Fleet: d}, nil
 	case err != nil:
 		d.Fallback = err // invalid input: a bug of ours
 		return admission.FleetUnavailable, &admission.External{Fleet: d}, err
@@ -102,11 +106,13 @@ func (b *Bulkhead) fleetReserve(ctx context.Context, p *Permit) (admission.Reaso
 	ext := &admission.External{Constraint: admission.ConstraintFleet, Fleet: d}
 	switch res.Reason {
 	case fleet.Slots:
-		return admission.ConcurrencyLimit, ext, nil
+		return admission.ConcurrencyLimit, ext, res.Fallback
 	case fleet.Tokens:
+		// A decision of Redis's own names the fleet's budget; one of the
+		// failure policy's (a full local share) says nothing of it.
 		budget := res.View.TokenBudget
-		ext.NeverFits = budget >= 0 && reserved > budget
-		return admission.BudgetLimit, ext, nil
+		ext.NeverFits = res.Fallback == nil && budget >= 0 && reserved > budget
+		return admission.BudgetLimit, ext, res.Fallback
 	}
 	ext.Constraint = ""
 	return admission.FleetUnavailable, ext, res.Fallback

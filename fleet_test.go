@@ -285,3 +285,18 @@ func TestFleetCancelDuringReserve(t *testing.T) {
 		return err == nil
 	})
 }
+
+// TestFleetTokensNeedABudget: a pool with a token budget on a bulkhead
+// without one would hold no tokens at all; New refuses it.
+func TestFleetTokensNeedABudget(t *testing.T) {
+	_, client := fleetRedis(t)
+	pool := newFleetPool(t, client, "nobudget", 4, 1000, fleet.FailClosed)
+	_, err := bulkhead.New(bulkhead.Config{MaxConcurrent: 4, Fleet: pool})
+	var ce *bulkhead.ConfigError
+	if !errors.As(err, &ce) || ce.Field != "Config.Fleet" {
+		t.Fatalf("New: %v; want a ConfigError on Config.Fleet", err)
+	}
+	slotsOnly := newFleetPool(t, client, "slotsonly", 4, -1, fleet.FailClosed)
+	b := newBulkhead(t, bulkhead.Config{MaxConcurrent: 4, Fleet: slotsOnly})
+	_ = mustAcquire(t, b, req("a", 1)).Release(nil)
+}

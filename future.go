@@ -57,9 +57,10 @@ var closedChan = func() chan struct{} {
 // future that is already done with the *ConfigError.
 func (b *Bulkhead) AcquireAsync(ctx context.Context, req *Request, opts ...Option) *AcquireFuture {
 	o := resolve(opts)
-	if b.rate != nil {
-		// The rate check (a Redis round trip, or a Pace-mode wait) happens
-		// after the engine's answer, so it runs on a goroutine of its own.
+	if b.rate != nil || b.fleet != nil {
+		// The rate check and the fleet reserve (Redis round trips, or a
+		// Pace-mode wait) happen around the engine's answer, so the call
+		// runs on a goroutine of its own.
 		r, p, err := b.prepare(ctx, req, &o, "AcquireAsync", b.eng.NewRequest)
 		if err != nil {
 			return &AcquireFuture{done: closedChan, err: err}

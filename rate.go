@@ -34,7 +34,13 @@ import (
 // settled at release exceeds the reservation, the excess is booked then, so
 // the calls after it wait for it; a call that used less than its
 // reservation gets nothing back (a rate, unlike the in-flight budget, has
-// no refund).
+// no refund). On a Redis store that booking is one Redis call made by the
+// releasing goroutine, bounded by the store's timeout; only releases beyond
+// their reservation make it.
+//
+// Observe mode (WithMode) shadows the bulkhead's own limits only: the rate
+// limits are enforced for observe-mode calls that are admitted, and a
+// bypassed call books no rate.
 type RateLimits struct {
 	// Store keeps the rate state. Nil means an in-process store on
 	// Config.Clock, private to this bulkhead. Pass a pacer.NewRedis store
@@ -306,7 +312,8 @@ func (rl *rateLimiter) Check(r *actor.AcquireRequest) (admission.Reason, *admiss
 		out, err := m.p.RateLimit(context.Background(), rl.key, w)
 		switch {
 		case err != nil:
-			return admission.RateUnavailable, &admission.External{Rate: &admission.RateDetail{Fallback: err}}
+			why, rd, _ := rl.failure(context.Background(), pacer.CompositeOutcome{}, err, false)
+			return why, rateExternal(rd, err)
 		case out.Delay > 0:
 			d := m.detail
 			d.Weight, d.RetryAfter = w, out.Delay
@@ -317,7 +324,8 @@ func (rl *rateLimiter) Check(r *actor.AcquireRequest) (admission.Reason, *admiss
 	var buf [4]float64
 	out, err := set.comp.RateLimit(context.Background(), rl.key, set.weights(buf[:], r.Reservation.Reserved)...)
 	if err != nil {
-		return admission.RateUnavailable, &admission.External{Rate: &admission.RateDetail{Fallback: err}}
+		why, rd, _ := rl.failure(context.Background(), out, err, false)
+		return why, rateExternal(rd, err)
 	}
 	if out.Delay > 0 {
 		return admission.RateLimit, &admission.External{Rate: set.detail(out)}
@@ -483,10 +491,16 @@ func (b *Bulkhead) rateCheck(ctx context.Context, set *rateSet, p *Permit) (admi
 	if why == admission.NoReason {
 		return why, nil, nil
 	}
+	return why, rateExternal(rd, err), cause
+}
+
+// rateExternal is the detail of a rate rejection: a weight the rate can never
+// book (err matches ErrInvalid) never fits.
+func rateExternal(rd *admission.RateDetail, err error) *admission.External {
 	if rd == nil {
-		return why, nil, cause
+		return nil
 	}
-	return why, &admission.External{Rate: rd}, cause
+	return &admission.External{Rate: rd, NeverFits: errors.Is(err, ErrInvalid)}
 }
 
 // failure turns a failed rate decision into a reason to reject, its detail
@@ -503,8 +517,11 @@ func (rl *rateLimiter) failure(ctx context.Context, out pacer.CompositeOutcome, 
 		return admission.RateUnavailable, &admission.RateDetail{Fallback: err}, err
 	case ctx.Err() != nil:
 		return admission.Aborted, nil, context.Cause(ctx)
+	case errors.Is(err, ErrInvalid):
+		// The pacer refused the weight: more tokens than the rate can
+		// ever book. The call can never go.
+		return admission.RateLimit, &admission.RateDetail{Fallback: err}, err
 	}
-	// The pacer refused its input: a bug of ours, never the caller's.
 	return admission.RateUnavailable, &admission.RateDetail{Fallback: err}, err
 }
 
@@ -521,17 +538,20 @@ func (b *Bulkhead) pace(ctx context.Context, r *actor.AcquireRequest, set *rateS
 	var buf [4]float64
 	weights := set.weights(buf[:], r.Reservation.Reserved)
 	rl := b.rate
+	if ctx.Err() != nil {
+		return // rejected Aborted
+	}
 	maxWait := pacer.Horizon
 	if r.QueueTimeout > 0 {
-		maxWait = r.QueueTimeout
+		// A turn must leave some of the queue timeout for the slot: zero
+		// would mean no timeout at all.
+		maxWait = r.QueueTimeout - time.Microsecond
 	}
 	if dl, ok := ctx.Deadline(); ok {
 		// Context deadlines are on the wall clock.
 		maxWait = min(maxWait, time.Until(dl))
 	}
-	if maxWait <= 0 {
-		return // the context has ended: rejected Aborted
-	}
+	maxWait = max(0, maxWait) // 0: only a turn free now
 	rl.checked.Add(1)
 	out, err := set.comp.PaceWithin(ctx, rl.key, maxWait, weights...)
 	if errors.Is(err, pacer.ErrTooLong) {
@@ -541,10 +561,11 @@ func (b *Bulkhead) pace(ctx context.Context, r *actor.AcquireRequest, set *rateS
 	if why, rd, cause := rl.failure(ctx, out, err, true); why == admission.Aborted {
 		return // the engine rejects it Aborted, with the cause
 	} else if why != admission.NoReason {
-		r.Refuse, r.RefuseExt, r.RefuseCause = why, &admission.External{Rate: rd}, cause
+		r.Refuse, r.RefuseExt, r.RefuseCause = why, rateExternal(rd, err), cause
 		return
 	}
 	if out.Delay > 0 {
+		start := rl.clk.Now()
 		t := rl.clk.NewTimer(out.Delay)
 		if testHookRateWait != nil {
 			testHookRateWait(out.Delay)
@@ -556,11 +577,12 @@ func (b *Bulkhead) pace(ctx context.Context, r *actor.AcquireRequest, set *rateS
 		case <-rl.closing: // the engine rejects it Shutdown
 			t.Stop()
 		}
+		waited := min(out.Delay, max(0, rl.clk.Now().Sub(start)))
 		rl.paced.Add(1)
-		rl.pacedNs.Add(int64(out.Delay))
-		r.RateWait = out.Delay
+		rl.pacedNs.Add(int64(waited))
+		r.RateWait = waited
 		if r.QueueTimeout > 0 {
-			r.QueueTimeout -= out.Delay // > 0: the turn came within it
+			r.QueueTimeout = max(time.Microsecond, r.QueueTimeout-out.Delay) // the turn came within it
 		}
 		if !r.Start.IsZero() {
 			r.Start = b.eng.Now()
@@ -614,6 +636,9 @@ func (rl *rateLimiter) stats() *RateStats {
 
 // explain says, with numbers, why the rate limit rejected a call for why.
 func (d *RateDetail) explain(why Reason) string {
+	if errors.Is(d.Fallback, ErrInvalid) {
+		return fmt.Sprintf("the call weighs more than a rate limit can ever book: %v", d.Fallback)
+	}
 	if d.Scope == "" {
 		// The store failed: its policy decided, or nobody did.
 		if why == RateLimit {
@@ -628,6 +653,9 @@ func (d *RateDetail) explain(why Reason) string {
 // wouldAdmitRate completes d, an advisory decision to admit, with the rate
 // limits' advisory answer for the call.
 func (b *Bulkhead) wouldAdmitRate(req *Request, class classes.Class, res Reservation, d *admission.Decision) {
+	if b.rate.pace {
+		return // a call over the rate would wait for its turn, not be turned away
+	}
 	model := ""
 	if req != nil {
 		model = req.Model

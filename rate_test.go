@@ -500,3 +500,19 @@ func TestRateLimitBorrowedDeadline(t *testing.T) {
 		}
 	})
 }
+
+// TestRateLimitTooHeavy: a call that weighs more tokens than its rate can
+// ever book is rejected rate_limit, never fits, and says why.
+func TestRateLimitTooHeavy(t *testing.T) {
+	forRateStores(t, func(t *testing.T, clk *clock.Mock, store pacer.Store) {
+		b := newBulkhead(t, rateConfig(clk, &bulkhead.RateLimits{Store: store, PerModel: bulkhead.Rate{TokensPerMinute: 1}}))
+		_, err := b.Acquire(context.Background(), req("a", 2_000_000))
+		re := wantReason(t, err, bulkhead.RateLimit)
+		if !re.NeverFits() || !strings.Contains(err.Error(), "weighs more than a rate limit can ever book") {
+			t.Fatalf("%v (never fits %v)", err, re.NeverFits())
+		}
+		if _, ok := re.RetryAfter(); ok {
+			t.Fatal("a call that never fits has no retry-after")
+		}
+	})
+}

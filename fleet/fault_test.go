@@ -228,7 +228,7 @@ func TestSlowRedis(t *testing.T) {
 				if d < cfg.CallTimeout || d > 4*cfg.CallTimeout {
 					t.Errorf("reserve %d took %v, CallTimeout %v", i, d, cfg.CallTimeout)
 				}
-				if !errors.Is(res.Fallback, context.DeadlineExceeded) {
+				if !strings.Contains(res.Fallback.Error(), "did not answer within") || errors.Is(res.Fallback, context.DeadlineExceeded) {
 					t.Errorf("reserve %d: fallback %v", i, res.Fallback)
 				}
 				if i > breakerErrors {
@@ -241,7 +241,7 @@ func TestSlowRedis(t *testing.T) {
 				if d := time.Since(start); d > cfg.CallTimeout/2 && res.Fallback != nil && strings.Contains(res.Fallback.Error(), "breaker") {
 					t.Errorf("a breaker answer took %v", d)
 				}
-				if res.Fallback != nil && strings.Contains(res.Fallback.Error(), "breaker") && !errors.Is(res.Fallback, context.DeadlineExceeded) {
+				if res.Fallback != nil && strings.Contains(res.Fallback.Error(), "breaker") && !strings.Contains(res.Fallback.Error(), "did not answer within") {
 					t.Errorf("a breaker answer does not wrap the last error: %v", res.Fallback)
 				}
 			}

@@ -512,7 +512,7 @@ func (p *Pool) failed(o op, err error) {
 	defer p.mu.Unlock()
 	k := p.errorKinds(o)
 	switch {
-	case errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
+	case errors.Is(err, errTimedOut) || errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
 		k.Timeout++
 	case isConn(err):
 		k.Conn++
@@ -650,3 +650,12 @@ func (p *Pool) crash() {
 
 // Name returns the pool's name, Config.Pool.
 func (p *Pool) Name() string { return p.s.Pool }
+
+// Limits returns the limits the pool's next reserves use (see SetLimits):
+// the fleet-wide concurrency, token budget and high-priority reserve (-1:
+// not enforced).
+func (p *Pool) Limits() (maxConcurrent, tokenBudget, highPriorityReserve int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.slotLimit, p.tokenBudget, p.reserve
+}

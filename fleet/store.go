@@ -224,14 +224,17 @@ func decode(vals []any, want int) (reply, bool) {
 	return r, true
 }
 
+// errTimedOut is the error of a Redis call that did not answer within the
+// pool's CallTimeout.
+var errTimedOut = errors.New("fleet: Redis did not answer")
+
 // errNoAnswer is the error when the pool stops waiting for a client that
 // does not give up at the context's deadline.
 var errNoAnswer = rediscall.ErrNoAnswer
 
 // bounded runs f with a context that ends at s.timeout. When Redis has not
-// answered by then it returns an error saying so, wrapping
-// context.DeadlineExceeded; when the caller's own context ended first, a
-// *callerError.
+// answered by then it returns an error saying so (errTimedOut); when the
+// caller's own context ended first, a *callerError.
 func bounded[T any](s *store, ctx context.Context, f func(context.Context) (T, error)) (T, error) {
 	v, err, timedOut := rediscall.Bounded(ctx, s.timeout, s.inline, &s.inflight, f)
 	switch {
@@ -240,7 +243,9 @@ func bounded[T any](s *store, ctx context.Context, f func(context.Context) (T, e
 	case ctx.Err() != nil:
 		return v, &callerError{cause: context.Cause(ctx), err: err}
 	case timedOut || errors.Is(err, context.DeadlineExceeded):
-		return v, fmt.Errorf("fleet: Redis did not answer within %v: %w (%v)", s.timeout, context.DeadlineExceeded, err)
+		// Not context.DeadlineExceeded: the deadline was the pool's own,
+		// and must not pass for the caller's.
+		return v, fmt.Errorf("%w within %v (%v)", errTimedOut, s.timeout, err)
 	}
 	return v, err
 }

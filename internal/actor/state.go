@@ -67,7 +67,10 @@ type state struct {
 
 	// The admission layer.
 	calls  int64 // admitted - released
-	tokens int64 // tokens held by admitted calls
+	tokens int64 // tokens held by admitted calls, provisional ones included
+	// provisional counts the admissions waiting for the facade's verdict
+	// (AcquireRequest.Confirm): Drain waits for them too.
+	provisional int64
 
 	gate       admission.GateStats
 	gateByWhy  [admission.NumReasons]int64
@@ -286,7 +289,9 @@ func (s *state) admit(r *AcquireRequest) {
 	}
 	l.timing = s.timing(r)
 	l.provisional = r.Confirm
-	if !r.Confirm {
+	if r.Confirm {
+		s.provisional++
+	} else {
 		s.count(l)
 	}
 	r.Err = nil
@@ -327,6 +332,7 @@ func (s *state) confirm(l *Lease) {
 		return
 	}
 	l.provisional = false
+	s.provisional--
 	s.count(l)
 }
 
@@ -340,6 +346,7 @@ func (s *state) rollback(m *rollbackRequest) error {
 		return admission.Invalidf("Lease", "is not a provisional admission")
 	}
 	l.provisional, l.released = false, true
+	s.provisional--
 	s.returnSlot()
 	held := l.held
 	if s.hasBudget {
@@ -924,10 +931,12 @@ func (s *state) listen(kinds Kinds, delta int) (timing bool) {
 // silence stops the emission of events for good: event delivery is over.
 func (s *state) silence() { s.listeners = [NumKinds]int{} }
 
-func (s *state) idle() bool { return s.calls == 0 && s.pending == 0 && s.observe.InFlight == 0 }
+func (s *state) idle() bool {
+	return s.calls == 0 && s.provisional == 0 && s.pending == 0 && s.observe.InFlight == 0
+}
 
 func (s *state) drainResult() admission.DrainResult {
-	return admission.DrainResult{Drained: s.idle(), InFlight: int(s.calls), Pending: s.pending, Bypassed: int(s.observe.InFlight)}
+	return admission.DrainResult{Drained: s.idle(), InFlight: int(s.calls + s.provisional), Pending: s.pending, Bypassed: int(s.observe.InFlight)}
 }
 
 // answerDrain replies to d with the current result.
