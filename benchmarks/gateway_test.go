@@ -2,7 +2,6 @@ package benchmarks
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -127,7 +126,14 @@ func BenchmarkGateway(b *testing.B) {
 			b.ReportMetric(p(through, 99)-p(direct, 99), "added-p99-µs")
 		})
 	}
-	b.Run("memory-per-stream", func(b *testing.B) {
+}
+
+// BenchmarkGatewayStreamMemory is the memory and goroutines each stream
+// held open through the gateway costs, measured over the whole loopback
+// path in this process (the client, the gateway and the fake upstream):
+// the gateway's own part is below it.
+func BenchmarkGatewayStreamMemory(b *testing.B) {
+	{
 		hold := make(chan struct{})
 		upHold := fakeUpstream(hold)
 		defer upHold.Close()
@@ -171,6 +177,6 @@ func BenchmarkGateway(b *testing.B) {
 			}
 			cancel()
 		}
-		_ = fmt.Sprint()
-	})
+		close(hold)
+	}
 }
