@@ -8,10 +8,13 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/llmbulkhead/bulkhead"
 	"github.com/llmbulkhead/bulkhead/gateway"
+	"github.com/llmbulkhead/bulkhead/internal/testutil"
+	"github.com/llmbulkhead/bulkhead/stream"
 )
 
 const sample = `listen: ":9090"
@@ -46,7 +49,7 @@ func TestConfigBuildAndServe(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var logs strings.Builder
+	var logs lockedBuffer
 	g, err := gateway.Build(cfg, "gw.yaml", func(k string) string { return map[string]string{"TEST_OPENAI_KEY": "sk-env"}[k] },
 		slog.New(slog.NewTextHandler(&logs, nil)))
 	if err != nil {
@@ -105,8 +108,15 @@ func TestConfigBuildAndServe(t *testing.T) {
 	close(up.release)
 	io.Copy(io.Discard, held.Body)
 	held.Body.Close()
-	if !strings.Contains(logs.String(), "status=429") || !strings.Contains(logs.String(), "tag=second") || !strings.Contains(logs.String(), "shed=concurrency_limit") {
-		t.Fatalf("log:\n%s", logs.String())
+	id := held.Header.Get(stream.AdmissionIDHeader)
+	if len(id) != 36 {
+		t.Fatalf("admission ID header %q", id)
+	}
+	testutil.WaitFor(t, "both log lines", func() bool { return strings.Count(logs.String(), "msg=request") == 2 })
+	for _, want := range []string{"status=429", "tag=second", "shed=concurrency_limit", "admission_id=" + id} {
+		if !strings.Contains(logs.String(), want) {
+			t.Fatalf("log lacks %s:\n%s", want, logs.String())
+		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), g.ShutdownTimeout)
 	defer cancel()
@@ -161,3 +171,16 @@ func TestConfigErrors(t *testing.T) {
 		})
 	}
 }
+
+// lockedBuffer is a strings.Builder safe for a writer and a reader.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+func (l *lockedBuffer) String() string { l.mu.Lock(); defer l.mu.Unlock(); return l.b.String() }

@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"os"
 	"time"
+
+	"github.com/llmbulkhead/bulkhead/stream"
 )
 
 // newLogger is the request log on standard error, in format ("json" or
@@ -17,7 +19,8 @@ func newLogger(format string) *slog.Logger {
 }
 
 // logged logs one line per request h serves: method, path, status, bytes,
-// duration and the client's request ID (the call's tag).
+// duration, the client's request ID (the call's tag), the admission ID of
+// an admitted call and the reason of a shed one.
 func logged(h http.Handler, logger *slog.Logger) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
@@ -32,6 +35,7 @@ func logged(h http.Handler, logger *slog.Logger) http.Handler {
 			slog.Int("status", rec.status), slog.Int64("bytes", rec.bytes),
 			slog.Duration("duration", time.Since(start)),
 			slog.String("tag", r.Header.Get("X-Request-Id")),
+			slog.String("admission_id", rec.Header().Get(stream.AdmissionIDHeader)),
 			slog.String("shed", rec.Header().Get("X-Bulkhead-Reason")))
 	})
 }

@@ -134,6 +134,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if err != nil {
 		return nil, err
 	}
+	resp.Header.Set(AdmissionIDHeader, permit.ID().String())
 	mo := t.Meter
 	mo.Format, mo.Model, mo.StripUsageChunk = call.Format, call.Request.Model, strip
 	if _, err := MeterResponse(resp, permit, mo); err != nil {
@@ -163,6 +164,10 @@ func sendReleasing(base http.RoundTripper, out *http.Request, permit *bulkhead.P
 	}
 	return resp, nil
 }
+
+// AdmissionIDHeader is the response header in which a Transport returns
+// the admission ID of the call, for logs and traces.
+const AdmissionIDHeader = "X-Bulkhead-Admission-Id"
 
 type callKey struct{}
 
