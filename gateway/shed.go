@@ -246,35 +246,28 @@ func rateType(format stream.Format, d *bulkhead.RejectDetail) string {
 	return "requests"
 }
 
-func overloadType(format stream.Format) string {
+// errorType is one kind of error's type in each dialect.
+type errorType struct{ openai, anthropic, gemini string }
+
+func (e errorType) in(format stream.Format) string {
 	switch format {
 	case stream.AnthropicMessages:
-		return "overloaded_error"
+		return e.anthropic
 	case stream.Gemini:
-		return "UNAVAILABLE"
+		return e.gemini
 	}
-	return "service_unavailable_error"
+	return e.openai
 }
 
-func invalidType(format stream.Format) string {
-	switch format {
-	case stream.AnthropicMessages:
-		return "invalid_request_error"
-	case stream.Gemini:
-		return "INVALID_ARGUMENT"
-	}
-	return "invalid_request_error"
-}
+var (
+	overloaded = errorType{"service_unavailable_error", "overloaded_error", "UNAVAILABLE"}
+	invalid    = errorType{"invalid_request_error", "invalid_request_error", "INVALID_ARGUMENT"}
+	server     = errorType{"server_error", "api_error", "UNAVAILABLE"}
+)
 
-func serverType(format stream.Format) string {
-	switch format {
-	case stream.AnthropicMessages:
-		return "api_error"
-	case stream.Gemini:
-		return "UNAVAILABLE"
-	}
-	return "server_error"
-}
+func overloadType(format stream.Format) string { return overloaded.in(format) }
+func invalidType(format stream.Format) string  { return invalid.in(format) }
+func serverType(format stream.Format) string   { return server.in(format) }
 
 func ceilMs(d time.Duration) int64 { return int64((d + time.Millisecond - 1) / time.Millisecond) }
 

@@ -161,17 +161,7 @@ func TestGatewayAnthropic(t *testing.T) {
 	p := newProvider(t, anthropicStream)
 	g := newGatewayRig(t, p, budgetConfig("claude-sonnet-4-5", 4, 10_000))
 	ac := g.anthropic()
-	s := ac.Messages.NewStreaming(context.Background(), messageParams)
-	msg := anthropic.Message{}
-	for s.Next() {
-		if err := msg.Accumulate(s.Current()); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := s.Err(); err != nil {
-		t.Fatal(err)
-	}
-	s.Close()
+	msg := accumulate(t, ac.Messages.NewStreaming(context.Background(), messageParams))
 	if len(msg.Content) != 1 || msg.Content[0].Text != "A number system." {
 		t.Errorf("accumulated %+v", msg)
 	}

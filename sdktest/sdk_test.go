@@ -16,6 +16,7 @@ import (
 
 	"github.com/anthropics/anthropic-sdk-go"
 	aoption "github.com/anthropics/anthropic-sdk-go/option"
+	"github.com/anthropics/anthropic-sdk-go/packages/ssestream"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	"go.uber.org/goleak"
@@ -374,17 +375,7 @@ func TestAnthropicMessagesStream(t *testing.T) {
 	p := newProvider(t, anthropicStream)
 	r := newRig(t, budgetConfig("claude-sonnet-4-5", 4, 10_000))
 	c := anthropicClient(r, p)
-	s := c.Messages.NewStreaming(context.Background(), messageParams)
-	msg := anthropic.Message{}
-	for s.Next() {
-		if err := msg.Accumulate(s.Current()); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := s.Err(); err != nil {
-		t.Fatal(err)
-	}
-	s.Close()
+	msg := accumulate(t, c.Messages.NewStreaming(context.Background(), messageParams))
 	if len(msg.Content) != 1 || msg.Content[0].Text != "A number system." || msg.Usage.OutputTokens != 6 {
 		t.Errorf("accumulated %+v", msg)
 	}
@@ -456,4 +447,20 @@ func TestClientGivesUp(t *testing.T) {
 		t.Errorf("released with usage %v, want the estimate of what was streamed", e.Usage)
 	}
 	r.idle(t)
+}
+
+// accumulate reads an Anthropic message stream to its end into a message.
+func accumulate(t *testing.T, s *ssestream.Stream[anthropic.MessageStreamEventUnion]) anthropic.Message {
+	t.Helper()
+	msg := anthropic.Message{}
+	for s.Next() {
+		if err := msg.Accumulate(s.Current()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Err(); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	return msg
 }
