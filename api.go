@@ -291,11 +291,14 @@ func (b *Bulkhead) Close() {
 	}
 }
 
-// Drain waits until nothing is in flight or queued, every admission has
-// been released, every call bypassed in Observe mode has ended, every
+// Drain waits until nothing is in flight or queued (an admission whose
+// rate or fleet check is under way included), every admission has been
+// released, every call bypassed in Observe mode has ended, every
 // deduplicated leader has returned (a leader rejected in the queue by
-// Close included, so its followers have their outcome) and every event
-// has been delivered, or until ctx ends; it cancels nothing. When ctx ends first it returns Drained false with the counts
+// Close included, so its followers have their outcome) and, once the
+// bulkhead is closed, every event has been delivered, or until ctx ends; it
+// cancels nothing. (On a bulkhead still open, events may still be on their
+// way to listeners when Drain returns.) When ctx ends first it returns Drained false with the counts
 // still outstanding, and ctx's error, as soon as ctx ends (a blocked
 // listener does not hold it). After Close and a Drain that drained, the
 // bulkhead's goroutines have ended; later calls are rejected Shutdown. An
