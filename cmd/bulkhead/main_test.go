@@ -158,3 +158,17 @@ func (s *syncBuffer) Write(p []byte) (int, error) {
 	return s.b.Write(p)
 }
 func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+// TestDemoGatewayMode runs the demo's guarded pass over HTTP through the
+// gateway.
+func TestDemoGatewayMode(t *testing.T) {
+	code, out, errOut := runArgs(append([]string{"demo", "-gateway"}, fast...)...)
+	if code != 0 || errOut != "" {
+		t.Fatalf("exit %d, stderr %q", code, errOut)
+	}
+	for _, want := range []string{"through gateway", "clients -> gateway -> the provider", "Through the gateway (over HTTP):", "shed by the bulkhead"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+}

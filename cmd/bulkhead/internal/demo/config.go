@@ -6,7 +6,8 @@
 // storm of 429s (which the clients' retries make worse). Through a bulkhead
 // sized just under the account's limits, the excess is shed in microseconds
 // with typed reasons before it reaches the provider, and the provider sees
-// (close to) no 429s.
+// (close to) no 429s. With Config.Gateway the guarded pass goes over HTTP,
+// through the gateway in front of the provider served on loopback.
 package demo
 
 import (
@@ -60,6 +61,12 @@ type Config struct {
 	Provider simprovider.Config
 	// Workload is the prompt-size and max_tokens mix of the burst.
 	Workload simprovider.Workload
+
+	// Gateway runs the guarded pass over HTTP through the bulkhead's
+	// gateway: the simulated provider is served as an OpenAI-compatible API
+	// on loopback, the gateway sits in front of it, and the clients post
+	// chat completions to the gateway.
+	Gateway bool
 }
 
 // DefaultConfig returns the demo's defaults: 400 calls arriving over 10 s
@@ -101,6 +108,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.MaxQueue, "max-queue", c.MaxQueue, "bulkhead: calls that may wait for a slot (0 = fail fast)")
 	fs.DurationVar(&c.QueueTimeout, "queue-timeout", c.QueueTimeout, "bulkhead: longest simulated wait in the queue (0 = no limit)")
 	fs.Int64Var(&c.TokenBudget, "token-budget", c.TokenBudget, "bulkhead: tokens (input estimate + max_tokens) in flight at once (0 = no token budget)")
+	fs.BoolVar(&c.Gateway, "gateway", c.Gateway, "run the guarded pass over HTTP, through the gateway in front of the provider served on loopback")
 }
 
 // Validate returns an error naming the first invalid field.

@@ -33,6 +33,9 @@ func printHeader(w io.Writer, c *Config, reqs []simprovider.Request) {
 	fmt.Fprintf(w, "  bulkhead  MaxConcurrent %d, MaxQueue %d, QueueTimeout %v, %s\n",
 		c.MaxConcurrent, c.MaxQueue, c.QueueTimeout, budget)
 	fmt.Fprintf(w, "  clients   retry a 429 up to %d times, backoff 0.5s, 1s, 2s ... with jitter (SDK defaults)\n", c.Retries)
+	if c.Gateway {
+		fmt.Fprintf(w, "  gateway   the guarded pass goes over HTTP: clients -> gateway -> the provider served on loopback\n")
+	}
 	fmt.Fprintf(w, "  time      scale %g: simulated time runs %gx faster; latencies below are wall-clock\n\n",
 		c.TimeScale, roundSig(1/c.TimeScale))
 }
@@ -74,11 +77,11 @@ func printComparison(w io.Writer, rep *Report) {
 		row{"peak tokens in the TPM window", ofLimit(bp.PeakWindowTokens, c.ProviderTPM), ofLimit(gp.PeakWindowTokens, c.ProviderTPM)},
 		row{"wall time", fmtDur(b.Wall), fmtDur(g.Wall)},
 	)
-	lw, bw, gw := 0, len("bare"), len("through bulkhead")
+	lw, bw, gw := 0, len("bare"), len(g.Name)
 	for _, r := range rows {
 		lw, bw, gw = max(lw, len(r.label)), max(bw, len(r.bare)), max(gw, len(r.guard))
 	}
-	fmt.Fprintf(w, "  %-*s   %*s   %*s\n", lw, "", bw, "bare", gw, "through bulkhead")
+	fmt.Fprintf(w, "  %-*s   %*s   %*s\n", lw, "", bw, "bare", gw, g.Name)
 	for _, r := range rows {
 		fmt.Fprintf(w, "  %-*s   %*s   %*s\n", lw, r.label, bw, r.bare, gw, r.guard)
 	}
@@ -96,8 +99,12 @@ func verdict(rep *Report) string {
 	for _, r := range shedReasons(g.ShedByReason) {
 		reasons = append(reasons, fmt.Sprintf("%s %s", r, commas(g.ShedByReason[r])))
 	}
-	fmt.Fprintf(&s, "Through the bulkhead: %s excess calls were shed before reaching the provider, in %s (p50), with typed reasons (%s);\n",
-		commas(int64(g.Shed)), fmtDur(g.ShedLatency.P50), strings.Join(reasons, ", "))
+	via := "the bulkhead"
+	if rep.Config.Gateway {
+		via = "the gateway (over HTTP)"
+	}
+	fmt.Fprintf(&s, "Through %s: %s excess calls were shed before reaching the provider, in %s (p50), with typed reasons (%s);\n",
+		via, commas(int64(g.Shed)), fmtDur(g.ShedLatency.P50), strings.Join(reasons, ", "))
 	fmt.Fprintf(&s, "the provider answered %s 429s and completed %s calls (bare: %s).\n",
 		commas(g.Provider.RateLimited), commas(int64(g.OK)), commas(int64(b.OK)))
 	return s.String()

@@ -100,8 +100,12 @@ func Run(ctx context.Context, cfg Config, w io.Writer) (*Report, error) {
 	if rep.Bare, err = runPass(ctx, &cfg, "bare", reqs, bReqs, arrivals, false); err != nil {
 		return nil, err
 	}
-	fmt.Fprintf(w, "running the burst through a bulkhead ...\n\n")
-	if rep.Guard, err = runPass(ctx, &cfg, "through bulkhead", reqs, bReqs, arrivals, true); err != nil {
+	guard := "through bulkhead"
+	if cfg.Gateway {
+		guard = "through gateway"
+	}
+	fmt.Fprintf(w, "running the burst %s ...\n\n", guard)
+	if rep.Guard, err = runPass(ctx, &cfg, guard, reqs, bReqs, arrivals, true); err != nil {
 		return nil, err
 	}
 	printComparison(w, rep)
@@ -185,6 +189,14 @@ func runPass(ctx context.Context, cfg *Config, name string, reqs []simprovider.R
 		}()
 	}
 
+	var gw *gatewayRig
+	if guarded && cfg.Gateway {
+		if gw, err = startGateway(prov, b); err != nil {
+			return Result{}, err
+		}
+		defer gw.close()
+	}
+
 	outcomes := make([]outcome, len(reqs))
 	var wg sync.WaitGroup
 	start := time.Now()
@@ -206,9 +218,12 @@ dispatch:
 			defer wg.Done()
 			t0 := time.Now()
 			var err error
-			if b == nil {
+			switch {
+			case gw != nil:
+				err = gw.call(ctx, cl, reqs[i], &bReqs[i])
+			case b == nil:
 				_, err = cl.do(ctx, reqs[i])
-			} else {
+			default:
 				_, err = bulkhead.Run(ctx, b, &bReqs[i], func(ctx context.Context, rc *bulkhead.RunContext) (simprovider.Response, error) {
 					resp, err := cl.do(ctx, reqs[i])
 					if err == nil {
@@ -230,12 +245,13 @@ dispatch:
 	var okLat, failLat, shedLat []time.Duration
 	for _, o := range outcomes {
 		var rej *bulkhead.RejectedError
+		var shed *shedError
 		switch {
 		case o.err == nil:
 			res.OK++
 			okLat = append(okLat, o.latency)
 			continue
-		case errors.As(o.err, &rej):
+		case errors.As(o.err, &rej), errors.As(o.err, &shed):
 			res.Shed++
 			shedLat = append(shedLat, o.latency)
 		case errors.Is(o.err, simprovider.ErrRateLimited):
@@ -265,23 +281,35 @@ type client struct {
 }
 
 func (c *client) do(ctx context.Context, req simprovider.Request) (simprovider.Response, error) {
+	var resp simprovider.Response
+	err := c.retry(ctx, req.ID, func() error {
+		var err error
+		resp, err = c.p.Complete(ctx, req)
+		return err
+	})
+	return resp, err
+}
+
+// retry calls attempt until it succeeds, fails otherwise than with a
+// provider 429, or has been retried c.retries times, backing off between.
+func (c *client) retry(ctx context.Context, id uint64, attempt func() error) error {
 	var rng *rand.Rand
-	for attempt := 0; ; attempt++ {
-		resp, err := c.p.Complete(ctx, req)
-		if err == nil || attempt >= c.retries || !errors.Is(err, simprovider.ErrRateLimited) {
-			return resp, err
+	for n := 0; ; n++ {
+		err := attempt()
+		if err == nil || n >= c.retries || !errors.Is(err, simprovider.ErrRateLimited) {
+			return err
 		}
 		if rng == nil {
-			rng = rand.New(rand.NewPCG(c.seed^0x5eed, req.ID))
+			rng = rand.New(rand.NewPCG(c.seed^0x5eed, id))
 		}
-		backoff := min(500*time.Millisecond<<attempt, 8*time.Second)
+		backoff := min(500*time.Millisecond<<n, 8*time.Second)
 		backoff = time.Duration(float64(backoff) * (1 - 0.25*rng.Float64()))
 		t := c.p.Clock().NewTimer(c.p.Scale(backoff))
 		select {
 		case <-t.C():
 		case <-ctx.Done():
 			t.Stop()
-			return resp, err
+			return err
 		}
 	}
 }
