@@ -378,3 +378,45 @@ func TestHandlerUpstreamTrouble(t *testing.T) {
 		t.Fatalf("stats: %v", st)
 	}
 }
+
+// TestHandlerSlowClientAndBigBody: a client that reads a stream a byte at a
+// time gets it whole and its admission is released when it is done; a
+// body over the route's limit is a 413 before anything is admitted.
+func TestHandlerSlowClientAndBigBody(t *testing.T) {
+	up := newFakeOpenAI(t)
+	u, _ := url.Parse(up.srv.URL)
+	b, _ := bulkhead.New(budgetConfig(4))
+	defer b.Shutdown(context.Background())
+	h, err := gateway.New(gateway.Route{Format: stream.OpenAIChat, Upstream: u, Bulkhead: b, MaxBodyBytes: 1024})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw := httptest.NewServer(h)
+	defer gw.Close()
+	res := post(t, context.Background(), gw.URL, `{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"hi"}],"max_tokens":5}`)
+	<-up.auth
+	var got []byte
+	one := make([]byte, 1)
+	for {
+		n, err := res.Body.Read(one)
+		got = append(got, one[:n]...)
+		if err != nil {
+			break
+		}
+	}
+	res.Body.Close()
+	if !strings.Contains(string(got), `"content":"hel"`) || !strings.HasSuffix(string(got), "data: [DONE]\n\n") {
+		t.Fatalf("slow client got %q", got)
+	}
+	testutil.WaitFor(t, "the slow client's release", idle(b))
+
+	res = post(t, context.Background(), gw.URL, `{"model":"gpt-4o","messages":[{"role":"user","content":"`+strings.Repeat("x", 2000)+`"}]}`)
+	io.Copy(io.Discard, res.Body)
+	res.Body.Close()
+	if res.StatusCode != 413 || res.Header.Get("X-Should-Retry") != "false" {
+		t.Fatalf("a body over the limit: %d", res.StatusCode)
+	}
+	if st := b.Stats(); st.Calls.Admitted != 1 || st.Calls.Rejected != 0 {
+		t.Fatalf("stats: %v", st)
+	}
+}
