@@ -45,6 +45,9 @@ type Config struct {
 	Log LogConfig `yaml:"log"`
 	// Upstreams are the providers, by name.
 	Upstreams map[string]UpstreamConfig `yaml:"upstreams"`
+	// Redis are the Redis servers the bulkheads share rates and fleet pools
+	// through, by name.
+	Redis map[string]RedisConfig `yaml:"redis"`
 	// Bulkheads are the bulkheads, by name: one per model or pool.
 	Bulkheads map[string]BulkheadConfig `yaml:"bulkheads"`
 	// Routes send each API (and model) to an upstream through a bulkhead.
@@ -76,6 +79,42 @@ type UpstreamConfig struct {
 	HeaderTimeout Duration `yaml:"header_timeout"`
 }
 
+// RedisConfig is one Redis server.
+type RedisConfig struct {
+	// Addr is host:port.
+	Addr string `yaml:"addr"`
+	// PasswordEnv names the environment variable holding the password;
+	// empty means none.
+	PasswordEnv string `yaml:"password_env"`
+	// DB is the database number.
+	DB int `yaml:"db"`
+	// Timeout bounds each command; default 50ms (an outage then costs a
+	// call milliseconds, and the failure policies decide).
+	Timeout Duration `yaml:"timeout"`
+}
+
+// FleetConfig shares a bulkhead's limits with the gateway's other replicas
+// through a Redis pool (see package fleet).
+type FleetConfig struct {
+	// Redis names a server of the redis section.
+	Redis string `yaml:"redis"`
+	// Pool is the pool's name: every replica uses the same.
+	Pool string `yaml:"pool"`
+	// MaxConcurrent and TokenBudget are the fleet-wide limits; absent means
+	// not enforced fleet-wide.
+	MaxConcurrent *int64 `yaml:"max_concurrent"`
+	TokenBudget   *int64 `yaml:"token_budget"`
+	// OnFailure is "closed" (the default), "open" or "local_share".
+	OnFailure string `yaml:"on_failure"`
+	// LocalShare is what this replica may hold alone under local_share.
+	LocalShare struct {
+		Slots  int64 `yaml:"slots"`
+		Tokens int64 `yaml:"tokens"`
+	} `yaml:"local_share"`
+	// LeaseTTL is the holds' lease; default 30s.
+	LeaseTTL Duration `yaml:"lease_ttl"`
+}
+
 // RouteConfig is one route.
 type RouteConfig struct {
 	// API is "openai-chat", "openai-responses", "anthropic-messages" or
@@ -102,6 +141,8 @@ type BulkheadConfig struct {
 	Classes *ClassesConfig `yaml:"classes"`
 	// RateLimits, when set, caps the calls and tokens per minute.
 	RateLimits *RateConfig `yaml:"rate_limits"`
+	// Fleet, when set, shares the limits across the gateway's replicas.
+	Fleet *FleetConfig `yaml:"fleet"`
 }
 
 // ClassesConfig is an admission class table.
@@ -120,6 +161,9 @@ type ClassLimits struct {
 
 // RateConfig is a bulkhead's rate limits (see bulkhead.RateLimits).
 type RateConfig struct {
+	// Redis, when set, names a server of the redis section on which the
+	// rates are kept, shared by every replica; empty keeps them in-process.
+	Redis             string          `yaml:"redis"`
 	Pace              bool            `yaml:"pace"`
 	RequestsPerMinute float64         `yaml:"requests_per_minute"`
 	TokensPerMinute   float64         `yaml:"tokens_per_minute"`
@@ -298,10 +342,30 @@ func (v *validator) check(c *Config) {
 			v.failf(append(p, "base_url"), "want an absolute URL such as https://api.openai.com, got %q", u.BaseURL)
 		}
 	}
+	for _, name := range sortedKeys(c.Redis) {
+		if c.Redis[name].Addr == "" {
+			v.failf([]string{"redis", name, "addr"}, "must be host:port")
+		}
+	}
 	for _, name := range sortedKeys(c.Bulkheads) {
 		b := c.Bulkheads[name]
 		p := []string{"bulkheads", name}
 		// The limits themselves are checked by bulkhead.New, in Build.
+		if f := b.Fleet; f != nil {
+			if _, ok := c.Redis[f.Redis]; !ok {
+				v.failf(append(p, "fleet", "redis"), "no redis server %q", f.Redis)
+			}
+			switch f.OnFailure {
+			case "", "closed", "open", "local_share":
+			default:
+				v.failf(append(p, "fleet", "on_failure"), "want closed, open or local_share, got %q", f.OnFailure)
+			}
+		}
+		if r := b.RateLimits; r != nil && r.Redis != "" {
+			if _, ok := c.Redis[r.Redis]; !ok {
+				v.failf(append(p, "rate_limits", "redis"), "no redis server %q", r.Redis)
+			}
+		}
 		if b.TokenBudget != nil && b.Model == "" {
 			v.failf(append(p, "model"), "is needed with token_budget: the estimator reads it")
 		}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/llmbulkhead/bulkhead"
 	"github.com/llmbulkhead/bulkhead/gateway"
+	"github.com/llmbulkhead/bulkhead/internal/redistest"
 	"github.com/llmbulkhead/bulkhead/internal/testutil"
 	"github.com/llmbulkhead/bulkhead/stream"
 )
@@ -184,3 +185,64 @@ func (l *lockedBuffer) Write(p []byte) (int, error) {
 	return l.b.Write(p)
 }
 func (l *lockedBuffer) String() string { l.mu.Lock(); defer l.mu.Unlock(); return l.b.String() }
+
+// TestConfigFleetAndSharedRates builds a gateway whose bulkhead keeps its
+// rates and a fleet pool in Redis, and checks both decide its calls.
+func TestConfigFleetAndSharedRates(t *testing.T) {
+	srv := redistest.TryStart(t)
+	if srv == nil {
+		t.Skip("redis-server not installed")
+	}
+	up := newFakeOpenAI(t)
+	text := `upstreams: {openai: {base_url: "` + up.srv.URL + `"}}
+redis: {main: {addr: "` + srv.Addr() + `", timeout: 2s}}
+bulkheads:
+  gpt4o:
+    model: gpt-4o
+    max_concurrent: 4
+    token_budget: 100000
+    rate_limits: {redis: main, requests_per_minute: 60}
+    fleet: {redis: main, pool: gw-test, max_concurrent: 8, token_budget: 50000}
+routes: [{api: openai-chat, upstream: openai, bulkhead: gpt4o}]
+`
+	cfg, err := gateway.ParseConfig("gw.yaml", []byte(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := gateway.Build(cfg, "gw.yaml", nil, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srvGW := httptest.NewServer(g.Handler)
+	defer srvGW.Close()
+	body := `{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}],"max_tokens":5}`
+	for i, want := range []int{200, 429} { // 60 per minute, no burst: the second call waits a second
+		res, err := http.Post(srvGW.URL+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+		if res.StatusCode != want {
+			t.Fatalf("call %d: %d, want %d", i, res.StatusCode, want)
+		}
+		if i == 0 {
+			<-up.auth
+		}
+	}
+	st := g.Bulkheads["gpt4o"].Stats()
+	if st.Fleet == nil || st.Fleet.Checked != 2 || st.Fleet.Admitted != 2 || st.Rate == nil || st.Rate.Checked != 2 {
+		t.Fatalf("fleet %+v, rate %+v", st.Fleet, st.Rate)
+	}
+	if left := g.Shutdown(context.Background()); len(left) != 0 {
+		t.Fatalf("left: %v", left)
+	}
+	if n, _ := srv.Do("ZCARD", "bh:{gw-test}:holds"); n != "0" {
+		t.Fatalf("%s fleet holds left after Shutdown", n)
+	}
+
+	bad := strings.Replace(text, "fleet: {redis: main", "fleet: {redis: other", 1)
+	if _, err := gateway.ParseConfig("gw.yaml", []byte(bad)); err == nil || !strings.Contains(err.Error(), "gw.yaml:9: bulkheads.gpt4o.fleet.redis: no redis server \"other\"") {
+		t.Fatalf("unknown redis: %v", err)
+	}
+}

@@ -12,9 +12,12 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/llmbulkhead/bulkhead"
+	"github.com/llmbulkhead/bulkhead/fleet"
 	"github.com/llmbulkhead/bulkhead/metrics"
+	"github.com/llmbulkhead/bulkhead/pacer"
 	"github.com/llmbulkhead/bulkhead/stream"
 )
 
@@ -40,6 +43,8 @@ type Gateway struct {
 
 	ready      chan struct{} // closed when Shutdown begins
 	collectors []*metrics.Collector
+	pools      []*fleet.Pool
+	clients    map[string]*redis.Client
 }
 
 // Build makes the gateway cfg describes: file names the configuration for
@@ -64,8 +69,55 @@ func Build(cfg *Config, file string, getenv func(string) string, logger *slog.Lo
 		g.closeAll(context.Background())
 		return nil, err
 	}
+	g.clients = map[string]*redis.Client{}
+	client := func(name string) *redis.Client {
+		if c := g.clients[name]; c != nil {
+			return c
+		}
+		rc := cfg.Redis[name]
+		timeout := time.Duration(rc.Timeout)
+		if timeout == 0 {
+			timeout = 50 * time.Millisecond
+		}
+		c := redis.NewClient(&redis.Options{Addr: rc.Addr, DB: rc.DB, Password: getenv(rc.PasswordEnv),
+			MaxRetries: -1, DialTimeout: timeout, DialerRetries: 1, ReadTimeout: timeout, WriteTimeout: timeout,
+			PoolTimeout: timeout, ContextTimeoutEnabled: true})
+		g.clients[name] = c
+		return c
+	}
 	for _, name := range sortedKeys(cfg.Bulkheads) {
-		b, err := bulkhead.New(cfg.Bulkheads[name].config())
+		bc := cfg.Bulkheads[name]
+		var store pacer.Store
+		if r := bc.RateLimits; r != nil && r.Redis != "" {
+			s, err := pacer.NewRedis(client(r.Redis), pacer.RedisOptions{})
+			if err != nil {
+				return fail(err)
+			}
+			store = s
+		}
+		var pool *fleet.Pool
+		if f := bc.Fleet; f != nil {
+			fc := fleet.Config{Client: client(f.Redis), Pool: f.Pool, MaxConcurrent: -1, TokenBudget: -1, LeaseTTL: time.Duration(f.LeaseTTL),
+				LocalShare: fleet.Share{Slots: f.LocalShare.Slots, Tokens: f.LocalShare.Tokens}}
+			if f.MaxConcurrent != nil {
+				fc.MaxConcurrent = *f.MaxConcurrent
+			}
+			if f.TokenBudget != nil {
+				fc.TokenBudget = *f.TokenBudget
+			}
+			fc.OnFailure = map[string]fleet.FailurePolicy{"": fleet.FailClosed, "closed": fleet.FailClosed, "open": fleet.FailOpen, "local_share": fleet.FailLocalShare}[f.OnFailure]
+			p, err := fleet.New(fc)
+			if err != nil {
+				var ce *fleet.ConfigError
+				if errors.As(err, &ce) {
+					return fail(v.at([]string{"bulkheads", name, "fleet"}, "%s: %s", ce.Field, ce.Problem))
+				}
+				return fail(err)
+			}
+			pool = p
+			g.pools = append(g.pools, p)
+		}
+		b, err := bulkhead.New(bc.config(store, pool))
 		if err != nil {
 			var ce *bulkhead.ConfigError
 			if errors.As(err, &ce) {
@@ -139,9 +191,10 @@ func (v *validator) at(path []string, format string, args ...any) *ConfigError {
 	return v.err
 }
 
-// config is the bulkhead.Config of b.
-func (b BulkheadConfig) config() bulkhead.Config {
-	c := bulkhead.Config{Model: b.Model, MaxConcurrent: b.MaxConcurrent, MaxQueue: b.MaxQueue, QueueTimeout: time.Duration(b.QueueTimeout)}
+// config is the bulkhead.Config of b, with its rates on store (nil:
+// in-process) and its fleet pool.
+func (b BulkheadConfig) config(store pacer.Store, pool *fleet.Pool) bulkhead.Config {
+	c := bulkhead.Config{Model: b.Model, MaxConcurrent: b.MaxConcurrent, MaxQueue: b.MaxQueue, QueueTimeout: time.Duration(b.QueueTimeout), Fleet: pool}
 	if b.TokenBudget != nil {
 		c.TokenBudget = &bulkhead.TokenBudget{Budget: *b.TokenBudget, HighPriorityReserve: b.HighPriorityReserve, OutputCap: b.OutputCap}
 	}
@@ -159,7 +212,7 @@ func (b BulkheadConfig) config() bulkhead.Config {
 		}
 	}
 	if r := b.RateLimits; r != nil {
-		c.RateLimits = &bulkhead.RateLimits{Pace: r.Pace, PerModel: bulkhead.Rate(Rate{r.RequestsPerMinute, r.TokensPerMinute, r.RequestBurst, r.TokenBurst})}
+		c.RateLimits = &bulkhead.RateLimits{Store: store, Pace: r.Pace, PerModel: bulkhead.Rate(Rate{r.RequestsPerMinute, r.TokensPerMinute, r.RequestBurst, r.TokenBurst})}
 		if len(r.PerClass) > 0 {
 			c.RateLimits.PerClass = map[string]bulkhead.Rate{}
 			for name, cr := range r.PerClass {
@@ -178,6 +231,7 @@ func yamlKey(field string) string {
 		{"Config.TokenBudget", "token_budget"},
 		{"Config.Classes", "classes"},
 		{"Config.RateLimits", "rate_limits"},
+		{"Config.Fleet", "fleet"},
 		{"Config.MaxConcurrent", "max_concurrent"},
 		{"Config.MaxQueue", "max_queue"},
 		{"Config.QueueTimeout", "queue_timeout"},
@@ -253,6 +307,12 @@ func (g *Gateway) closeAll(ctx context.Context) map[string]bulkhead.DrainResult 
 		if res, err := b.Drain(ctx); err != nil || !res.Drained {
 			left[name] = res
 		}
+	}
+	for _, p := range g.pools {
+		_ = p.Close(ctx) // releases what this replica still holds
+	}
+	for _, c := range g.clients {
+		_ = c.Close()
 	}
 	return left
 }
