@@ -76,6 +76,8 @@ func (b *Bulkhead) admit(ctx context.Context, r *actor.AcquireRequest, p *Permit
 	if held {
 		b.fleet.Release(fleetID(p))
 	}
-	err = b.eng.Rollback(&p.l, why, ext, cause)
+	if err = b.eng.Rollback(&p.l, why, ext, cause); err == nil {
+		return p, nil // observe mode: bypassed, as the call's mode shadows why
+	}
 	return nil, withTag(publicError(err), o.tag)
 }

@@ -52,10 +52,10 @@ type Config struct {
 	// other replicas of the service, through a pool in Redis (see package
 	// fleet). Nil means none. The pool stays the caller's: close it after
 	// the bulkhead's Shutdown. A pool with a token budget needs TokenBudget
-	// (its estimator makes the reservations the pool holds). Observe mode
-	// shadows the bulkhead's own limits only: the pool's are enforced for
-	// the observe-mode calls that are admitted, and a bypassed call takes
-	// no fleet hold.
+	// (its estimator makes the reservations the pool holds). In observe
+	// mode a call the pool turns away for a shadowed reason
+	// (ConcurrencyLimit, BudgetLimit) is bypassed, as a race bypass; a
+	// bypassed call takes no fleet hold.
 	Fleet *fleet.Pool
 
 	// Dedup turns on in-flight deduplication for Run: identical calls made

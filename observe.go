@@ -127,8 +127,9 @@ func (o *callOptions) validateMode(method string) (admission.ReasonSet, error) {
 type Bypass struct {
 	// Reason is the rejection the call was spared.
 	Reason Reason
-	// Race is true when the call was refused only after it had queued: its
-	// queue timeout expired, or capacity changed while it waited. Its
+	// Race is true when the call was refused only after it had queued (its
+	// queue timeout expired, or capacity changed while it waited) or after
+	// the bulkhead's own checks had passed (by the fleet pool). Its
 	// RejectEvent came first.
 	Race bool
 	// Detail is the capacity snapshot of the refusal, as a rejection

@@ -38,9 +38,9 @@ import (
 // releasing goroutine, bounded by the store's timeout; only releases beyond
 // their reservation make it.
 //
-// Observe mode (WithMode) shadows the bulkhead's own limits only: the rate
-// limits are enforced for observe-mode calls that are admitted, and a
-// bypassed call books no rate.
+// Observe mode (WithMode) does not shadow RateLimit: the rate limits are
+// enforced for observe-mode calls that are admitted, and a bypassed call
+// books no rate.
 type RateLimits struct {
 	// Store keeps the rate state. Nil means an in-process store on
 	// Config.Clock, private to this bulkhead. Pass a pacer.NewRedis store

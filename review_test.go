@@ -205,3 +205,25 @@ func TestRatePacedTimeCutShort(t *testing.T) {
 		t.Fatalf("paced %d for %v; want 1 for the 1 s it waited", st.Paced, st.PacedTime)
 	}
 }
+
+// Observe mode bypasses a call the fleet turns away for a shadowed reason,
+// as a race bypass, and the call holds nothing.
+func TestFleetObserveBypass(t *testing.T) {
+	_, client := fleetRedis(t)
+	pool := newFleetPool(t, client, "observe", 1, -1, fleet.FailClosed)
+	b := newBulkhead(t, fleetConfig(pool, 4))
+	a := mustAcquire(t, b, req("a", 1))
+	defer a.Release(nil)
+	var bp *bulkhead.Bypass
+	v, err := bulkhead.Run(context.Background(), b, req("b", 1), func(ctx context.Context, rc *bulkhead.RunContext) (int, error) {
+		bp = rc.Bypass()
+		return 7, nil
+	}, bulkhead.WithMode(bulkhead.Observe))
+	if err != nil || v != 7 || bp == nil || bp.Reason != bulkhead.ConcurrencyLimit || !bp.Race {
+		t.Fatalf("Run: %v, %v, bypass %+v; want a race bypass for the fleet's concurrency_limit", v, err, bp)
+	}
+	st := b.Stats()
+	if st.Observe.Bypassed != 1 || st.Observe.RaceBypassed != 1 || st.Gate.InFlight != 1 || st.Calls.RejectedByReason[bulkhead.ConcurrencyLimit] != 1 || st.Observe.InFlight != 0 {
+		t.Fatalf("stats: %v", st)
+	}
+}

@@ -194,6 +194,9 @@ type Lease struct {
 	// it is counted (its borrowed-slot deadline starts then too).
 	provisional bool
 	timing      admission.Timing
+	// shadow is the call's observe-mode shadow reasons: a rollback for one
+	// of them bypasses instead of rejecting.
+	shadow admission.ReasonSet
 
 	held     int64
 	sequence int64

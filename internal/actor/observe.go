@@ -11,6 +11,15 @@ import "github.com/llmbulkhead/bulkhead/internal/admission"
 // the call was refused only after it had queued (its rejection is already
 // counted and emitted); d is the refusal's capacity snapshot.
 func (s *state) bypass(r *AcquireRequest, why admission.Reason, race bool, d *admission.RejectDetail) {
+	l := r.Lease
+	l.Priority, l.Reservation, l.Request, l.classID = r.Priority, r.Reservation, r.Request, r.Class
+	s.bypassLease(l, why, race, d)
+	r.Err = nil
+	s.answer(r)
+}
+
+// bypassLease makes l, whose call and class are set, a bypass for why.
+func (s *state) bypassLease(l *Lease, why admission.Reason, race bool, d *admission.RejectDetail) {
 	o := &s.observe
 	o.Bypassed++
 	if race {
@@ -18,30 +27,23 @@ func (s *state) bypass(r *AcquireRequest, why admission.Reason, race bool, d *ad
 	}
 	s.bypassByWhy[why]++
 	o.InFlight++
-	l := r.Lease
 	l.ID = s.newBypassID()
 	l.Revision = s.limits.Revision
-	l.Priority = r.Priority
-	l.Reservation = r.Reservation
-	l.Request = r.Request
-	l.classID = r.Class
-	l.Class = s.tab.Name(r.Class)
+	l.Class = s.tab.Name(l.classID)
 	l.Bypass = &Bypass{Reason: why, Race: race, Detail: d}
 	if s.listeners[KindBypass] > 0 {
 		s.fx.emit(&admission.BypassEvent{
-			Request:        r.Request,
+			Request:        l.Request,
 			AdmissionID:    l.ID,
 			LimitRevision:  l.Revision,
 			Priority:       l.Priority,
 			Class:          l.Class,
-			ReservedTokens: r.Reservation.Reserved,
+			ReservedTokens: l.Reservation.Reserved,
 			Reason:         why,
 			Race:           race,
 			Detail:         d,
 		})
 	}
-	r.Err = nil
-	s.answer(r)
 }
 
 // newBypassID mints a bypass's ID: random, but a version 8 UUID, so that it

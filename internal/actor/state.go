@@ -288,6 +288,7 @@ func (s *state) admit(r *AcquireRequest) {
 		l.expired = make(chan struct{})
 	}
 	l.timing = s.timing(r)
+	l.shadow = r.Shadow
 	l.provisional = r.Confirm
 	if r.Confirm {
 		s.provisional++
@@ -355,6 +356,13 @@ func (s *state) rollback(m *rollbackRequest) error {
 	s.tab.Unhold(l.classID, held)
 	l.held = 0
 	err := s.rejectOutside(l.Request, l.Priority, l.Reservation.Reserved, l.classID, m.why, m.ext, m.cause, l.timing)
+	if l.shadow.Has(m.why) {
+		// Observe mode: refused after admission's own checks passed, so a
+		// race bypass, as for a queued call refused by its postcheck.
+		l.released, l.deadline, l.expired = false, 0, nil
+		s.bypassLease(l, m.why, true, err.(*admission.RejectedError).Detail)
+		err = nil
+	}
 	s.pump()
 	return err
 }
