@@ -47,27 +47,13 @@ const (
 	numReasons
 )
 
-var reasonNames = [...]string{
-	ConcurrencyLimit:  "concurrency_limit",
-	QueueLimit:        "queue_limit",
-	Timeout:           "timeout",
-	Aborted:           "aborted",
-	Shutdown:          "shutdown",
-	BudgetLimit:       "budget_limit",
-	UnshareableResult: "unshareable_result",
-	RateLimit:         "rate_limit",
-	RateUnavailable:   "rate_unavailable",
-	FleetUnavailable:  "fleet_unavailable",
-}
+// The reasons are the engine's, value for value: the facade converts them
+// by a cast, and the engine's table names them.
+var _ = [1]struct{}{}[int(numReasons)-admission.NumReasons]
 
 // String returns the reason's wire name, such as "concurrency_limit"; ""
 // for the zero Reason.
-func (r Reason) String() string {
-	if int(r) < len(reasonNames) {
-		return reasonNames[r]
-	}
-	return "reason(" + strconv.Itoa(int(r)) + ")"
-}
+func (r Reason) String() string { return admission.Reason(r).String() }
 
 // MarshalText encodes the reason as its wire name.
 func (r Reason) MarshalText() ([]byte, error) { return []byte(r.String()), nil }
