@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/llmbulkhead/bulkhead"
@@ -50,7 +49,7 @@ func TestConfigBuildAndServe(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var logs lockedBuffer
+	var logs testutil.Buffer
 	g, err := gateway.Build(cfg, "gw.yaml", func(k string) string { return map[string]string{"TEST_OPENAI_KEY": "sk-env"}[k] },
 		slog.New(slog.NewTextHandler(&logs, nil)))
 	if err != nil {
@@ -172,19 +171,6 @@ func TestConfigErrors(t *testing.T) {
 		})
 	}
 }
-
-// lockedBuffer is a strings.Builder safe for a writer and a reader.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-func (l *lockedBuffer) String() string { l.mu.Lock(); defer l.mu.Unlock(); return l.b.String() }
 
 // TestConfigFleetAndSharedRates builds a gateway whose bulkhead keeps its
 // rates and a fleet pool in Redis, and checks both decide its calls.

@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/llmbulkhead/bulkhead/internal/testutil"
@@ -120,7 +119,7 @@ routes: [{api: openai-chat, upstream: openai, bulkhead: main}]
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	var out syncBuffer
+	var out testutil.Buffer
 	done := make(chan int, 1)
 	go func() { done <- run(ctx, []string{"gateway", "-config", cfg}, &out, io.Discard) }()
 	var addr string
@@ -145,19 +144,6 @@ routes: [{api: openai-chat, upstream: openai, bulkhead: main}]
 		t.Fatalf("exit %d:\n%s", code, out.String())
 	}
 }
-
-// syncBuffer is a bytes.Buffer safe for one writer and one reader.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
 
 // TestDemoGatewayMode runs the demo's guarded pass over HTTP through the
 // gateway.

@@ -2,9 +2,11 @@
 package testutil
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"runtime"
+	"sync"
 	"testing"
 	"time"
 
@@ -78,4 +80,25 @@ func WantReason(t Fataler, err error, why bulkhead.Reason) *bulkhead.RejectedErr
 		t.Fatalf("errors.Is fails for %v", err)
 	}
 	return rej
+}
+
+// Buffer is a bytes.Buffer safe for concurrent writers and readers: a log
+// or a command's output read while it is written.
+type Buffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+// Write appends p.
+func (b *Buffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+// String returns what was written so far.
+func (b *Buffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }
