@@ -66,7 +66,7 @@ func (b *Bulkhead) admit(ctx context.Context, r *actor.AcquireRequest, p *Permit
 		held = why == admission.NoReason
 	}
 	if why == admission.NoReason && postRate {
-		why, ext, cause = b.rateCheck(ctx, set, p)
+		why, ext, cause = b.rate.decide(ctx, set, p.l.Reservation.Reserved)
 	}
 	settled = true
 	if why == admission.NoReason {

@@ -150,8 +150,9 @@ type RateStats struct {
 // rateLimiter is a bulkhead's rate limits.
 type rateLimiter struct {
 	store pacer.Store
+	// name prefixes the pacers' names and is their call key: every rate of
+	// the bulkhead shares it, so one decision covers them all.
 	name  string
-	key   string // the pacers' call key: every rate of the bulkhead shares it
 	pace  bool
 	local bool   // store is in-process: the engine checks the rates itself
 	model string // Config.Model
@@ -276,7 +277,7 @@ func newRateLimiter(cfg *Config) (*rateLimiter, error) {
 		store = pacer.NewLocal(pacer.LocalOptions{Clock: cfg.Clock})
 	}
 	lim := &rateLimiter{
-		store: store, name: name, key: name, pace: rl.Pace, model: cfg.Model,
+		store: store, name: name, pace: rl.Pace, model: cfg.Model,
 		clk: clock.OrReal(cfg.Clock), perModel: rl.PerModel, perClass: perClass,
 		closing: make(chan struct{}), local: isLocal(store), sets: map[rateSetKey]*rateSet{},
 	}
@@ -300,37 +301,51 @@ func isLocal(s pacer.Store) bool {
 // Check decides the rate check of a call whose slot the engine is granting
 // (an in-process store only: it never blocks). It implements actor.Checker.
 func (rl *rateLimiter) Check(r *actor.AcquireRequest) (admission.Reason, *admission.External) {
-	set := r.CheckArg.(*rateSet)
+	why, ext, _ := rl.decide(context.Background(), r.CheckArg.(*rateSet), r.Reservation.Reserved)
+	return why, ext
+}
+
+// decide runs the rate check of a call reserving reserved tokens, and
+// records it when it goes: NoReason, or the reason to turn the call down,
+// the detail and the cause.
+func (rl *rateLimiter) decide(ctx context.Context, set *rateSet, reserved int64) (admission.Reason, *admission.External, error) {
 	rl.checked.Add(1)
+	var delay time.Duration
+	var fallback, err error
+	var rd *admission.RateDetail
 	if len(set.members) == 1 {
 		// One rate: the pacer alone, without the composite's bookkeeping.
 		m := &set.members[0]
 		w := 1.0
 		if m.tokens {
-			w = float64(r.Reservation.Reserved)
+			w = float64(reserved)
 		}
-		out, err := m.p.RateLimit(context.Background(), rl.key, w)
-		switch {
-		case err != nil:
-			why, rd, _ := rl.failure(context.Background(), pacer.CompositeOutcome{}, err, false)
-			return why, rateExternal(rd, err)
-		case out.Delay > 0:
+		var out pacer.Outcome
+		out, err = m.p.RateLimit(ctx, rl.name, w)
+		delay, fallback = out.Delay, out.Fallback
+		if delay > 0 && fallback == nil {
 			d := m.detail
-			d.Weight, d.RetryAfter = w, out.Delay
-			return admission.RateLimit, &admission.External{Rate: &d}
+			d.Weight, d.RetryAfter = w, delay
+			rd = &d
+		} else if delay > 0 {
+			rd = &admission.RateDetail{RetryAfter: delay, Fallback: fallback}
 		}
-		return admission.NoReason, nil
+	} else {
+		var buf [4]float64
+		var out pacer.CompositeOutcome
+		out, err = set.comp.RateLimit(ctx, rl.name, set.weights(buf[:], reserved)...)
+		delay, fallback = out.Delay, out.Fallback
+		if delay > 0 {
+			rd = set.detail(out)
+		}
 	}
-	var buf [4]float64
-	out, err := set.comp.RateLimit(context.Background(), rl.key, set.weights(buf[:], r.Reservation.Reserved)...)
-	if err != nil {
-		why, rd, _ := rl.failure(context.Background(), out, err, false)
-		return why, rateExternal(rd, err)
+	if why, frd, cause := rl.failure(ctx, fallback, err, true); why != admission.NoReason {
+		return why, rateExternal(frd, err), cause
 	}
-	if out.Delay > 0 {
-		return admission.RateLimit, &admission.External{Rate: set.detail(out)}
+	if delay > 0 {
+		return admission.RateLimit, &admission.External{Rate: rd}, nil
 	}
-	return admission.NoReason, nil
+	return admission.NoReason, nil, nil
 }
 
 // set returns the rates of a call of model and class, nil when none apply.
@@ -470,28 +485,7 @@ func (s *rateSet) detail(out pacer.CompositeOutcome) *admission.RateDetail {
 // rateOf returns the rate set of a prepared call, nil when none applies.
 func (b *Bulkhead) rateOf(r *actor.AcquireRequest) (*rateSet, error) {
 	req, _ := callOf(r.Request)
-	model := ""
-	if req != nil {
-		model = req.Model
-	}
-	return b.rate.set(model, b.eng.ClassName(r.Class))
-}
-
-// rateCheck runs the rate check of provisional admission p on the caller's
-// goroutine: NoReason when it goes, else the reason to turn it down, the
-// detail and the cause.
-func (b *Bulkhead) rateCheck(ctx context.Context, set *rateSet, p *Permit) (admission.Reason, *admission.External, error) {
-	var buf [4]float64
-	b.rate.checked.Add(1)
-	out, err := set.comp.RateLimit(ctx, b.rate.key, set.weights(buf[:], p.l.Reservation.Reserved)...)
-	why, rd, cause := b.rate.failure(ctx, out, err, true)
-	if why == admission.NoReason && out.Delay > 0 {
-		why, rd = admission.RateLimit, set.detail(out)
-	}
-	if why == admission.NoReason {
-		return why, nil, nil
-	}
-	return why, rateExternal(rd, err), cause
+	return b.rate.set(req.model(), b.eng.ClassName(r.Class))
 }
 
 // rateExternal is the detail of a rate rejection: a weight the rate can never
@@ -506,10 +500,10 @@ func rateExternal(rd *admission.RateDetail, err error) *admission.External {
 // failure turns a failed rate decision into a reason to reject, its detail
 // and its cause; NoReason when the decision did not fail (or the store's
 // failure policy decided it).
-func (rl *rateLimiter) failure(ctx context.Context, out pacer.CompositeOutcome, err error, count bool) (admission.Reason, *admission.RateDetail, error) {
+func (rl *rateLimiter) failure(ctx context.Context, fallback, err error, count bool) (admission.Reason, *admission.RateDetail, error) {
 	switch {
 	case err == nil:
-		if out.Fallback != nil && count {
+		if fallback != nil && count {
 			rl.fallbacks.Add(1)
 		}
 		return admission.NoReason, nil, nil
@@ -553,12 +547,12 @@ func (b *Bulkhead) pace(ctx context.Context, r *actor.AcquireRequest, set *rateS
 	}
 	maxWait = max(0, maxWait) // 0: only a turn free now
 	rl.checked.Add(1)
-	out, err := set.comp.PaceWithin(ctx, rl.key, maxWait, weights...)
+	out, err := set.comp.PaceWithin(ctx, rl.name, maxWait, weights...)
 	if errors.Is(err, pacer.ErrTooLong) {
 		r.Refuse, r.RefuseExt = admission.RateLimit, &admission.External{Rate: set.detail(out)}
 		return
 	}
-	if why, rd, cause := rl.failure(ctx, out, err, true); why == admission.Aborted {
+	if why, rd, cause := rl.failure(ctx, out.Fallback, err, true); why == admission.Aborted {
 		return // the engine rejects it Aborted, with the cause
 	} else if why != admission.NoReason {
 		r.Refuse, r.RefuseExt, r.RefuseCause = why, rateExternal(rd, err), cause
@@ -601,7 +595,8 @@ func (b *Bulkhead) bookOverrun(p *Permit, used int64) {
 	if b.rate == nil || over <= 0 || p.l.Bypass != nil {
 		return
 	}
-	set, err := b.rate.set(modelOf(p), p.l.Class)
+	req, _ := callOf(p.l.Request)
+	set, err := b.rate.set(req.model(), p.l.Class)
 	if err != nil || set == nil || !set.tokens {
 		return
 	}
@@ -609,17 +604,17 @@ func (b *Bulkhead) bookOverrun(p *Permit, used int64) {
 	w := set.weighted(buf[:], float64(over), 0)
 	b.rate.overruns.Add(1)
 	b.rate.overrunTokens.Add(over)
-	if _, err := set.comp.Pace(context.Background(), b.rate.key, w...); err != nil {
+	if _, err := set.comp.Pace(context.Background(), b.rate.name, w...); err != nil {
 		b.rate.overrunErr.Add(1)
 	}
 }
 
-// modelOf returns the model of p's request, "" when it names none.
-func modelOf(p *Permit) string {
-	if req, _ := callOf(p.l.Request); req != nil {
-		return req.Model
+// model is r's model, "" for none (or a nil r).
+func (r *Request) model() string {
+	if r == nil {
+		return ""
 	}
-	return ""
+	return r.Model
 }
 
 // stats returns the rate counters.
@@ -656,17 +651,13 @@ func (b *Bulkhead) wouldAdmitRate(req *Request, class classes.Class, res Reserva
 	if b.rate.pace {
 		return // a call over the rate would wait for its turn, not be turned away
 	}
-	model := ""
-	if req != nil {
-		model = req.Model
-	}
-	set, err := b.rate.set(model, b.eng.ClassName(class))
+	set, err := b.rate.set(req.model(), b.eng.ClassName(class))
 	if err != nil || set == nil {
 		return
 	}
 	var buf [4]float64
-	out, err := set.comp.Peek(context.Background(), b.rate.key, set.weights(buf[:], res.Reserved)...)
-	why, rd, _ := b.rate.failure(context.Background(), out, err, false)
+	out, err := set.comp.Peek(context.Background(), b.rate.name, set.weights(buf[:], res.Reserved)...)
+	why, rd, _ := b.rate.failure(context.Background(), out.Fallback, err, false)
 	if why == admission.NoReason && out.Delay > 0 {
 		why, rd = admission.RateLimit, set.detail(out)
 	}
