@@ -136,8 +136,8 @@ func proxy(r Route) *routeProxy {
 		},
 		FlushInterval: -1, // streams go to the client event by event
 		ErrorHandler: func(w http.ResponseWriter, req *http.Request, err error) {
-			if errors.Is(err, req.Context().Err()) && req.Context().Err() != nil {
-				err = req.Context().Err() // the client went away
+			if ctxErr := req.Context().Err(); ctxErr != nil && errors.Is(err, ctxErr) {
+				err = ctxErr // the client went away
 			}
 			WriteError(w, format, err)
 		},
