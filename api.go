@@ -52,7 +52,8 @@ func New(cfg Config) (*Bulkhead, error) {
 	if cfg.Classes != nil {
 		limits.Classes = cfg.Classes
 	}
-	eng, err := actor.Start(actor.Config{Limits: engineLimits(limits), Clock: cfg.Clock, Logger: cfg.Logger, Dedup: cfg.Dedup != nil})
+	eng, err := actor.Start(actor.Config{Limits: engineLimits(limits), Clock: cfg.Clock, Logger: cfg.Logger, Dedup: cfg.Dedup != nil,
+		Queue: actor.QueuePolicy{Fair: cfg.Queue.Fair, Weights: cfg.Queue.Weights, WaitForCapacity: cfg.Queue.WaitForCapacity}})
 	if err != nil {
 		return nil, publicError(err)
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/llmbulkhead/bulkhead/clock"
 	"github.com/llmbulkhead/bulkhead/fleet"
+	"github.com/llmbulkhead/bulkhead/internal/actor"
 )
 
 // Config configures a Bulkhead. The zero value of each optional field is
@@ -30,6 +31,10 @@ type Config struct {
 	// QueueTimeout bounds the wait in the queue. Zero means wait until the
 	// call's context ends.
 	QueueTimeout time.Duration
+
+	// Queue chooses how waiting calls are served. The zero value is one
+	// first-come, first-served line in which calls wait for a slot only.
+	Queue QueuePolicy
 
 	// InitialRevision is the revision of the starting limits. ApplyLimits
 	// takes only snapshots with a higher revision.
@@ -95,6 +100,42 @@ type TokenBudget struct {
 	OutputCap int64
 }
 
+// QueuePolicy chooses how the queue serves the calls that wait in it.
+type QueuePolicy struct {
+	// Fair serves waiting calls class by class (it needs Classes): when a
+	// slot frees, it goes to the waiting class that has been admitted the
+	// fewest tokens, divided by its weight, so one class's burst cannot
+	// starve another's waiters. Within a class, High priority calls go
+	// first, then the others in arrival order. A class's count starts
+	// where the other waiting classes are when it begins to wait, so a
+	// class that was idle has saved up no credit. Every admission counts
+	// its reservation, and a call without one counts as one token. The
+	// result: two classes with equal weights that both keep calls waiting
+	// are admitted within twice the largest reservation of each other.
+	// False serves the whole queue in arrival order.
+	Fair bool
+
+	// Weights is each class's share of the slots that free up under Fair:
+	// a class of weight 2 is admitted twice the tokens of a class of
+	// weight 1 while both wait. A class it does not name has weight 1.
+	// Weights range from 1 to 1,000,000.
+	Weights map[string]int
+
+	// WaitForCapacity lets a call that fails only the token budget or a
+	// class limit (a ceiling, another class's floor) wait in the queue for
+	// that capacity, as it would for a slot, bounded by its queue timeout
+	// and context, and be checked again whenever capacity frees (a release,
+	// a usage report that lowers a hold, new limits). Within a class the
+	// waiters keep their order: a call waits behind the calls of its class
+	// that are already waiting, even if it would fit now, and a waiter that
+	// does not fit holds back the ones behind it. Calls of other classes
+	// go ahead. A call that can never fit the current limits (see
+	// RejectedError.NeverFits) is rejected at once, and so is a call that
+	// finds the queue full (for the capacity it lacked). False, the
+	// default, rejects such calls at once: only a slot is waited for.
+	WaitForCapacity bool
+}
+
 // Interactive returns a Config for latency-sensitive traffic: no queue, so a
 // call that finds every slot taken is rejected at once.
 func Interactive(model string, maxConcurrent int) Config {
@@ -118,6 +159,9 @@ func (cfg *Config) validate() error {
 		return invalidf("Config.QueueTimeout", "must be >= 0, got %v", cfg.QueueTimeout)
 	}
 	if err := checkNonNegative("Config.InitialRevision", cfg.InitialRevision); err != nil {
+		return err
+	}
+	if err := cfg.Queue.validate(cfg.Classes); err != nil {
 		return err
 	}
 	tb := cfg.TokenBudget
@@ -147,6 +191,27 @@ func (cfg *Config) validate() error {
 	}
 	if tb.Estimator == nil && strings.TrimSpace(cfg.Model) == "" {
 		return invalidf("Config.Model", "must not be blank: the default estimator reads it (or set TokenBudget.Estimator)")
+	}
+	return nil
+}
+
+func (q *QueuePolicy) validate(c *Classes) error {
+	if !q.Fair {
+		if len(q.Weights) > 0 {
+			return invalidf("Config.Queue.Weights", "apply to the fair queue only; set Queue.Fair")
+		}
+		return nil
+	}
+	if c == nil {
+		return invalidf("Config.Queue.Fair", "needs Config.Classes: the fair queue serves class by class")
+	}
+	for name, w := range q.Weights {
+		if _, ok := c.Limits[name]; !ok {
+			return invalidf("Config.Queue.Weights", "names class %q, which is not in Config.Classes", name)
+		}
+		if w < 1 || w > actor.MaxWeight {
+			return invalidf("Config.Queue.Weights", "class %q: must be between 1 and %d, got %d", name, actor.MaxWeight, w)
+		}
 	}
 	return nil
 }

@@ -140,42 +140,8 @@ func rejectDetailFor(d *admission.RejectDetail, why Reason) *RejectDetail {
 		}
 		out.Class = cd
 	}
-	if why == BudgetLimit || why == ConcurrencyLimit {
-		out.NeverFits = out.neverFits()
-	}
-	out.NeverFits = out.NeverFits || d.NeverFits
+	out.NeverFits = d.NeverFits || (why == BudgetLimit || why == ConcurrencyLimit) && d.Unfittable()
 	return out
-}
-
-// neverFits reports whether the call of this detail cannot be admitted
-// under its limits however long it waits.
-func (d *RejectDetail) neverFits() bool {
-	if b := d.TokenBudget; b != nil && b.Reserved > b.EffectiveBudget {
-		return true
-	}
-	c := d.Class
-	if c == nil {
-		return false
-	}
-	if m := c.Limits.MaxConcurrent; m != nil && *m == 0 {
-		return true
-	}
-	if m := c.Limits.MaxInFlightTokens; m != nil && d.reserved() > *m {
-		return true
-	}
-	if s := d.Shared; s != nil {
-		// A class without a floor borrows every slot: with no shared slot it
-		// never gets one (MaxConcurrent 0 is a kill switch, not this).
-		if d.MaxConcurrent > 0 && s.MaxConcurrent == 0 && c.Limits.ProtectedConcurrent == 0 {
-			return true
-		}
-		// Even with its class idle, the call would borrow more tokens than
-		// the shared pool holds.
-		if t := s.TokenBudget; t != nil && d.reserved()-c.Limits.ProtectedInFlightTokens > t.Budget {
-			return true
-		}
-	}
-	return false
 }
 
 func reasonCounts(m map[admission.Reason]int64) map[Reason]int64 {
@@ -236,6 +202,7 @@ func stats(s admission.Stats) Stats {
 					InFlight: k.InFlight, ProtectedConcurrentInUse: k.ProtectedConcurrentInUse, BorrowedConcurrent: k.BorrowedConcurrent,
 					InFlightTokens: k.InFlightTokens, ProtectedTokensInUse: k.ProtectedTokensInUse, BorrowedInFlightTokens: k.BorrowedInFlightTokens,
 				},
+				Pending:  k.Pending,
 				Admitted: k.Admitted, Released: k.Released,
 				Abandoned: k.Abandoned, AbandonedByCause: causeCounts(k.AbandonedByCause),
 				Rejected: k.Rejected, RejectedByReason: reasonCounts(k.RejectedByReason),

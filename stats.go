@@ -118,6 +118,9 @@ type ClassesStats struct {
 type ClassStats struct {
 	ClassUse
 
+	// Pending is the number of the class's calls waiting in the queue.
+	Pending int
+
 	// Admitted and Released count the class's admissions and releases.
 	// Admitted - Released - InFlight is the number of admissions whose
 	// borrowed slot was abandoned and that are not released yet.

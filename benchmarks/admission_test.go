@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"golang.org/x/sync/semaphore"
@@ -53,6 +54,54 @@ func benchAcquireRelease(b *testing.B, cfg bulkhead.Config, opts ...bulkhead.Opt
 	}
 }
 
+// twoClasses is a budget bulkhead with two classes with floors and the
+// queue policy q.
+func twoClasses(q bulkhead.QueuePolicy) bulkhead.Config {
+	cfg := budgetConfig(1 << 30)
+	cfg.Classes = &bulkhead.Classes{Default: "interactive", Limits: map[string]bulkhead.ClassLimits{
+		"interactive": {ProtectedConcurrent: 1 << 20, ProtectedInFlightTokens: 1 << 40},
+		"batch":       {ProtectedConcurrent: 1 << 20, MaxConcurrent: bulkhead.Ceiling(1 << 29)},
+	}}
+	cfg.Queue = q
+	return cfg
+}
+
+// BenchmarkQueued is 16 goroutines, half in each of two classes, sharing 4
+// slots, so most calls wait in the queue: first come, first served against
+// the fair queue.
+func BenchmarkQueued(b *testing.B) {
+	for _, q := range []struct {
+		name   string
+		policy bulkhead.QueuePolicy
+	}{
+		{"fifo", bulkhead.QueuePolicy{}},
+		{"fair", bulkhead.QueuePolicy{Fair: true}},
+		{"fair-wait", bulkhead.QueuePolicy{Fair: true, WaitForCapacity: true}},
+	} {
+		b.Run(q.name, func(b *testing.B) {
+			cfg := twoClasses(q.policy)
+			cfg.Classes.Limits = map[string]bulkhead.ClassLimits{"interactive": {}, "batch": {}}
+			cfg.MaxConcurrent, cfg.MaxQueue = 4, 1<<20
+			bh := newBench(b, cfg)
+			ctx := context.Background()
+			var n atomic.Int64
+			b.ReportAllocs()
+			b.SetParallelism(8) // 16 goroutines on 2 cores
+			b.RunParallel(func(pb *testing.PB) {
+				class := bulkhead.WithClass([]string{"interactive", "batch"}[n.Add(1)&1])
+				for pb.Next() {
+					tok, err := bh.Acquire(ctx, benchRequest, class)
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					_ = tok.Release(nil)
+				}
+			})
+		})
+	}
+}
+
 // BenchmarkAcquireRelease is one goroutine acquiring and releasing.
 func BenchmarkAcquireRelease(b *testing.B) {
 	b.Run("concurrency", func(b *testing.B) {
@@ -65,27 +114,32 @@ func BenchmarkAcquireRelease(b *testing.B) {
 		benchAcquireRelease(b, budgetConfig(1<<30),
 			bulkhead.WithReservation(bulkhead.Reservation{Input: 61, MaxOutput: 256}))
 	})
-	b.Run("budget-classes", func(b *testing.B) {
-		// Two classes with floors, one call in each alternately.
-		cfg := budgetConfig(1 << 30)
-		cfg.Classes = &bulkhead.Classes{Default: "interactive", Limits: map[string]bulkhead.ClassLimits{
-			"interactive": {ProtectedConcurrent: 1 << 20, ProtectedInFlightTokens: 1 << 40},
-			"batch":       {ProtectedConcurrent: 1 << 20, MaxConcurrent: bulkhead.Ceiling(1 << 29)},
-		}}
-		bh := newBench(b, cfg)
-		ctx := context.Background()
-		classes := []bulkhead.Option{bulkhead.WithClass("interactive"), bulkhead.WithClass("batch")}
-		b.ReportAllocs()
-		i := 0
-		for b.Loop() {
-			tok, err := bh.Acquire(ctx, benchRequest, classes[i&1])
-			if err != nil {
-				b.Fatal(err)
+	for _, q := range []struct {
+		name   string
+		policy bulkhead.QueuePolicy
+	}{
+		{"budget-classes", bulkhead.QueuePolicy{}},
+		{"budget-classes-fair", bulkhead.QueuePolicy{Fair: true}},
+		{"budget-classes-fair-wait", bulkhead.QueuePolicy{Fair: true, WaitForCapacity: true}},
+	} {
+		b.Run(q.name, func(b *testing.B) {
+			// Two classes with floors, one call in each alternately.
+			cfg := twoClasses(q.policy)
+			bh := newBench(b, cfg)
+			ctx := context.Background()
+			classes := []bulkhead.Option{bulkhead.WithClass("interactive"), bulkhead.WithClass("batch")}
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				tok, err := bh.Acquire(ctx, benchRequest, classes[i&1])
+				if err != nil {
+					b.Fatal(err)
+				}
+				_ = tok.Release(nil)
+				i++
 			}
-			_ = tok.Release(nil)
-			i++
-		}
-	})
+		})
+	}
 	b.Run("mutex", func(b *testing.B) {
 		var mu sync.Mutex
 		inUse, limit := 0, 1<<30

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"reflect"
 	"slices"
+	"strings"
 	"time"
 
 	"pgregory.net/rapid"
@@ -142,8 +143,11 @@ func (m *machine) call(t *rapid.T, c call, run bool) *hold {
 			w.expires = w.enqueued.Add(w.timeout)
 			m.timers++
 		}
-		m.queue = append(m.queue, w)
+		m.enqueue(w)
 		m.waitQueued(t, w, len(m.queue))
+		if es := m.pump(); len(es) > 0 {
+			t.Fatalf("%s: the model admits %v after the call queued: the queue was not settled", m.descr, es[0].w)
+		}
 		m.noStray(t)
 	}
 	return nil
@@ -190,6 +194,11 @@ func (m *machine) floorProbe(t *rapid.T) {
 	}
 	if m.rate != nil {
 		t.Skip("the rate limits may turn the probe away")
+	}
+	if m.wait && m.ahead(name, bulkhead.High) {
+		// First in, first out within the class: the probe would wait
+		// behind its class's waiters for capacity.
+		t.Skip("waiters of the class ahead")
 	}
 	if d, why, cons, _ := m.decide(probe); d != admitNow {
 		t.Fatalf("FloorProbe: the model rejects (%v %v %v) a call of class %s below its floor in steady state\n%s",
@@ -448,11 +457,32 @@ func (m *machine) advance(t *rapid.T) {
 	if len(due) > 1 && queued > 0 {
 		t.Skip("simultaneous deadlines with waiters queued")
 	}
+	if m.wait && queued > 0 && len(due) > 0 {
+		// A deadline's abandon and a timeout both pump, in an order the
+		// test cannot know.
+		d = min(d, next.Sub(now)-time.Millisecond)
+		if d <= 0 {
+			t.Skip("a deadline with waiters for capacity queued")
+		}
+		target, due = now.Add(d), nil
+	}
 	var timedOut []*waiter
 	for _, w := range m.queue {
 		if !w.expires.IsZero() && !w.expires.After(target) {
 			timedOut = append(timedOut, w)
 		}
+	}
+	if m.wait && len(timedOut) > 1 {
+		// Each timeout pumps the queue, and a waiter that another's timeout
+		// lets through is admitted before its own timeout fires: which of
+		// them fire first is a race.
+		t.Skip("simultaneous queue timeouts with waiting for capacity")
+	}
+	if m.wait && len(timedOut) == 1 {
+		// The timeout's pump may admit a waiter for capacity: the clock
+		// stops at the timeout, so that the admission's queue wait is known.
+		target = timedOut[0].expires
+		d = target.Sub(now)
 	}
 	// A follower's own wait bound ending at the same time as a leader's
 	// queue timeout or deadline would race with the leader's outcome.
@@ -478,6 +508,9 @@ func (m *machine) advance(t *rapid.T) {
 		m.abandonModel(h, bulkhead.AbandonDeadline)
 	}
 	es = append(es, m.pump()...)
+	if m.wait && len(due) == 0 && len(es) > len(timedOut) {
+		m.tokensFrozen = false // the timeout let a waiter for capacity through
+	}
 	m.seen[fmt.Sprintf("advance past %d deadlines, %d timeouts, %d queued", min(len(due), 2), min(len(timedOut), 2), min(queued, 1))]++
 	for _, h := range due {
 		var d runDone
@@ -740,8 +773,10 @@ func (m *machine) cancel(t *rapid.T) {
 	m.tokensFrozen = true
 	m.queue = slices.Delete(m.queue, i, i+1)
 	e := m.reject(w, bulkhead.Aborted, "", true)
+	es := append([]expect{e}, m.pump()...) // with waiting for capacity, w may have held its class back
+	m.tokensFrozen = len(es) == 1
 	w.cancel()
-	m.awaitAll(t, []expect{e})
+	m.awaitAll(t, es)
 }
 
 // invalid makes a call with invalid input: each is a *ConfigError, never a
@@ -851,13 +886,33 @@ func (m *machine) close(t *rapid.T) {
 	m.tokensFrozen = true
 	var es []expect
 	if !m.closed {
-		for len(m.queue) > 0 {
-			w := m.queue[0]
-			m.queue = m.queue[1:]
+		order := slices.Clone(m.queue)
+		if m.fair {
+			// Class by class, High priority first, each in arrival order.
+			slices.SortStableFunc(order, func(a, b *waiter) int {
+				if c := strings.Compare(a.class, b.class); c != 0 {
+					return c
+				}
+				return cmpHighFirst(a.prio, b.prio)
+			})
+		}
+		for _, w := range order {
+			m.queue = slices.DeleteFunc(m.queue, func(x *waiter) bool { return x == w })
 			es = append(es, m.reject(w, bulkhead.Shutdown, "", true))
 		}
 	}
 	m.closed = true
 	m.b.Close()
 	m.awaitAll(t, es)
+}
+
+// cmpHighFirst orders High priority before Normal.
+func cmpHighFirst(a, b bulkhead.Priority) int {
+	switch {
+	case a == b:
+		return 0
+	case a == bulkhead.High:
+		return -1
+	}
+	return 1
 }

@@ -67,6 +67,7 @@ func (m *machine) wantStats() bulkhead.Stats {
 		c.InFlightTokens = k.tokens
 		c.ProtectedTokensInUse = min(k.tokens, c.Limits.ProtectedInFlightTokens)
 		c.BorrowedInFlightTokens = max(0, k.tokens-c.Limits.ProtectedInFlightTokens)
+		c.Pending = m.waiting(name)
 		cs.Classes[name] = c
 	}
 	st.Classes = cs
@@ -170,9 +171,20 @@ func (m *machine) check(t *rapid.T) {
 	if m.stepEnqueued && g.Pending > g.MaxQueue {
 		t.Fatalf("I1: %s queued up to %d pending over MaxQueue %d", m.descr, g.Pending, g.MaxQueue)
 	}
-	// F3: no waiter waits while a slot is free.
+	// F3: no waiter waits while a slot is free; with waiting for capacity
+	// (X4), none that fits: the first waiter of each waiting class does not.
 	if g.Pending > 0 && g.InFlight < g.MaxConcurrent {
-		t.Fatalf("F3: %d waiting with %d of %d slots in use", g.Pending, g.InFlight, g.MaxConcurrent)
+		if !m.wait {
+			t.Fatalf("F3: %d waiting with %d of %d slots in use", g.Pending, g.InFlight, g.MaxConcurrent)
+		}
+		blocked := map[string]bool{}
+		for i := m.nextWaiter(blocked); i >= 0; i = m.nextWaiter(blocked) {
+			w := m.queue[i]
+			if why, _ := m.capacity(w.class, w.prio, w.res.Reserved); why == noReason {
+				t.Fatalf("X4: after %s, %v waits with %d of %d slots in use, and it fits", m.descr, w, g.InFlight, g.MaxConcurrent)
+			}
+			blocked[w.class] = true
+		}
 	}
 	if tb, ptb := got.TokenBudget, prev.TokenBudget; tb != nil {
 		if n := len(m.stepAdmits); n > 0 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"reflect"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -265,6 +266,14 @@ type machine struct {
 	hits        int64
 	dedupEvents []bulkhead.DedupEvent
 
+	// The queue policy: fair queuing (with classes) serves the backlogged
+	// class with the lowest virtual token counter (vtc; last is the counter
+	// of the class served last); wait lets calls wait for capacity.
+	fair, wait bool
+	weights    map[string]int
+	vtc        map[string]float64
+	last       float64
+
 	// Rate limits, when rate is set: an oracle pacer on the same clock,
 	// deciding what the bulkhead's rate limits must (SPEC P6). The queue is
 	// kept at 0 with rates, so each check is made by the one call a step
@@ -352,6 +361,7 @@ func newMachine(t *rapid.T, classes bool, seen map[string]int, rdb *redis.Client
 	for _, name := range m.classNames() {
 		m.cls[name] = &classModel{}
 	}
+	m.drawQueuePolicy(t, &cfg)
 	if rapid.IntRange(0, 2).Draw(t, "rateLimits") == 0 {
 		cfg.MaxQueue, m.limits.MaxQueue = 0, 0
 		m.rate = newRateOracle(t, m.clk, m.hasBudget && budget > 0, rdb)
@@ -372,6 +382,109 @@ func newMachine(t *rapid.T, classes bool, seen map[string]int, rdb *redis.Client
 	t.Cleanup(m.cleanup)
 	m.prev = normalize(b.Stats())
 	return m
+}
+
+// drawQueuePolicy draws the queue policy: waiting for capacity in a third
+// of the runs, fair queuing (with random weights) in half the runs with
+// classes.
+func (m *machine) drawQueuePolicy(t *rapid.T, cfg *bulkhead.Config) {
+	m.wait = rapid.IntRange(0, 2).Draw(t, "waitForCapacity") == 0
+	m.vtc = map[string]float64{}
+	if m.hasClasses && rapid.Bool().Draw(t, "fair") {
+		m.fair = true
+		m.weights = map[string]int{}
+		for _, name := range m.names {
+			if w := rapid.IntRange(0, 3).Draw(t, "weight"); w > 0 {
+				m.weights[name] = w
+			}
+		}
+	}
+	cfg.Queue = bulkhead.QueuePolicy{Fair: m.fair, Weights: m.weights, WaitForCapacity: m.wait}
+	m.seen[fmt.Sprintf("policy fair=%v wait=%v", m.fair, m.wait)]++
+}
+
+// weight is class's weight in the fair queue.
+func (m *machine) weight(class string) float64 {
+	if w := m.weights[class]; w > 0 {
+		return float64(w)
+	}
+	return 1
+}
+
+// waiting counts class's waiters.
+func (m *machine) waiting(class string) int {
+	n := 0
+	for _, w := range m.queue {
+		if w.class == class {
+			n++
+		}
+	}
+	return n
+}
+
+// ahead reports whether a new call of class and priority p waits behind
+// waiters of its class: any, or with fair queuing, for a High priority
+// call, the class's High priority waiters.
+func (m *machine) ahead(class string, p bulkhead.Priority) bool {
+	for _, w := range m.queue {
+		if w.class == class && (!m.fair || p != bulkhead.High || w.prio == bulkhead.High) {
+			return true
+		}
+	}
+	return false
+}
+
+// enqueue puts w at the end of the queue; with fair queuing a class that
+// starts to wait is first lifted to the lowest counter among the waiting
+// classes, or with none to the counter of the class served last.
+func (m *machine) enqueue(w *waiter) {
+	if m.fair && m.waiting(w.class) == 0 {
+		floor, found := m.last, false
+		for _, name := range m.names {
+			if v := m.vtc[name]; m.waiting(name) > 0 && (!found || v < floor) {
+				floor, found = v, true
+			}
+		}
+		m.vtc[w.class] = max(m.vtc[w.class], floor)
+	}
+	m.queue = append(m.queue, w)
+}
+
+// nextWaiter is the index in the queue of the waiter the pump serves next,
+// -1 for none: the first one of a class not blocked, or with fair queuing
+// the first (High priority first) of the waiting class, not blocked, with
+// the lowest counter (ties to the class first by name).
+func (m *machine) nextWaiter(blocked map[string]bool) int {
+	if !m.fair {
+		for i, w := range m.queue {
+			if !blocked[w.class] {
+				return i
+			}
+		}
+		return -1
+	}
+	best := ""
+	for _, name := range m.names {
+		if m.waiting(name) > 0 && !blocked[name] && (best == "" || m.vtc[name] < m.vtc[best]) {
+			best = name
+		}
+	}
+	if best == "" {
+		return -1
+	}
+	first := -1
+	for i, w := range m.queue {
+		if w.class != best {
+			continue
+		}
+		if w.prio == bulkhead.High {
+			return i
+		}
+		if first < 0 {
+			first = i
+		}
+	}
+	return first
 }
 
 // classNames is the keys of m.cls: the classes, or "" without any.
@@ -611,27 +724,32 @@ func (m *machine) detail(class string, p bulkhead.Priority, reserved int64, cons
 // ceiling, or a class concurrency ceiling of 0).
 func (m *machine) detailFor(class string, p bulkhead.Priority, reserved int64, cons bulkhead.Constraint, why bulkhead.Reason) bulkhead.RejectDetail {
 	d := m.detail(class, p, reserved, cons)
-	if why != bulkhead.BudgetLimit && why != bulkhead.ConcurrencyLimit {
-		return d
-	}
-	if m.hasBudget && reserved > m.eff(p) {
-		d.NeverFits = true
-	}
-	if m.hasClasses {
-		l := m.lim(class)
-		if (l.MaxConcurrent != nil && *l.MaxConcurrent == 0) || (m.hasBudget && l.MaxInFlightTokens != nil && reserved > *l.MaxInFlightTokens) {
-			d.NeverFits = true
-		}
-		// Through the shared pool: no floor and no shared slot, or more to
-		// borrow (beyond the class's token floor) than the pool holds.
-		if m.limits.MaxConcurrent > 0 && d.Shared.MaxConcurrent == 0 && l.ProtectedConcurrent == 0 {
-			d.NeverFits = true
-		}
-		if m.hasBudget && reserved-l.ProtectedInFlightTokens > d.Shared.TokenBudget.Budget {
-			d.NeverFits = true
-		}
+	if why == bulkhead.BudgetLimit || why == bulkhead.ConcurrencyLimit {
+		d.NeverFits = m.neverFits(class, p, reserved)
 	}
 	return d
+}
+
+// neverFits reports whether a call cannot be admitted under the current
+// limits however long it waits.
+func (m *machine) neverFits(class string, p bulkhead.Priority, reserved int64) bool {
+	if m.hasBudget && reserved > m.eff(p) {
+		return true
+	}
+	if !m.hasClasses {
+		return false
+	}
+	l := m.lim(class)
+	if (l.MaxConcurrent != nil && *l.MaxConcurrent == 0) || (m.hasBudget && l.MaxInFlightTokens != nil && reserved > *l.MaxInFlightTokens) {
+		return true
+	}
+	// Through the shared pool: no floor and no shared slot, or more to
+	// borrow (beyond the class's token floor) than the pool holds.
+	sf, stf := m.sumFloors()
+	if m.limits.MaxConcurrent > 0 && max(0, m.limits.MaxConcurrent-sf) == 0 && l.ProtectedConcurrent == 0 {
+		return true
+	}
+	return m.hasBudget && reserved-l.ProtectedInFlightTokens > max(0, m.eff(p)-stf)
 }
 
 // decision is what the engine does with a new call.
@@ -653,11 +771,15 @@ func (m *machine) decide(c call) (d decision, why bulkhead.Reason, cons bulkhead
 	case c.ctxDone:
 		return rejectNow, bulkhead.Aborted, "", true
 	}
+	gateFull := m.limits.MaxConcurrent == 0 || m.limits.MaxQueue == 0 || len(m.queue) >= m.limits.MaxQueue
 	if why, cons := m.capacity(c.class, c.prio, c.res.Reserved); why != noReason {
+		if m.wait && !gateFull && !m.neverFits(c.class, c.prio, c.res.Reserved) {
+			return queueUp, noReason, "", false // waits for capacity
+		}
 		return rejectNow, why, cons, false
 	}
 	switch {
-	case m.inFlight < m.limits.MaxConcurrent:
+	case m.inFlight < m.limits.MaxConcurrent && !(m.wait && m.ahead(c.class, c.prio)):
 		return admitNow, noReason, "", false
 	case m.limits.MaxConcurrent == 0 || m.limits.MaxQueue == 0:
 		return rejectNow, bulkhead.ConcurrencyLimit, m.global(), true
@@ -722,6 +844,10 @@ func (m *machine) admit(w *waiter) *hold {
 	m.calls.Admitted++
 	k.inFlight++
 	k.st.Admitted++
+	if m.fair {
+		m.vtc[w.class] += float64(max(r, 1)) / m.weight(w.class)
+		m.last = m.vtc[w.class]
+	}
 	if m.hasBudget {
 		m.tokens += r
 		m.ledger.reserved += r
@@ -746,13 +872,33 @@ func (m *machine) admit(w *waiter) *hold {
 	return h
 }
 
-// pump is F3's pump: queued waiters, in arrival order, while slots are
-// free, each postchecked with its slot held (F4 step 4).
+// pump is F3's pump: queued waiters, in arrival order (or the fair
+// queue's), while slots are free, each postchecked with its slot held (F4
+// step 4). A waiter for capacity that does not fit stays and blocks its
+// class for the rest of the pump, unless it can never fit: then it is
+// rejected.
 func (m *machine) pump() []expect {
 	var out []expect
-	for len(m.queue) > 0 && m.inFlight < m.limits.MaxConcurrent {
-		w := m.queue[0]
-		m.queue = m.queue[1:]
+	blocked := map[string]bool{}
+	for m.inFlight < m.limits.MaxConcurrent {
+		i := m.nextWaiter(blocked)
+		if i < 0 {
+			break
+		}
+		w := m.queue[i]
+		if m.wait {
+			if why, cons := m.capacity(w.class, w.prio, w.res.Reserved); why != noReason {
+				if !m.neverFits(w.class, w.prio, w.res.Reserved) {
+					blocked[w.class] = true
+					continue
+				}
+				m.queue = slices.Delete(m.queue, i, i+1)
+				m.seen["never fits after waiting"]++
+				out = append(out, m.reject(w, why, cons, false))
+				continue
+			}
+		}
+		m.queue = slices.Delete(m.queue, i, i+1)
 		m.gate.Admitted++
 		if why, cons := m.capacity(w.class, w.prio, w.res.Reserved); why != noReason {
 			m.gate.Released++

@@ -43,6 +43,8 @@ type Config struct {
 	Logger *slog.Logger
 	// Dedup starts the dedup actor, a child of the admission actor.
 	Dedup bool
+	// Queue is how the queue serves waiting calls.
+	Queue QueuePolicy
 }
 
 // ErrInternal wraps a panic recovered inside the admission actor.
@@ -119,7 +121,7 @@ func Start(cfg Config) (*Engine, error) {
 	adm := &admissionActor{engine: e, withDedup: cfg.Dedup}
 	var seed [32]byte
 	_, _ = rand.Read(seed[:])
-	st, err := newState(cfg.Limits, adm, seed)
+	st, err := newState(cfg.Limits, cfg.Queue, adm, seed)
 	if err != nil {
 		return nil, err
 	}

@@ -61,9 +61,9 @@ type state struct {
 	closed    bool
 
 	// The gate.
-	inFlight     int
-	qhead, qtail *AcquireRequest
-	pending      int
+	inFlight int
+	q        queue
+	pending  int
 
 	// The admission layer.
 	calls  int64 // admitted - released
@@ -95,9 +95,10 @@ type state struct {
 }
 
 // newState returns the state machine for limits (assumed valid but for
-// the class table, which it validates), with its effects going to fx and
-// admission IDs drawn from a generator seeded with seed.
-func newState(limits admission.Limits, fx effects, seed [32]byte) (*state, error) {
+// the class table, which it validates) and the queue policy qp, with its
+// effects going to fx and admission IDs drawn from a generator seeded with
+// seed.
+func newState(limits admission.Limits, qp QueuePolicy, fx effects, seed [32]byte) (*state, error) {
 	s := &state{
 		fx:        fx,
 		ids:       mrand.NewChaCha8(seed),
@@ -116,6 +117,11 @@ func newState(limits admission.Limits, fx effects, seed [32]byte) (*state, error
 		c := tab.Classes()
 		s.limits.Classes = &c
 	}
+	q, err := newQueue(qp, s.tab.Len(), s.tab)
+	if err != nil {
+		return nil, err
+	}
+	s.q = q
 	return s, nil
 }
 
@@ -225,7 +231,22 @@ func (s *state) acquire(r *AcquireRequest) {
 		return
 	}
 	if why, cons := s.checkCapacity(r.Priority, r.Reservation.Reserved, r.Class, false); why != admission.NoReason {
+		if s.mayWait(r.Priority, r.Reservation.Reserved, r.Class) {
+			s.enqueue(r)
+			return
+		}
 		s.refuse(r, why, false, cons)
+		return
+	}
+	if s.q.wait && s.q.ahead(r.Class, r.Priority) {
+		// First in, first out within a class: a call that fits waits behind
+		// its class's waiters, which wait for capacity.
+		if why := s.gateReason(); why != admission.NoReason {
+			s.refuse(r, why, true, s.globalConstraint())
+			return
+		}
+		s.enqueue(r)
+		s.pump()
 		return
 	}
 	if s.inFlight < s.limits.MaxConcurrent {
@@ -251,6 +272,21 @@ func (s *state) refuse(r *AcquireRequest, why admission.Reason, atGate bool, con
 		return
 	}
 	s.reject(r, why, atGate, nil, constraint)
+}
+
+// mayWait reports whether a call of priority p and class c reserving
+// reserved tokens, which fails a capacity check now, may wait in the queue
+// for capacity: the bulkhead lets calls wait for capacity, the queue has
+// room, and the call could fit these limits at all.
+func (s *state) mayWait(p admission.Priority, reserved int64, c classes.Class) bool {
+	return s.q.wait && s.gateReason() == admission.NoReason && !s.unfittable(p, reserved, c)
+}
+
+// unfittable reports whether a call of priority p and class c reserving
+// reserved tokens can never be admitted under the current limits, however
+// long it waits.
+func (s *state) unfittable(p admission.Priority, reserved int64, c classes.Class) bool {
+	return s.detail(p, reserved, c, "").Unfittable()
 }
 
 func (s *state) grantSlot() {
@@ -290,6 +326,7 @@ func (s *state) admit(r *AcquireRequest) {
 	l.timing = s.timing(r)
 	l.shadow = r.Shadow
 	l.provisional = r.Confirm
+	s.q.served(r.Class, reserved)
 	if r.Confirm {
 		s.provisional++
 	} else {
@@ -349,6 +386,7 @@ func (s *state) rollback(m *rollbackRequest) error {
 	l.provisional, l.released = false, true
 	s.provisional--
 	s.returnSlot()
+	s.q.unserve(l.classID, l.Reservation.Reserved)
 	held := l.held
 	if s.hasBudget {
 		s.tokens -= held
@@ -481,13 +519,7 @@ func (s *state) timing(r *AcquireRequest) admission.Timing {
 
 func (s *state) enqueue(r *AcquireRequest) {
 	r.queued = true
-	r.prev = s.qtail
-	if s.qtail == nil {
-		s.qhead = r
-	} else {
-		s.qtail.next = r
-	}
-	s.qtail = r
+	s.q.push(r)
 	s.pending++
 	if !r.Start.IsZero() {
 		r.enqueuedAt = s.fx.now()
@@ -499,45 +531,66 @@ func (s *state) enqueue(r *AcquireRequest) {
 
 // dequeue removes r from the queue and stops its timer.
 func (s *state) dequeue(r *AcquireRequest) {
-	if r.prev == nil {
-		s.qhead = r.next
-	} else {
-		r.prev.next = r.next
-	}
-	if r.next == nil {
-		s.qtail = r.prev
-	} else {
-		r.next.prev = r.prev
-	}
-	r.prev, r.next, r.queued = nil, nil, false
+	s.q.remove(r)
+	r.queued = false
 	s.pending--
 	if r.QueueTimeout > 0 {
 		s.fx.stopTimer(r)
 	}
 }
 
-// pump admits waiters, in arrival order, while slots are free, then answers
-// waiting Drains if the engine is idle. A waiter whose context has ended is
-// passed over: its cancel message, with the context's cause, is on its way.
+// pump admits waiters while slots are free, then answers waiting Drains if
+// the engine is idle. Plain, waiters go in arrival order; fair, the class
+// with the lowest virtual token counter goes next. A waiter whose context
+// has ended is passed over: its cancel message, with the context's cause, is
+// on its way.
 func (s *state) pump() {
-	for w := s.qhead; w != nil && s.inFlight < s.limits.MaxConcurrent; {
-		next := w.next
-		if w.ctxEnded() {
+	s.q.clearBlocked()
+	if s.q.fair {
+		for s.inFlight < s.limits.MaxConcurrent {
+			w := s.q.next()
+			if w == nil {
+				break
+			}
+			s.serve(w)
+		}
+	} else {
+		for w := s.q.plain.head; w != nil && s.inFlight < s.limits.MaxConcurrent; {
+			next := w.next
+			if !w.ctxEnded() && !s.q.blocked[w.Class] {
+				s.serve(w)
+			}
 			w = next
-			continue
 		}
-		s.dequeue(w)
-		s.grantSlot()
-		// Postcheck: capacity may have changed while w waited.
-		if why, cons := s.checkCapacity(w.Priority, w.Reservation.Reserved, w.Class, true); why != admission.NoReason {
-			s.returnSlot()
-			s.reject(w, why, false, nil, cons)
-		} else if s.passes(w) {
-			s.admit(w)
-		}
-		w = next
 	}
 	s.checkDrains()
+}
+
+// serve gives waiter w a free slot. A waiter that waits for capacity which
+// has not come stays, and blocks its class for the rest of the pump (first
+// in, first out within a class), unless the limits changed so that it can
+// never fit: then it is rejected. Otherwise capacity is postchecked with
+// the slot held, as it may have changed while w waited.
+func (s *state) serve(w *AcquireRequest) {
+	if s.q.wait {
+		if why, cons := s.checkCapacity(w.Priority, w.Reservation.Reserved, w.Class, false); why != admission.NoReason {
+			if !s.unfittable(w.Priority, w.Reservation.Reserved, w.Class) {
+				s.q.blocked[w.Class] = true
+				return
+			}
+			s.dequeue(w)
+			s.reject(w, why, false, nil, cons)
+			return
+		}
+	}
+	s.dequeue(w)
+	s.grantSlot()
+	if why, cons := s.checkCapacity(w.Priority, w.Reservation.Reserved, w.Class, true); why != admission.NoReason {
+		s.returnSlot()
+		s.reject(w, why, false, nil, cons)
+	} else if s.passes(w) {
+		s.admit(w)
+	}
 }
 
 // cancel withdraws a waiter whose context ended. A request that was already
@@ -549,6 +602,16 @@ func (s *state) cancel(m *cancelMsg) {
 	}
 	s.dequeue(r)
 	s.reject(r, admission.Aborted, true, m.cause, "")
+	s.unblocked()
+}
+
+// unblocked runs after a waiter left the queue other than by admission: a
+// waiter for capacity may have held back the ones of its class behind it.
+func (s *state) unblocked() {
+	if s.q.wait {
+		s.pump()
+		return
+	}
 	s.checkDrains()
 }
 
@@ -559,7 +622,7 @@ func (s *state) timeout(m *timeoutMsg) {
 	}
 	s.dequeue(m.r)
 	s.reject(m.r, admission.Timeout, true, nil, s.globalConstraint())
-	s.checkDrains()
+	s.unblocked()
 }
 
 // release settles a lease.
@@ -711,6 +774,9 @@ func (s *state) applyUsage(l *Lease, u admission.Usage, p *admission.Progressive
 		ev.Progressive = copyProgressive(p)
 		s.fx.emit(ev)
 	}
+	if delta < 0 && s.q.wait {
+		s.pump() // capacity freed: waiters for it may fit now
+	}
 	return rep, nil
 }
 
@@ -765,7 +831,12 @@ func (s *state) wouldAdmit(c classes.Class, p admission.Priority, res admission.
 		why = admission.Shutdown
 	default:
 		why, cons = s.checkCapacity(p, res.Reserved, c, false)
-		if why == admission.NoReason && s.inFlight >= s.limits.MaxConcurrent {
+		switch {
+		case why != admission.NoReason:
+			if s.mayWait(p, res.Reserved, c) {
+				why, cons = admission.NoReason, "" // would wait for capacity
+			}
+		case s.inFlight >= s.limits.MaxConcurrent || s.q.wait && s.q.ahead(c, p):
 			if why = s.gateReason(); why != admission.NoReason {
 				cons = s.globalConstraint()
 			}
@@ -916,11 +987,10 @@ func (s *state) close() {
 		return
 	}
 	s.closed = true
-	for s.qhead != nil {
-		w := s.qhead
+	s.q.each(func(w *AcquireRequest) {
 		s.dequeue(w)
 		s.reject(w, admission.Shutdown, true, nil, "")
-	}
+	})
 	s.checkDrains()
 }
 
@@ -1006,6 +1076,12 @@ func (s *state) stats(ext external) admission.Stats {
 			name := s.tab.Name(classes.Class(i + 1))
 			cs := st.Classes.Classes[name]
 			cs.Deadlines = dl
+			st.Classes.Classes[name] = cs
+		}
+		for c := 1; c < len(s.q.waiting); c++ {
+			name := s.tab.Name(classes.Class(c))
+			cs := st.Classes.Classes[name]
+			cs.Pending = s.q.waiting[c]
 			st.Classes.Classes[name] = cs
 		}
 	}

@@ -78,7 +78,7 @@ var allKinds = func() (k Kinds) {
 func newTestState(t *testing.T, limits admission.Limits) (*state, *recorder) {
 	t.Helper()
 	rec := &recorder{clock: time.Unix(1_000, 0), armed: map[*AcquireRequest]uint64{}}
-	s, err := newState(limits, rec, [32]byte{1})
+	s, err := newState(limits, QueuePolicy{}, rec, [32]byte{1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -86,6 +86,7 @@ type SharedBudgetStats struct {
 type ClassStats struct {
 	Limits                      ClassLimits
 	InFlight                    int
+	Pending                     int
 	ProtectedConcurrentInUse    int
 	BorrowedConcurrent          int
 	InFlightTokens              int64

@@ -168,3 +168,44 @@ func (d *RejectDetail) Reserved() int64 {
 	}
 	return d.TokenBudget.Requested
 }
+
+// Unfittable reports whether the call this detail describes cannot be
+// admitted under its limits however long it waits: its reservation is above
+// its whole effective budget or its class's token ceiling, its class's
+// concurrency ceiling is 0, or it would have to borrow from a shared pool
+// that is too small (no shared slot for a class without a floor, or more
+// tokens to borrow than the shared budget holds).
+func (d *RejectDetail) Unfittable() bool {
+	var reserved int64
+	if b := d.TokenBudget; b != nil {
+		if b.Requested > b.EffectiveBudget {
+			return true
+		}
+		reserved = b.Requested
+	}
+	c := d.Class
+	if c == nil {
+		return false
+	}
+	if m := c.MaxConcurrent; m != nil && *m == 0 {
+		return true
+	}
+	var floorTokens int64
+	if t := c.TokenBudget; t != nil {
+		if m := t.MaxInFlightTokens; m != nil && reserved > *m {
+			return true
+		}
+		floorTokens = t.ProtectedInFlightTokens
+	}
+	if s := d.SharedCapacity; s != nil {
+		// A class without a floor borrows every slot: with no shared slot it
+		// never gets one (MaxConcurrent 0 is a kill switch, not this).
+		if d.MaxConcurrent > 0 && s.Concurrency.Capacity == 0 && c.ProtectedConcurrent == 0 {
+			return true
+		}
+		if t := s.TokenBudget; t != nil && reserved-floorTokens > t.Capacity {
+			return true
+		}
+	}
+	return false
+}
