@@ -143,6 +143,16 @@ type BulkheadConfig struct {
 	RateLimits *RateConfig `yaml:"rate_limits"`
 	// Fleet, when set, shares the limits across the gateway's replicas.
 	Fleet *FleetConfig `yaml:"fleet"`
+	// Queue is how waiting calls are served (see bulkhead.QueuePolicy).
+	Queue QueueConfig `yaml:"queue"`
+}
+
+// QueueConfig is a bulkhead's queue policy (see bulkhead.QueuePolicy):
+// fair queuing across its classes, with weights, and waiting for capacity.
+type QueueConfig struct {
+	Fair            bool           `yaml:"fair"`
+	Weights         map[string]int `yaml:"weights"`
+	WaitForCapacity bool           `yaml:"wait_for_capacity"`
 }
 
 // ClassesConfig is an admission class table.

@@ -141,6 +141,7 @@ func TestConfigErrors(t *testing.T) {
 		{"bad url", "base_url: UPSTREAM", "gw.yaml:6: upstreams.openai.base_url: want an absolute URL"},
 		{"bad limit", "max_concurrent: 2", "gw.yaml:12: bulkheads.gpt4o.max_concurrent: must be >= 0, got -2"},
 		{"no key", "api_key_env: TEST_OPENAI_KEY", "gw.yaml:7: upstreams.openai.api_key_env: the environment variable NOT_SET is not set"},
+		{"bad weight", "", "gw.yaml:20: bulkheads.gpt4o.queue.weights: class \"web\": must be between 1 and 1000000, got 0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			text := strings.Replace(sample, "UPSTREAM", "https://api.openai.com", 1)
@@ -159,6 +160,8 @@ func TestConfigErrors(t *testing.T) {
 				text = strings.Replace(text, "max_concurrent: 2", "max_concurrent: -2", 1)
 			case "no key":
 				text = strings.Replace(text, "TEST_OPENAI_KEY", "NOT_SET", 1)
+			case "bad weight":
+				text = strings.Replace(text, "    rate_limits:", "    queue: {fair: true, wait_for_capacity: true, weights: {web: 0}}\n    rate_limits:", 1)
 			}
 			cfg, err := gateway.ParseConfig("gw.yaml", []byte(text))
 			if err == nil {

@@ -121,7 +121,7 @@ func Build(cfg *Config, file string, getenv func(string) string, logger *slog.Lo
 		if err != nil {
 			var ce *bulkhead.ConfigError
 			if errors.As(err, &ce) {
-				return fail(v.at([]string{"bulkheads", name, yamlKey(ce.Field)}, "%s", ce.Problem))
+				return fail(v.at(append([]string{"bulkheads", name}, strings.Split(yamlKey(ce.Field), ".")...), "%s", ce.Problem))
 			}
 			return fail(err)
 		}
@@ -194,7 +194,8 @@ func (v *validator) at(path []string, format string, args ...any) *ConfigError {
 // config is the bulkhead.Config of b, with its rates on store (nil:
 // in-process) and its fleet pool.
 func (b BulkheadConfig) config(store pacer.Store, pool *fleet.Pool) bulkhead.Config {
-	c := bulkhead.Config{Model: b.Model, MaxConcurrent: b.MaxConcurrent, MaxQueue: b.MaxQueue, QueueTimeout: time.Duration(b.QueueTimeout), Fleet: pool}
+	c := bulkhead.Config{Model: b.Model, MaxConcurrent: b.MaxConcurrent, MaxQueue: b.MaxQueue, QueueTimeout: time.Duration(b.QueueTimeout), Fleet: pool,
+		Queue: bulkhead.QueuePolicy(b.Queue)}
 	if b.TokenBudget != nil {
 		c.TokenBudget = &bulkhead.TokenBudget{Budget: *b.TokenBudget, HighPriorityReserve: b.HighPriorityReserve, OutputCap: b.OutputCap}
 	}
@@ -223,13 +224,17 @@ func (b BulkheadConfig) config(store pacer.Store, pool *fleet.Pool) bulkhead.Con
 	return c
 }
 
-// yamlKey turns a bulkhead.Config field path into the file's key.
+// yamlKey turns a bulkhead.Config field path into the file's key (a dotted
+// path for a nested key).
 func yamlKey(field string) string {
 	for _, m := range []struct{ prefix, key string }{
 		{"Config.TokenBudget.HighPriorityReserve", "high_priority_reserve"},
 		{"Config.TokenBudget.OutputCap", "output_cap"},
 		{"Config.TokenBudget", "token_budget"},
 		{"Config.Classes", "classes"},
+		{"Config.Queue.WaitForCapacity", "queue.wait_for_capacity"},
+		{"Config.Queue.Weights", "queue.weights"},
+		{"Config.Queue.Fair", "queue.fair"},
 		{"Config.RateLimits", "rate_limits"},
 		{"Config.Fleet", "fleet"},
 		{"Config.MaxConcurrent", "max_concurrent"},
