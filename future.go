@@ -55,12 +55,20 @@ var closedChan = func() chan struct{} {
 // future whose Done channel closes when the call is admitted or rejected.
 // ctx cancels the wait in the queue, as for Acquire. Invalid input gives a
 // future that is already done with the *ConfigError.
+//
+// A call that is not queued is decided before AcquireAsync returns, and a
+// queued one when a release, a timeout or new limits let it through, on
+// the goroutine that caused it; rate limits on the in-process store are
+// checked in that same step. With a fleet pool, or rate limits kept in
+// Redis or in pace mode, the checks outside the engine run on a goroutine
+// of the call's own, so the answer may come a moment later.
 func (b *Bulkhead) AcquireAsync(ctx context.Context, req *Request, opts ...Option) *AcquireFuture {
 	o := resolve(opts)
-	if b.rate != nil || b.fleet != nil {
+	if b.fleet != nil || b.rate != nil && (b.rate.pace || !b.rate.local) {
 		// The rate check and the fleet reserve (Redis round trips, or a
 		// Pace-mode wait) happen around the engine's answer, so the call
-		// runs on a goroutine of its own.
+		// runs on a goroutine of its own. (Rate limits on the in-process
+		// store are checked by the engine itself, as the slot is granted.)
 		r, p, err := b.prepare(ctx, req, &o, "AcquireAsync", b.eng.NewRequest)
 		if err != nil {
 			return &AcquireFuture{done: closedChan, err: err}
@@ -77,6 +85,15 @@ func (b *Bulkhead) AcquireAsync(ctx context.Context, req *Request, opts ...Optio
 	if err != nil {
 		f := &AcquireFuture{done: closedChan, err: err}
 		return f
+	}
+	if b.rate != nil {
+		set, err := b.rateOf(r)
+		if err != nil {
+			return &AcquireFuture{done: closedChan, err: publicError(err)}
+		}
+		if set != nil {
+			r.Check, r.CheckArg = b.rate, set
+		}
 	}
 	done, stop := b.eng.AcquireAsync(r)
 	return &AcquireFuture{done: done, r: r, p: p, stop: stop}

@@ -516,3 +516,27 @@ func TestRateLimitTooHeavy(t *testing.T) {
 		}
 	})
 }
+
+// TestRateLimitAcquireAsyncLocalDecidesInline checks that with rate limits
+// on the in-process store AcquireAsync decides before it returns, as
+// without rate limits (the engine checks the rate as it grants the slot):
+// an event loop on a virtual clock relies on it.
+func TestRateLimitAcquireAsyncLocalDecidesInline(t *testing.T) {
+	clk := clock.NewMock()
+	b := newBulkhead(t, rateConfig(clk, &bulkhead.RateLimits{PerModel: bulkhead.Rate{RequestsPerMinute: 60}}))
+	f := b.AcquireAsync(context.Background(), req("a", 10))
+	if !isDone(f) {
+		t.Fatal("AcquireAsync under the rate did not decide before it returned")
+	}
+	p, err := f.Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Release(nil)
+	f = b.AcquireAsync(context.Background(), req("b", 10))
+	if !isDone(f) {
+		t.Fatal("AcquireAsync over the rate did not decide before it returned")
+	}
+	_, err = f.Result()
+	wantRate(t, err, time.Second, "model", "gpt-4o", "requests")
+}
