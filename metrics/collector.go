@@ -334,6 +334,7 @@ func (c *Collector) collectClasses(s sink, cs *bulkhead.ClassesStats, budget boo
 	for _, name := range classNames(cs) {
 		cl := cs.Classes[name]
 		s.gauge(d.classInFlight, int64(cl.InFlight), name)
+		s.gauge(d.classPending, int64(cl.Pending), name)
 		s.gauge(d.classBorrowedInFlight, int64(cl.BorrowedConcurrent), name)
 		s.gauge(d.classProtectedConcurrent, int64(cl.Limits.ProtectedConcurrent), name)
 		if m := cl.Limits.MaxConcurrent; m != nil {

@@ -17,7 +17,7 @@ type descs struct {
 
 	sharedMaxConcurrent, sharedInFlight, sharedTokenBudget, sharedTokensInFlight *prometheus.Desc
 
-	classInFlight, classBorrowedInFlight, classProtectedConcurrent, classMaxConcurrent,
+	classInFlight, classPending, classBorrowedInFlight, classProtectedConcurrent, classMaxConcurrent,
 	classAdmitted, classReleased, classBorrowedAdmissions,
 	classTokensInFlight, classBorrowedTokensInFlight, classProtectedTokens, classMaxTokens,
 	classTokensReserved, classTokensConsumed, classTokensRefunded *prometheus.Desc
@@ -74,6 +74,7 @@ func (d *descs) init(ns string, labels prometheus.Labels) {
 	d.sharedTokensInFlight = d.new("shared_tokens_in_flight", "Shared-pool tokens held.")
 
 	d.classInFlight = d.new("class_in_flight", "Slots a class uses.", class)
+	d.classPending = d.new("class_pending", "Calls of a class waiting in the queue.", class)
 	d.classBorrowedInFlight = d.new("class_borrowed_in_flight", "Slots a class uses from the shared pool.", class)
 	d.classProtectedConcurrent = d.new("class_protected_concurrent", "A class's concurrency floor.", class)
 	d.classMaxConcurrent = d.new("class_max_concurrent", "A class's concurrency ceiling, for a class that has one.", class)
