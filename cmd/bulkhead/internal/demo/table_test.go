@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/llmbulkhead/bulkhead/cmd/bulkhead/internal/demo"
 )
@@ -148,5 +150,34 @@ func TestScenarios(t *testing.T) {
 	got := strings.Join(demo.Scenarios(), " ")
 	if got != "burst-50 burst-100 burst-400 burst-1000 capacity-halves two-tenants" {
 		t.Fatalf("Scenarios() = %s", got)
+	}
+}
+
+// TestChecks judges made-up numbers: the verdict is computed from them.
+func TestChecks(t *testing.T) {
+	res := func(done, n429 int) demo.SimResult {
+		return demo.SimResult{Total: demo.TenantResult{Completed: done, Provider429: n429}}
+	}
+	quiet := func(r demo.SimResult, p99 time.Duration) demo.SimResult {
+		r.Tenants = []demo.TenantResult{{Latency: demo.Latencies{P99: p99}}}
+		return r
+	}
+	tb := &demo.Table{Strategies: []string{"bare", "static", "adaptive"}, Rows: []demo.Row{
+		{Scenario: "a", Results: []demo.SimResult{res(50, 200), res(0, 0), res(50, 1)}}, // 1 < 1% of 200: holds
+		{Scenario: "b", Results: []demo.SimResult{res(50, 100), res(0, 0), res(49, 1)}}, // fewer; 1 is 1%: fails
+		{Scenario: "c", Results: []demo.SimResult{res(10, 0), res(0, 0), res(10, 0)}},   // no 429s at all: holds
+		{Scenario: "d", Results: []demo.SimResult{res(10, 0), res(0, 0), res(11, 1)}},   // bare had none: fails
+		{Scenario: "e", Results: []demo.SimResult{quiet(res(5, 9), 0), res(0, 0), quiet(res(5, 0), 20*time.Second)},
+			Unloaded: []demo.SimResult{{}, {}, quiet(res(5, 0), 10*time.Second)}}, // exactly twice: holds
+		{Scenario: "f", Results: []demo.SimResult{quiet(res(5, 9), 0), res(0, 0), quiet(res(5, 0), 21*time.Second)},
+			Unloaded: []demo.SimResult{{}, {}, quiet(res(5, 0), 10*time.Second)}},
+	}}
+	var got []string
+	for _, c := range tb.Checks() {
+		got = append(got, fmt.Sprintf("%s:%v", c.Row, c.Holds))
+	}
+	want := "a:true a:true b:false b:false c:true c:true d:true d:false e:true e:true e:true f:true f:true f:false"
+	if strings.Join(got, " ") != want {
+		t.Fatalf("checks = %s\nwant     %s", strings.Join(got, " "), want)
 	}
 }
