@@ -100,7 +100,7 @@ type runner struct {
 	// ordered by call index, so they are collected in the same order
 	// every run.
 	waiting []*simCall
-	held    map[int]*simCall // calls holding a permit, by index
+	held    map[int]*simCall // calls holding a permit, by index (released in no particular order if the run is cancelled)
 	tenants []TenantResult
 	lat     [][]time.Duration
 	last    time.Time
@@ -134,13 +134,25 @@ func simulate(ctx context.Context, cfg *Config, sc *scenario, st *strategy) (Sim
 	var bs []*bulkhead.Bulkhead
 	defer func() {
 		// Nothing is in flight or queued by now, unless the run was
-		// cancelled: give back what it held; Close rejects what it queued.
+		// cancelled: Close rejects what it queued; what it was admitted,
+		// collected or not, goes back.
+		for _, b := range bs {
+			b.Close()
+		}
+		for _, c := range r.waiting {
+			if p, err := c.fut.Result(); err == nil {
+				_ = p.Release(nil)
+			}
+		}
 		for _, c := range r.held {
 			_ = c.permit.Release(nil)
 		}
+		// The simulation is over: a wall-clock bound on the wait is safe,
+		// and keeps a bug from hanging the command.
+		dctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
 		for _, b := range bs {
-			b.Close()
-			_, _ = b.Drain(context.Background())
+			_, _ = b.Drain(dctx)
 		}
 	}()
 	for _, bc := range cfgs {
@@ -211,13 +223,9 @@ func simulate(ctx context.Context, cfg *Config, sc *scenario, st *strategy) (Sim
 	return res, nil
 }
 
-// stop ends a cancelled run: no event left, no future awaited.
-func (r *runner) stop() {
-	for r.s.Pending() > 0 {
-		r.s.Step()
-	}
-	r.waiting = nil
-}
+// stop ends a cancelled run: no event is left. What the run holds and
+// queues is given back when simulate returns.
+func (r *runner) stop() { r.s.Discard() }
 
 // attempt makes one attempt of c: through the bulkhead when there is one,
 // else straight at the provider.

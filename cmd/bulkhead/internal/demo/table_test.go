@@ -146,6 +146,42 @@ func TestTableCancelled(t *testing.T) {
 	}
 }
 
+// endsLater is a context whose Err turns non-nil at its n-th call: the
+// simulation checks it every 1,024 events, on its own goroutine, so the run
+// is cancelled midway, deterministically.
+type endsLater struct {
+	context.Context
+	n int
+}
+
+func (c *endsLater) Err() error {
+	if c.n--; c.n < 0 {
+		return context.Canceled
+	}
+	return nil
+}
+
+// TestTableCancelledMidway cancels runs that hold permits and queue calls;
+// goleak (TestMain) checks that their bulkheads are shut down.
+func TestTableCancelledMidway(t *testing.T) {
+	cfg := demo.DefaultConfig()
+	cfg.Scenario = "burst-1000"
+	tb, err := demo.RunTable(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Each run checks once at its start and once every 1,024 events.
+	checks := 0
+	for i, r := range tb.Rows[0].Results {
+		n := checks + 1 + int(r.Events/1024)/2 // halfway through run i
+		_, err := demo.RunTable(&endsLater{Context: context.Background(), n: n}, cfg)
+		if err != context.Canceled {
+			t.Fatalf("cancelled halfway through %s: err = %v, want context.Canceled", tb.Strategies[i], err)
+		}
+		checks += 1 + int(r.Events/1024)
+	}
+}
+
 func TestScenarios(t *testing.T) {
 	got := strings.Join(demo.Scenarios(), " ")
 	if got != "burst-50 burst-100 burst-400 burst-1000 capacity-halves two-tenants" {

@@ -97,6 +97,16 @@ func (s *Sim) Run(after func()) {
 	}
 }
 
+// Discard drops every scheduled event, as if each timer had been stopped:
+// Run returns after the event it is running.
+func (s *Sim) Discard() {
+	for _, t := range s.events {
+		t.idx = -1
+	}
+	clear(s.events)
+	s.events = s.events[:0]
+}
+
 // timer is a scheduled event; idx is its place in the heap, -1 once it has
 // fired or been stopped.
 type timer struct {

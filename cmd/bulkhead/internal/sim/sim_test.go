@@ -112,3 +112,24 @@ func TestNewTimer(t *testing.T) {
 		t.Fatal("Stop left the timer queued")
 	}
 }
+
+func TestDiscard(t *testing.T) {
+	s := sim.New(epoch)
+	ran := 0
+	var late []bool
+	a := s.AfterFunc(time.Second, func() {
+		ran++
+		s.Discard()
+	})
+	b := s.AfterFunc(2*time.Second, func() { ran++ })
+	s.Run(nil)
+	late = append(late, a.Stop(), b.Stop())
+	if ran != 1 || s.Pending() != 0 || late[0] || late[1] {
+		t.Fatalf("ran %d, pending %d, Stop after Discard %v", ran, s.Pending(), late)
+	}
+	s.AfterFunc(0, func() { ran++ })
+	s.Run(nil)
+	if ran != 2 {
+		t.Fatal("a Sim does not run events scheduled after Discard")
+	}
+}
