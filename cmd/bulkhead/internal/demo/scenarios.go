@@ -95,7 +95,7 @@ func pickScenarios(cfg *Config) ([]*scenario, error) {
 // calls builds the scenario's calls, in arrival order of each tenant, the
 // tenants one after the other. Request IDs, sizes and arrival times depend
 // only on the seed.
-func (sc *scenario) calls(cfg *Config) ([]*simCall, error) {
+func (sc *scenario) calls(cfg *Config, st *strategy) ([]*simCall, error) {
 	total := 0
 	for _, t := range sc.tenants {
 		total += t.calls
@@ -108,13 +108,17 @@ func (sc *scenario) calls(cfg *Config) ([]*simCall, error) {
 	calls := make([]*simCall, 0, total)
 	for ti, t := range sc.tenants {
 		arrive := arrivalTimes(cfg.Seed+uint64(ti), t.calls, t.ramp)
+		var opts []bulkhead.Option
+		if st.options != nil {
+			opts = st.options(t.name)
+		}
 		for k := range t.calls {
 			i := len(calls)
 			at := t.start + arrive[k]
 			if t.every > 0 {
 				at = t.start + time.Duration(k)*t.every
 			}
-			calls = append(calls, &simCall{idx: i, tenant: ti, req: reqs[i], breq: &breqs[i], arrive: at,
+			calls = append(calls, &simCall{idx: i, tenant: ti, req: reqs[i], breq: &breqs[i], opts: opts, arrive: at,
 				rng: rand.New(rand.NewPCG(cfg.Seed^0x5eed, reqs[i].ID))})
 		}
 	}
@@ -129,6 +133,9 @@ type strategy struct {
 	// through (their Clock is replaced by the simulation's), and for each
 	// tenant of sc the index of its bulkhead; no Configs for none.
 	bulkheads func(cfg *Config, sc *scenario) (cfgs []bulkhead.Config, route []int)
+	// options, when not nil, returns the per-call options of a call from
+	// tenant ("" in a scenario with one tenant), such as its class.
+	options func(tenant string) []bulkhead.Option
 	// feedback, when not nil, is told how the provider answered each
 	// admitted call, just before its permit is released.
 	feedback func(p *bulkhead.Permit, o providerOutcome, retryAfter time.Duration)
@@ -173,7 +180,7 @@ func strategies() []*strategy {
 // bulkhead for all tenants, sized from the account as a starting point,
 // with Config.Adaptive set, a class per tenant, fair queuing across classes
 // and class- and budget-limited calls waiting in the queue (routing each
-// tenant to it with WithClass in the per-call options below), and set
+// tenant to it with WithClass in options), and set
 // feedback to call p.Feedback (providerOutcome maps one to one onto
 // bulkhead.Outcome: outcomeSuccess to OutcomeSuccess, outcomeRateLimited
 // to OutcomeRateLimited, with the provider's Retry-After).
@@ -197,7 +204,8 @@ func adaptiveFair() *strategy {
 			}
 			return cfgs, route
 		},
-		// No feedback until Permit.Feedback exists.
+		// No options (one bulkhead per tenant needs no class) and no
+		// feedback until Permit.Feedback exists.
 	}
 }
 

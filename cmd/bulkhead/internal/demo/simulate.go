@@ -79,6 +79,7 @@ type simCall struct {
 	req    simprovider.Request
 	breq   *bulkhead.Request
 	b      *bulkhead.Bulkhead // nil for none
+	opts   []bulkhead.Option
 	arrive time.Duration
 	rng    *rand.Rand // backoff jitter, seeded per call
 
@@ -126,7 +127,7 @@ func simulate(ctx context.Context, cfg *Config, sc *scenario, st *strategy) (Sim
 		return SimResult{}, err
 	}
 	r := &runner{s: s, prov: prov, st: st, attempts: cfg.Attempts, held: map[int]*simCall{}}
-	calls, err := sc.calls(cfg)
+	calls, err := sc.calls(cfg, st)
 	if err != nil {
 		return SimResult{}, err
 	}
@@ -238,7 +239,7 @@ func (r *runner) attempt(c *simCall) {
 	// context.Background: a cancellable context's end would be delivered
 	// on a goroutine of its own. Queue timeouts come from the config and
 	// fire through the virtual clock.
-	c.fut = c.b.AcquireAsync(context.Background(), c.breq)
+	c.fut = c.b.AcquireAsync(context.Background(), c.breq, c.opts...)
 	i, _ := slices.BinarySearchFunc(r.waiting, c.idx, func(w *simCall, idx int) int { return w.idx - idx })
 	r.waiting = slices.Insert(r.waiting, i, c)
 }
