@@ -15,8 +15,11 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// fast is a tiny demo at 1000x speed.
-var fast = []string{"-calls", "40", "-ramp", "1s", "-time-scale", "0.001", "-provider-concurrency", "8",
+// fast is one scenario of the table.
+var fast = []string{"-scenario", "burst-50"}
+
+// fastGateway is a tiny gateway-mode demo at 1000x speed.
+var fastGateway = []string{"-gateway", "-calls", "40", "-ramp", "1s", "-time-scale", "0.001", "-provider-concurrency", "8",
 	"-max-concurrent", "7", "-max-queue", "2", "-queue-timeout", "2s", "-token-budget", "15000"}
 
 func runArgs(args ...string) (code int, stdout, stderr string) {
@@ -34,7 +37,7 @@ func TestDemoCommand(t *testing.T) {
 		if code != 0 || errOut != "" {
 			t.Fatalf("%s: exit %d, stderr %q", name, code, errOut)
 		}
-		for _, want := range []string{"bulkhead demo: a burst of 40 gpt-4o calls", "provider 429s", "shed by the bulkhead", "Bare: the burst became a storm"} {
+		for _, want := range []string{"on simulated time", "burst of 50", "static bulkhead", "adaptive + fair", "Verdict:"} {
 			if !strings.Contains(out, want) {
 				t.Errorf("%s: output lacks %q:\n%s", name, want, out)
 			}
@@ -53,7 +56,7 @@ func TestHelp(t *testing.T) {
 	if code != 0 {
 		t.Errorf("demo -h: exit %d", code)
 	}
-	for _, flag := range []string{"-calls", "-ramp", "-seed", "-time-scale", "-retries", "-provider-concurrency", "-provider-tpm", "-max-concurrent", "-max-queue", "-queue-timeout", "-token-budget"} {
+	for _, flag := range []string{"-scenario", "-attempts", "-gateway", "-calls", "-ramp", "-seed", "-time-scale", "-retries", "-provider-concurrency", "-provider-tpm", "-max-concurrent", "-max-queue", "-queue-timeout", "-token-budget"} {
 		if !strings.Contains(errOut, flag) {
 			t.Errorf("demo -h lacks %s:\n%s", flag, errOut)
 		}
@@ -67,7 +70,8 @@ func TestUsageErrors(t *testing.T) {
 	}{
 		{[]string{"frobnicate"}, `unknown command "frobnicate"`},
 		{[]string{"demo", "-no-such-flag"}, "flag provided but not defined"},
-		{[]string{"demo", "-calls", "0"}, "-calls must be > 0"},
+		{[]string{"demo", "-calls", "-1"}, "-calls must be >= 0"},
+		{[]string{"demo", "-scenario", "nope"}, "-scenario must be one of burst-50"},
 		{[]string{"demo", "extra"}, "unexpected arguments: extra"},
 	} {
 		code, out, errOut := runArgs(tc.args...)
@@ -148,11 +152,11 @@ routes: [{api: openai-chat, upstream: openai, bulkhead: main}]
 // TestDemoGatewayMode runs the demo's guarded pass over HTTP through the
 // gateway.
 func TestDemoGatewayMode(t *testing.T) {
-	code, out, errOut := runArgs(append([]string{"demo", "-gateway"}, fast...)...)
+	code, out, errOut := runArgs(append([]string{"demo"}, fastGateway...)...)
 	if code != 0 || errOut != "" {
 		t.Fatalf("exit %d, stderr %q", code, errOut)
 	}
-	for _, want := range []string{"through gateway", "clients -> gateway -> the provider", "Through the gateway (over HTTP):", "shed by the bulkhead"} {
+	for _, want := range []string{"bulkhead demo: a burst of 40 gpt-4o calls", "on the wall clock", "through gateway", "clients -> gateway -> the provider", "Through the gateway (over HTTP):", "shed by the bulkhead"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}

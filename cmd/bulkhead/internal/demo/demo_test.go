@@ -15,10 +15,11 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// tiny is a small burst at 500x speed: each pass takes tens of
-// milliseconds.
+// tiny is a small gateway-mode burst at 500x speed: each pass takes tens
+// of milliseconds.
 func tiny() demo.Config {
 	cfg := demo.DefaultConfig()
+	cfg.Gateway = true
 	cfg.Calls = 80
 	cfg.Ramp = 2 * time.Second
 	cfg.TimeScale = 0.002
@@ -31,7 +32,7 @@ func tiny() demo.Config {
 	return cfg
 }
 
-func TestDemoEndToEnd(t *testing.T) {
+func TestGatewayEndToEnd(t *testing.T) {
 	cfg := tiny()
 	var out bytes.Buffer
 	rep, err := demo.Run(context.Background(), cfg, &out)
@@ -62,7 +63,7 @@ func TestDemoEndToEnd(t *testing.T) {
 	if bare.Provider.RateLimited < int64(cfg.Calls)/2 || bare.Failed429 == 0 || bare.Shed != 0 || bare.Bulkhead != nil {
 		t.Fatalf("bare pass: want a storm of 429s, got %+v", bare)
 	}
-	// Through the bulkhead, the excess is shed and the provider sees far
+	// Through the gateway, the excess is shed and the provider sees far
 	// fewer 429s: none over concurrency, as the bulkhead's slots are fewer
 	// than the provider's.
 	if guard.Provider.RateLimitedConcurrency != 0 {
@@ -95,7 +96,8 @@ func TestDemoEndToEnd(t *testing.T) {
 	for _, want := range []string{
 		"bulkhead demo: a burst of 80 gpt-4o calls",
 		"bulkhead  MaxConcurrent 9, MaxQueue 4, QueueTimeout 2s, TokenBudget 18,000",
-		"through bulkhead",
+		"through gateway",
+		"over real HTTP, on the wall clock",
 		"completed OK",
 		"shed by the bulkhead",
 		"provider 429s",
@@ -103,7 +105,7 @@ func TestDemoEndToEnd(t *testing.T) {
 		"peak calls in flight at provider",
 		"wall time",
 		"Bare: the burst became a storm of",
-		"Through the bulkhead:",
+		"Through the gateway (over HTTP):",
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("output lacks %q", want)
@@ -126,7 +128,7 @@ func TestDemoEndToEnd(t *testing.T) {
 	}
 }
 
-func TestDemoCancelled(t *testing.T) {
+func TestGatewayCancelled(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	if _, err := demo.Run(ctx, tiny(), &bytes.Buffer{}); err == nil {
@@ -134,7 +136,7 @@ func TestDemoCancelled(t *testing.T) {
 	}
 }
 
-func TestDemoCancelledMidway(t *testing.T) {
+func TestGatewayCancelledMidway(t *testing.T) {
 	cfg := tiny()
 	cfg.TimeScale = 1 // far too slow to finish
 	ctx, cancel := context.WithCancel(context.Background())
@@ -161,7 +163,9 @@ func TestValidate(t *testing.T) {
 		t.Fatalf("defaults invalid: %v", err)
 	}
 	for name, edit := range map[string]func(*demo.Config){
-		"-calls":          func(c *demo.Config) { c.Calls = 0 },
+		"-calls":          func(c *demo.Config) { c.Calls = -1 },
+		"-scenario":       func(c *demo.Config) { c.Scenario = "no-such" },
+		"-attempts":       func(c *demo.Config) { c.Attempts = 0 },
 		"-time-scale":     func(c *demo.Config) { c.TimeScale = 0 },
 		"-max-concurrent": func(c *demo.Config) { c.MaxConcurrent = 0 },
 		"-max-queue":      func(c *demo.Config) { c.MaxQueue = -1 },
@@ -181,7 +185,7 @@ func TestValidate(t *testing.T) {
 	}
 }
 
-func TestNoTokenBudget(t *testing.T) {
+func TestGatewayNoTokenBudget(t *testing.T) {
 	cfg := tiny()
 	cfg.TokenBudget = 0
 	var out bytes.Buffer

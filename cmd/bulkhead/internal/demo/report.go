@@ -12,6 +12,7 @@ import (
 	"github.com/llmbulkhead/bulkhead/cmd/bulkhead/internal/simprovider"
 )
 
+// printHeader describes gateway mode's burst, account and gateway.
 func printHeader(w io.Writer, c *Config, reqs []simprovider.Request) {
 	var cost int64
 	inputs := make([]int64, len(reqs))
@@ -33,10 +34,8 @@ func printHeader(w io.Writer, c *Config, reqs []simprovider.Request) {
 	fmt.Fprintf(w, "  bulkhead  MaxConcurrent %d, MaxQueue %d, QueueTimeout %v, %s\n",
 		c.MaxConcurrent, c.MaxQueue, c.QueueTimeout, budget)
 	fmt.Fprintf(w, "  clients   retry a 429 up to %d times, backoff 0.5s, 1s, 2s ... with jitter (SDK defaults)\n", c.Retries)
-	if c.Gateway {
-		fmt.Fprintf(w, "  gateway   the guarded pass goes over HTTP: clients -> gateway -> the provider served on loopback\n")
-	}
-	fmt.Fprintf(w, "  time      scale %g: simulated time runs %gx faster; latencies below are wall-clock\n\n",
+	fmt.Fprintf(w, "  gateway   the guarded pass goes over HTTP: clients -> gateway -> the provider served on loopback\n")
+	fmt.Fprintf(w, "  time      over real HTTP, on the wall clock (not simulated time), at scale %g: simulated durations run %gx faster; latencies below are wall-clock\n\n",
 		c.TimeScale, roundSig(1/c.TimeScale))
 }
 
@@ -99,12 +98,8 @@ func verdict(rep *Report) string {
 	for _, r := range shedReasons(g.ShedByReason) {
 		reasons = append(reasons, fmt.Sprintf("%s %s", r, commas(g.ShedByReason[r])))
 	}
-	via := "the bulkhead"
-	if rep.Config.Gateway {
-		via = "the gateway (over HTTP)"
-	}
-	fmt.Fprintf(&s, "Through %s: %s excess calls were shed before reaching the provider, in %s (p50), with typed reasons (%s);\n",
-		via, commas(int64(g.Shed)), fmtDur(g.ShedLatency.P50), strings.Join(reasons, ", "))
+	fmt.Fprintf(&s, "Through the gateway (over HTTP): %s excess calls were shed before reaching the provider, in %s (p50), with typed reasons (%s);\n",
+		commas(int64(g.Shed)), fmtDur(g.ShedLatency.P50), strings.Join(reasons, ", "))
 	fmt.Fprintf(&s, "the provider answered %s 429s and completed %s calls (bare: %s).\n",
 		commas(g.Provider.RateLimited), commas(int64(g.OK)), commas(int64(b.OK)))
 	return s.String()

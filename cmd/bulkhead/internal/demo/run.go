@@ -16,9 +16,9 @@ import (
 	"github.com/llmbulkhead/bulkhead/cmd/bulkhead/internal/simprovider"
 )
 
-// Result is what one pass of the burst did.
+// Result is what one pass of the gateway-mode burst did.
 type Result struct {
-	// Name is "bare" or "through bulkhead".
+	// Name is "bare" or "through gateway".
 	Name string
 	// Calls is the number of calls sent.
 	Calls int
@@ -70,22 +70,37 @@ func summarise(ds []time.Duration) Latencies {
 	return Latencies{N: len(ds), P50: at(0.50), P99: at(0.99)}
 }
 
-// Report is the outcome of a demo: the configuration and both passes.
+// Report is the outcome of a demo: the configuration and the table, or in
+// gateway mode both passes of the burst.
 type Report struct {
 	// Config is the configuration the demo ran with.
 	Config Config
-	// Bare is the pass straight at the provider.
+	// Table is the scenarios' table; nil in gateway mode.
+	Table *Table
+	// Bare is gateway mode's pass straight at the provider.
 	Bare Result
-	// Guard is the pass through a bulkhead.
+	// Guard is gateway mode's pass through the gateway.
 	Guard Result
 }
 
-// Run runs the demo: the same burst bare, then through a bulkhead. It
-// writes the comparison to w and returns it. It returns early with ctx's
-// error when ctx ends.
+// Run runs the demo and writes it to w: the table of scenarios, on
+// simulated time, with its verdict; or with cfg.Gateway, the same burst
+// bare and then through the gateway, over HTTP on the wall clock. It
+// returns early with ctx's error when ctx ends.
 func Run(ctx context.Context, cfg Config, w io.Writer) (*Report, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
+	}
+	if !cfg.Gateway {
+		t, err := RunTable(ctx, cfg)
+		if err != nil {
+			return nil, err
+		}
+		printTable(w, t)
+		return &Report{Config: cfg, Table: t}, nil
+	}
+	if cfg.Calls == 0 {
+		cfg.Calls = 400
 	}
 	reqs, err := cfg.Workload.Generate(cfg.Seed, cfg.Calls)
 	if err != nil {
@@ -100,10 +115,7 @@ func Run(ctx context.Context, cfg Config, w io.Writer) (*Report, error) {
 	if rep.Bare, err = runPass(ctx, &cfg, "bare", reqs, bReqs, arrivals, false); err != nil {
 		return nil, err
 	}
-	guard := "through bulkhead"
-	if cfg.Gateway {
-		guard = "through gateway"
-	}
+	guard := "through gateway"
 	fmt.Fprintf(w, "running the burst %s ...\n\n", guard)
 	if rep.Guard, err = runPass(ctx, &cfg, guard, reqs, bReqs, arrivals, true); err != nil {
 		return nil, err
@@ -152,8 +164,8 @@ type outcome struct {
 	err     error
 }
 
-// runPass fires the burst once, bare or through a fresh bulkhead, at a
-// fresh provider.
+// runPass fires the burst once, bare or through a fresh gateway and
+// bulkhead, at a fresh provider, on the wall clock.
 func runPass(ctx context.Context, cfg *Config, name string, reqs []simprovider.Request, bReqs []bulkhead.Request, arrivals []time.Duration, guarded bool) (Result, error) {
 	pcfg := cfg.Provider
 	pcfg.MaxConcurrent = cfg.ProviderConcurrency
@@ -190,7 +202,7 @@ func runPass(ctx context.Context, cfg *Config, name string, reqs []simprovider.R
 	}
 
 	var gw *gatewayRig
-	if guarded && cfg.Gateway {
+	if guarded {
 		if gw, err = startGateway(prov, b); err != nil {
 			return Result{}, err
 		}
@@ -218,19 +230,10 @@ dispatch:
 			defer wg.Done()
 			t0 := time.Now()
 			var err error
-			switch {
-			case gw != nil:
+			if gw != nil {
 				err = gw.call(ctx, cl, reqs[i], &bReqs[i])
-			case b == nil:
+			} else {
 				_, err = cl.do(ctx, reqs[i])
-			default:
-				_, err = bulkhead.Run(ctx, b, &bReqs[i], func(ctx context.Context, rc *bulkhead.RunContext) (simprovider.Response, error) {
-					resp, err := cl.do(ctx, reqs[i])
-					if err == nil {
-						_ = rc.SetUsage(bulkhead.Usage{Input: resp.Usage.Input, Output: resp.Usage.Output})
-					}
-					return resp, err
-				})
 			}
 			outcomes[i] = outcome{latency: time.Since(t0), err: err}
 		}()

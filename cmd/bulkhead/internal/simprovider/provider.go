@@ -94,6 +94,19 @@ type Config struct {
 
 	// Clock is the time source. Nil means the wall clock.
 	Clock clock.Clock
+
+	// CapacityChange, when not nil, resizes the account's limits during the
+	// run, as a provider shedding capacity in an incident does.
+	CapacityChange *CapacityChange
+}
+
+// CapacityChange resizes an account's limits once, part way through.
+type CapacityChange struct {
+	// After is how long after New the limits change (simulated time).
+	After time.Duration
+	// Factor multiplies both limits from then on: 0.5 halves them. It must
+	// be in (0, 1]; a limit never drops below 1.
+	Factor float64
 }
 
 // DefaultConfig returns a realistic account: 40 concurrent requests, 200,000
@@ -138,6 +151,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("simprovider: ChunkTokens must be >= 0, got %d", c.ChunkTokens)
 	case !(c.TimeScale >= 0) || math.IsInf(c.TimeScale, 0):
 		return fmt.Errorf("simprovider: TimeScale must be finite and >= 0, got %v", c.TimeScale)
+	case c.CapacityChange != nil && (c.CapacityChange.After < 0 || !(c.CapacityChange.Factor > 0 && c.CapacityChange.Factor <= 1)):
+		return fmt.Errorf("simprovider: CapacityChange needs After >= 0 and Factor in (0, 1], got %+v", *c.CapacityChange)
 	}
 	return nil
 }
@@ -306,6 +321,8 @@ type Provider struct {
 	cfg    Config
 	clk    clock.Clock
 	window time.Duration
+	// changeAt is when CapacityChange applies (clock time), zero for never.
+	changeAt time.Time
 
 	mu      sync.Mutex
 	entries []windowEntry // accepted requests in the TPM window, oldest first
@@ -328,7 +345,29 @@ func New(cfg Config) (*Provider, error) {
 	}
 	p := &Provider{cfg: cfg, clk: clock.OrReal(cfg.Clock)}
 	p.window = p.Scale(cfg.Window)
+	if ch := cfg.CapacityChange; ch != nil {
+		p.changeAt = p.clk.Now().Add(p.Scale(ch.After))
+	}
 	return p, nil
+}
+
+// Limits returns the account's concurrency and tokens-per-minute limits at
+// t (0 for unlimited): those of Config, resized by CapacityChange once it
+// applies.
+func (p *Provider) Limits(t time.Time) (maxConcurrent int, tokensPerMinute int64) {
+	c := &p.cfg
+	maxConcurrent, tokensPerMinute = c.MaxConcurrent, c.TokensPerMinute
+	if c.CapacityChange == nil || t.Before(p.changeAt) {
+		return maxConcurrent, tokensPerMinute
+	}
+	f := c.CapacityChange.Factor
+	if maxConcurrent > 0 {
+		maxConcurrent = max(int(float64(maxConcurrent)*f), 1)
+	}
+	if tokensPerMinute > 0 {
+		tokensPerMinute = max(int64(float64(tokensPerMinute)*f), 1)
+	}
+	return maxConcurrent, tokensPerMinute
 }
 
 // Config returns the provider's configuration, defaults filled in.
@@ -411,11 +450,11 @@ func (p *Provider) prune(now time.Time) {
 
 // tpmRetryAfter returns how long until cost fits in the window. p.mu is
 // held and the window is pruned.
-func (p *Provider) tpmRetryAfter(now time.Time, cost int64) time.Duration {
-	if cost > p.cfg.TokensPerMinute {
+func (p *Provider) tpmRetryAfter(now time.Time, cost, tpm int64) time.Duration {
+	if cost > tpm {
 		return p.window // never fits; a real provider would answer 400
 	}
-	need := p.stats.WindowTokens + cost - p.cfg.TokensPerMinute
+	need := p.stats.WindowTokens + cost - tpm
 	for _, e := range p.entries {
 		need -= e.tokens
 		if need <= 0 {
@@ -435,32 +474,28 @@ type admitted struct {
 	timer    clock.Timer // fires at first (streaming) or end
 }
 
-// enter applies the account limits to req at the current time. It returns
-// the accepted schedule, or a 429 with the timer of its round trip. The
-// first timer is created under p.mu, so whoever sees the request counted in
-// Stats knows its timer exists (tests on a mock clock rely on this).
-func (p *Provider) enter(req Request, pl plan, streaming bool) (*admitted, *RateLimitError, clock.Timer) {
+// decide applies the account limits to req at now. It returns the accepted
+// schedule, or a 429. p.mu is held.
+func (p *Provider) decide(req Request, pl plan, now time.Time) (*admitted, *RateLimitError) {
 	cost := req.Cost()
 	c := &p.cfg
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	now := p.clk.Now()
+	maxConc, tpm := p.Limits(now)
 	p.stats.Requests++
 	p.prune(now)
 	var rl *RateLimitError
 	switch {
-	case c.MaxConcurrent > 0 && p.stats.InFlight >= c.MaxConcurrent:
+	case maxConc > 0 && p.stats.InFlight >= maxConc:
 		rl = &RateLimitError{Limit: ConcurrencyLimit, RetryAfter: p.Scale(time.Second),
-			Used: int64(p.stats.InFlight), Max: int64(c.MaxConcurrent), Requested: 1}
+			Used: int64(p.stats.InFlight), Max: int64(maxConc), Requested: 1}
 		p.stats.RateLimitedConcurrency++
-	case c.TokensPerMinute > 0 && p.stats.WindowTokens+cost > c.TokensPerMinute:
-		rl = &RateLimitError{Limit: TokenLimit, RetryAfter: p.tpmRetryAfter(now, cost),
-			Used: p.stats.WindowTokens, Max: c.TokensPerMinute, Requested: cost}
+	case tpm > 0 && p.stats.WindowTokens+cost > tpm:
+		rl = &RateLimitError{Limit: TokenLimit, RetryAfter: p.tpmRetryAfter(now, cost, tpm),
+			Used: p.stats.WindowTokens, Max: tpm, Requested: cost}
 		p.stats.RateLimitedTokens++
 	}
 	if rl != nil {
 		p.stats.RateLimited++
-		return nil, rl, p.clk.NewTimer(p.Scale(pl.rtt))
+		return nil, rl
 	}
 
 	s := &p.stats
@@ -469,18 +504,18 @@ func (p *Provider) enter(req Request, pl plan, streaming bool) (*admitted, *Rate
 	s.InFlightTokens += cost
 	s.PeakInFlightTokens = max(s.PeakInFlightTokens, s.InFlightTokens)
 	s.InputTokens += req.InputTokens
-	if c.TokensPerMinute > 0 {
+	if tpm > 0 {
 		p.entries = append(p.entries, windowEntry{at: now, tokens: cost})
 		s.WindowTokens += cost
 		s.PeakWindowTokens = max(s.PeakWindowTokens, s.WindowTokens)
 	}
 
 	load := 0.0
-	if c.MaxConcurrent > 0 {
-		load = float64(s.InFlight) / float64(c.MaxConcurrent)
+	if maxConc > 0 {
+		load = float64(s.InFlight) / float64(maxConc)
 	}
-	if c.TokensPerMinute > 0 {
-		load = max(load, float64(s.WindowTokens)/float64(c.TokensPerMinute))
+	if tpm > 0 {
+		load = max(load, float64(s.WindowTokens)/float64(tpm))
 	}
 	load = min(load, 1)
 	a := &admitted{start: now, slowdown: 1 + c.Degradation*load*load*load}
@@ -488,12 +523,72 @@ func (p *Provider) enter(req Request, pl plan, streaming bool) (*admitted, *Rate
 	a.first = now.Add(slow(pl.rtt/2 + pl.ttft))
 	a.perToken = slow(pl.perToken)
 	a.end = a.first.Add(time.Duration(pl.output)*a.perToken + slow(pl.rtt/2))
+	return a, nil
+}
+
+// enter applies the account limits to req at the current time. It returns
+// the accepted schedule, or a 429 with the timer of its round trip. The
+// first timer is created under p.mu, so whoever sees the request counted in
+// Stats knows its timer exists (tests on a mock clock rely on this).
+func (p *Provider) enter(req Request, pl plan, streaming bool) (*admitted, *RateLimitError, clock.Timer) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := p.clk.Now()
+	a, rl := p.decide(req, pl, now)
+	if rl != nil {
+		return nil, rl, p.clk.NewTimer(p.Scale(pl.rtt))
+	}
 	if streaming {
 		a.timer = p.clk.NewTimer(a.first.Sub(now))
 	} else {
 		a.timer = p.clk.NewTimer(a.end.Sub(now))
 	}
 	return a, nil, nil
+}
+
+// Ticket is the answer Enter decided for a request, due at a later time.
+type Ticket struct {
+	// At is when the answer arrives: the end of the response, or one round
+	// trip after Enter for a 429.
+	At time.Time
+	// Response is an accepted request's response; zero for a 429.
+	Response Response
+}
+
+// Enter is the non-blocking form of Complete, for a caller that keeps its
+// own time (a discrete-event simulation): it applies the account limits to
+// req at now, as Complete does on arrival, and returns at once with the
+// answer and when it arrives. For a 429 the error is a *RateLimitError, due
+// at Ticket.At; for an accepted request the caller must call Leave at
+// Ticket.At. It starts no timer. Invalid requests are an error and count
+// nothing.
+func (p *Provider) Enter(req Request, now time.Time) (Ticket, error) {
+	if err := req.validate(); err != nil {
+		return Ticket{}, err
+	}
+	pl := p.plan(req)
+	p.mu.Lock()
+	a, rl := p.decide(req, pl, now)
+	p.mu.Unlock()
+	if rl != nil {
+		return Ticket{At: now.Add(p.Scale(pl.rtt))}, rl
+	}
+	return Ticket{At: a.end, Response: response(req, pl, a)}, nil
+}
+
+// Leave ends a request Enter accepted, at its Ticket.At, as completed.
+func (p *Provider) Leave(req Request, t Ticket) { p.leave(req, t.Response.Usage.Output, true) }
+
+// response is an accepted request's response.
+func response(req Request, pl plan, a *admitted) Response {
+	return Response{
+		ID:               req.ID,
+		Usage:            Usage{Input: req.InputTokens, Output: pl.output},
+		StopReason:       pl.stop,
+		TimeToFirstToken: a.first.Sub(a.start),
+		Latency:          a.end.Sub(a.start),
+		Slowdown:         a.slowdown,
+	}
 }
 
 // leave ends an accepted request.
@@ -562,14 +657,7 @@ func (p *Provider) Stream(ctx context.Context, req Request, emit func(Chunk) err
 		}
 	}
 	completed = true
-	return Response{
-		ID:               req.ID,
-		Usage:            Usage{Input: req.InputTokens, Output: pl.output},
-		StopReason:       pl.stop,
-		TimeToFirstToken: a.first.Sub(a.start),
-		Latency:          a.end.Sub(a.start),
-		Slowdown:         a.slowdown,
-	}, nil
+	return response(req, pl, a), nil
 }
 
 // stream emits the chunks of an accepted request, from its first token on.

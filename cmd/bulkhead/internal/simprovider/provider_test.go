@@ -462,3 +462,48 @@ func TestInvalid(t *testing.T) {
 		t.Error("Generate with mismatched weights = nil error")
 	}
 }
+
+func TestEnterLeave(t *testing.T) {
+	clk := clock.NewMock()
+	cfg := simprovider.DefaultConfig()
+	cfg.MaxConcurrent, cfg.TokensPerMinute, cfg.Seed, cfg.Clock = 1, 10_000, 7, clk
+	cfg.CapacityChange = &simprovider.CapacityChange{After: time.Minute, Factor: 0.5}
+	p, err := simprovider.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := clk.Now()
+	req := simprovider.Request{ID: 1, InputTokens: 1000, MaxTokens: 1000}
+	tk, err := p.Enter(req, now)
+	if err != nil || !tk.At.After(now) || tk.Response.Usage.Output == 0 || tk.Response.Latency != tk.At.Sub(now) {
+		t.Fatalf("Enter = %+v, %v", tk, err)
+	}
+	var rl *simprovider.RateLimitError
+	tk2, err := p.Enter(simprovider.Request{ID: 2, InputTokens: 10, MaxTokens: 10}, now)
+	if !errors.As(err, &rl) || rl.Limit != simprovider.ConcurrencyLimit || !tk2.At.After(now) {
+		t.Fatalf("second Enter = %+v, %v: want a concurrency 429 after a round trip", tk2, err)
+	}
+	p.Leave(req, tk)
+	if st := p.Stats(); st.InFlight != 0 || st.Completed != 1 || st.RateLimited != 1 || st.OutputTokens != tk.Response.Usage.Output {
+		t.Fatalf("stats %+v", st)
+	}
+	// After the change the TPM limit is 5,000: 4,000 more does not fit in
+	// the window that still holds 2,000, until the window has moved on.
+	if c, tpm := p.Limits(now.Add(time.Minute)); c != 1 || tpm != 5000 {
+		t.Fatalf("limits after the change = %d, %d", c, tpm)
+	}
+	big := simprovider.Request{ID: 3, InputTokens: 2000, MaxTokens: 2000}
+	if _, err := p.Enter(big, now.Add(time.Minute-time.Second)); err != nil {
+		t.Fatalf("before the change: %v", err)
+	}
+	if _, err := p.Enter(simprovider.Request{ID: 4, InputTokens: 2000, MaxTokens: 2000}, now.Add(time.Minute+2*time.Second)); !errors.As(err, &rl) {
+		t.Fatalf("after the change: %v, want a 429", err)
+	}
+	if _, err := p.Enter(simprovider.Request{ID: 5, MaxTokens: 0}, now); err == nil || errors.Is(err, simprovider.ErrRateLimited) {
+		t.Fatalf("invalid request: %v", err)
+	}
+	cfg.CapacityChange = &simprovider.CapacityChange{Factor: 2}
+	if _, err := simprovider.New(cfg); err == nil {
+		t.Fatal("New accepted a capacity factor of 2")
+	}
+}
