@@ -7,6 +7,7 @@ import (
 	"runtime/debug"
 	"time"
 
+	"github.com/llmbulkhead/bulkhead/clock"
 	"github.com/llmbulkhead/bulkhead/internal/actor"
 	"github.com/llmbulkhead/bulkhead/internal/admission"
 	"github.com/llmbulkhead/bulkhead/internal/classes"
@@ -25,6 +26,13 @@ type Bulkhead struct {
 	rate *rateLimiter
 	// fleet is the fleet pool, nil without one.
 	fleet *fleetPool
+	// clk is Config.Clock, or the wall clock; model is Config.Model.
+	clk   clock.Clock
+	model string
+	// cool is the cool-downs, by model; adapt the adaptive limits, nil
+	// without Config.Adaptive.
+	cool  *cooldowns
+	adapt *adaptiveLimits
 }
 
 // New validates cfg and starts a Bulkhead.
@@ -36,7 +44,16 @@ func New(cfg Config) (*Bulkhead, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &Bulkhead{timeout: cfg.QueueTimeout, rate: rate}
+	adapt, err := newAdaptive(&cfg)
+	if err != nil {
+		return nil, err
+	}
+	b := &Bulkhead{timeout: cfg.QueueTimeout, rate: rate, clk: clock.OrReal(cfg.Clock), model: cfg.Model, adapt: adapt}
+	mode := HoldCooldown
+	if cfg.Adaptive != nil {
+		mode = cfg.Adaptive.Cooldown
+	}
+	b.cool = newCooldowns(b.clk, mode)
 	if cfg.Fleet != nil {
 		b.fleet = &fleetPool{Pool: cfg.Fleet}
 	}
@@ -201,6 +218,9 @@ func (b *Bulkhead) WouldAdmit(req *Request, opts ...Option) (Decision, error) {
 		return Decision{}, err
 	}
 	d := b.eng.WouldAdmit(class, admission.Priority(o.priority), admission.Reservation(res), o.detail)
+	if d.Admit && b.cool.armed.Load() {
+		b.wouldAdmitCooldown(req, &d)
+	}
 	if d.Admit && b.rate != nil {
 		b.wouldAdmitRate(req, class, res, &d)
 	}
@@ -225,6 +245,8 @@ func (b *Bulkhead) Stats() Stats {
 	st.Events.Backlog = b.eng.Backlog()
 	st.Rate = b.rate.stats()
 	st.Fleet = b.fleet.stats()
+	st.Cooldown = b.cool.stats()
+	st.Adaptive = b.adapt.stats(st.Limits)
 	return st
 }
 
@@ -286,6 +308,7 @@ func (b *Bulkhead) Subscribe(h Hooks) (unsubscribe func()) {
 // idempotent and final.
 func (b *Bulkhead) Close() {
 	b.eng.Close()
+	b.cool.close()
 	if b.rate != nil {
 		b.rate.closeOnce.Do(func() { close(b.rate.closing) })
 	}
