@@ -174,15 +174,12 @@ type Feedback struct {
 // MaxRetryAfter or on an outcome other than OutcomeRateLimited or
 // OutcomeOverloaded) is a *ConfigError and changes nothing.
 //
-// Permit.Feedback is the same for an admitted call, measuring its latency.
-// A stream.Transport (and so the gateway) reports every call it sends.
-func (b *Bulkhead) Feedback(f Feedback) error {
-	inFlight := 0
-	if b.adapt != nil {
-		inFlight = int(min(b.adapt.inFlight.Load(), math.MaxInt32))
-	}
-	return b.feedback(f, inFlight)
-}
+// Feedback does not know how many calls were in flight when the reported
+// one was admitted, so for AIMD every success counts as finding the limit
+// in use. Permit.Feedback is the same for an admitted call, and knows:
+// prefer it. It also measures the call's latency. A stream.Transport (and
+// so the gateway) reports every call it sends that way.
+func (b *Bulkhead) Feedback(f Feedback) error { return b.feedback(f, 0) }
 
 func (b *Bulkhead) feedback(f Feedback, inFlight int) error {
 	if err := f.validate(); err != nil {
@@ -218,7 +215,7 @@ func (f *Feedback) validate() error {
 // Feedback reports what the provider answered this call; see
 // Bulkhead.Feedback. The model is the call's (its Request's Model, or
 // Config.Model), and the latency is measured from the admission to now on
-// the bulkhead's clock. Only the first call on a permit counts: later ones
+// the bulkhead's clock (unknown for a call Observe mode bypassed). Only the first call on a permit counts: later ones
 // change nothing and return nil. It may be called before or after Release.
 // A nil *Permit returns a *ConfigError.
 func (p *Permit) Feedback(o Outcome, retryAfter time.Duration) error {
@@ -234,13 +231,10 @@ func (p *Permit) Feedback(o Outcome, retryAfter time.Duration) error {
 		return nil
 	}
 	b := p.b
-	inFlight := p.inFlight
-	if b.adapt != nil && p.counted {
+	if p.counted {
 		f.Latency = max(0, b.clk.Now().Sub(p.admittedAt))
-	} else if b.adapt != nil {
-		inFlight = int(min(b.adapt.inFlight.Load(), math.MaxInt32))
 	}
-	return b.feedback(f, inFlight)
+	return b.feedback(f, p.inFlight)
 }
 
 // AdaptiveStats is the adaptive limits' state (see Config.Adaptive).
