@@ -187,7 +187,7 @@ func (b *Bulkhead) feedback(f Feedback, inFlight int) error {
 	}
 	now := b.clk.Now()
 	if f.RetryAfter > 0 {
-		b.cool.start(b.modelOf(&Request{Model: f.Model}), now.Add(f.RetryAfter))
+		b.cool.start(b.modelOf(f.Model), now.Add(f.RetryAfter))
 	}
 	if b.adapt == nil {
 		return nil

@@ -183,7 +183,7 @@ func (c *cooldowns) stats() CooldownStats {
 func (b *Bulkhead) cooldown(ctx context.Context, r *actor.AcquireRequest) {
 	c := b.cool
 	req, _ := callOf(r.Request)
-	model := b.modelOf(req)
+	model := b.modelOf(req.model())
 	for {
 		until, left, ok := c.left(model)
 		if !ok || ctx.Err() != nil {
@@ -224,9 +224,10 @@ func (b *Bulkhead) cooldown(ctx context.Context, r *actor.AcquireRequest) {
 	}
 }
 
-// modelOf is the model of a call of req: its own, or Config.Model.
-func (b *Bulkhead) modelOf(req *Request) string {
-	if m := req.model(); m != "" {
+// modelOf is the model of a call naming model m: m, or Config.Model for
+// "".
+func (b *Bulkhead) modelOf(m string) string {
+	if m != "" {
 		return m
 	}
 	return b.model
@@ -235,12 +236,13 @@ func (b *Bulkhead) modelOf(req *Request) string {
 // wouldAdmitCooldown completes d, an advisory decision to admit, with the
 // cool-down's answer for a call of req.
 func (b *Bulkhead) wouldAdmitCooldown(req *Request, d *admission.Decision) {
-	until, left, ok := b.cool.left(b.modelOf(req))
+	model := b.modelOf(req.model())
+	until, left, ok := b.cool.left(model)
 	if !ok || (!b.cool.shed && (b.timeout == 0 || left < b.timeout)) {
 		return
 	}
 	d.Admit, d.Reason = false, admission.Cooldown
 	if d.Detail != nil {
-		d.Detail.Cooldown = &admission.CooldownDetail{Model: b.modelOf(req), Until: until, RetryAfter: left}
+		d.Detail.Cooldown = &admission.CooldownDetail{Model: model, Until: until, RetryAfter: left}
 	}
 }

@@ -229,11 +229,19 @@ func (c *Controller) Next(limit int, m Move) int {
 	case Steer:
 		next = float64(est*m.Scale) + m.Add
 	}
-	next = math.Max(float64(c.p.Min), math.Min(float64(c.p.Max), next))
-	out := int(next)
+	// Clamp before converting: float64(Max) may not be an int (2^63).
+	var out int
+	switch {
+	case next >= float64(c.p.Max):
+		out, next = c.p.Max, float64(c.p.Max)
+	case next <= float64(c.p.Min):
+		out, next = c.p.Min, float64(c.p.Min)
+	default:
+		out = int(next)
+	}
 	c.last, c.carry = out, 0
 	if m.Kind == Steer {
-		c.carry = next - float64(out)
+		c.carry = max(0, next-float64(out))
 	}
 	return out
 }

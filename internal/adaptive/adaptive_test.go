@@ -1,6 +1,7 @@
 package adaptive
 
 import (
+	"math"
 	"reflect"
 	"testing"
 	"time"
@@ -138,5 +139,22 @@ func TestNextResyncs(t *testing.T) {
 	}
 	if got := c.Next(5, Move{}); got != 5 {
 		t.Fatalf("Hold = %d, want 5", got)
+	}
+}
+
+// The limit arithmetic never overflows, at the ends of int.
+func TestNextExtremes(t *testing.T) {
+	c := New(Params{Rule: AIMD, Min: 1, Max: math.MaxInt, Backoff: 0.5, Step: math.MaxInt})
+	if got := c.Next(math.MaxInt-1, Move{Kind: Increase}); got != math.MaxInt {
+		t.Fatalf("increase at the top = %d", got)
+	}
+	if got := c.Next(math.MaxInt, Move{Kind: Steer, Scale: 2, Add: 1e300}); got != math.MaxInt {
+		t.Fatalf("steer at the top = %d", got)
+	}
+	if got := c.Next(math.MaxInt, Move{Kind: Decrease}); got != math.MaxInt/2+1 && got != math.MaxInt/2 {
+		t.Fatalf("decrease from the top = %d", got)
+	}
+	if got := c.Next(1, Move{Kind: Decrease}); got != 1 {
+		t.Fatalf("decrease at the bottom = %d", got)
 	}
 }
