@@ -405,6 +405,9 @@ func (a *adaptiveLimits) observe(b *Bulkhead, s adaptive.Sample) error {
 		if a.hasBudget && next.TokenBudget != nil {
 			next.TokenBudget.Budget = a.budgetFor(n, p.Max)
 		}
+		if testHookAdaptiveApply != nil {
+			testHookAdaptiveApply()
+		}
 		res, err := b.ApplyLimits(next)
 		if err != nil {
 			return err
@@ -422,6 +425,10 @@ func (a *adaptiveLimits) observe(b *Bulkhead, s adaptive.Sample) error {
 	}
 	return nil
 }
+
+// testHookAdaptiveApply, when set by a test, is called just before the
+// controller applies a change, so the test can apply limits of its own.
+var testHookAdaptiveApply func()
 
 // stats returns the controller's state, with the current limits l.
 func (a *adaptiveLimits) stats(l Limits) *AdaptiveStats {

@@ -325,3 +325,37 @@ func TestCooldownExtended(t *testing.T) {
 	}
 	_ = r.tok.Release(nil)
 }
+
+// A change that loses the race with the caller's own ApplyLimits is made
+// again on the caller's limits.
+func TestAdaptiveStaleRevisionRetried(t *testing.T) {
+	clk := clock.NewMock()
+	b := newBulkhead(t, adaptiveConfig(clk, bulkhead.Adaptive{Backoff: 0.5}))
+	raced := false
+	bulkhead.SetAdaptiveApplyHook(func() {
+		if raced {
+			return
+		}
+		raced = true
+		l := b.Limits()
+		l.Revision = 10
+		l.MaxConcurrent = 6
+		l.MaxQueue = 2
+		if res, err := b.ApplyLimits(l); err != nil || !res.Applied {
+			t.Errorf("the caller's ApplyLimits: %+v, %v", res, err)
+		}
+	})
+	defer bulkhead.SetAdaptiveApplyHook(nil)
+	clk.Add(time.Second)
+	if err := b.Feedback(bulkhead.Feedback{Outcome: bulkhead.OutcomeRateLimited}); err != nil {
+		t.Fatal(err)
+	}
+	// Half of the caller's 6, with the caller's queue, at the revision after
+	// theirs.
+	if l := b.Limits(); l.Revision != 11 || l.MaxConcurrent != 3 || l.MaxQueue != 2 || l.TokenBudget.Budget != 3000 {
+		t.Fatalf("limits = %v", l)
+	}
+	if a := b.Stats().Adaptive; a.Decreases != 1 || a.Samples != 1 {
+		t.Fatalf("adaptive stats %+v", a)
+	}
+}
