@@ -259,7 +259,7 @@ func TestCooldownHold(t *testing.T) {
 		t.Fatal("limits moved without Config.Adaptive")
 	}
 	held := acquireAsync(context.Background(), b, req("hi", 1))
-	testutil.WaitFor(t, "the call to hold", func() bool { return b.Stats().Cooldown.Holding == 1 })
+	testutil.WaitFor(t, "the call to hold", holding(b))
 	clk.Add(3 * time.Second)
 	select {
 	case r := <-held:
@@ -292,13 +292,13 @@ func TestCooldownHold(t *testing.T) {
 	// Cancelling a held call ends its wait, and it is rejected Aborted.
 	ctx, cancel := context.WithCancel(context.Background())
 	held = acquireAsync(ctx, b, req("hi", 1))
-	testutil.WaitFor(t, "the call to hold", func() bool { return b.Stats().Cooldown.Holding == 1 })
+	testutil.WaitFor(t, "the call to hold", holding(b))
 	cancel()
 	wantReason(t, (<-held).err, bulkhead.Aborted)
 
 	// Close ends a hold: Shutdown.
 	held = acquireAsync(context.Background(), b, req("hi", 1))
-	testutil.WaitFor(t, "the call to hold", func() bool { return b.Stats().Cooldown.Holding == 1 })
+	testutil.WaitFor(t, "the call to hold", holding(b))
 	b.Close()
 	wantReason(t, (<-held).err, bulkhead.Shutdown)
 	if st := b.Stats(); st.Cooldown.Holding != 0 || st.Gate.InFlight != 0 {
@@ -314,7 +314,7 @@ func TestCooldownExtended(t *testing.T) {
 	b := newBulkhead(t, cfg)
 	_ = b.Feedback(bulkhead.Feedback{Outcome: bulkhead.OutcomeRateLimited, RetryAfter: 2 * time.Second})
 	held := acquireAsync(context.Background(), b, req("hi", 1))
-	testutil.WaitFor(t, "the call to hold", func() bool { return b.Stats().Cooldown.Holding == 1 })
+	testutil.WaitFor(t, "the call to hold", holding(b))
 	_ = b.Feedback(bulkhead.Feedback{Outcome: bulkhead.OutcomeRateLimited, RetryAfter: 5 * time.Second})
 	clk.Add(2 * time.Second)
 	testutil.WaitFor(t, "the call to hold again", func() bool { st := b.Stats().Cooldown; return st.Holding == 1 && st.Held == 1 })
@@ -358,4 +358,9 @@ func TestAdaptiveStaleRevisionRetried(t *testing.T) {
 	if a := b.Stats().Adaptive; a.Decreases != 1 || a.Samples != 1 {
 		t.Fatalf("adaptive stats %+v", a)
 	}
+}
+
+// holding reports whether a call is waiting out a cool-down.
+func holding(b *bulkhead.Bulkhead) func() bool {
+	return func() bool { return b.Stats().Cooldown.Holding == 1 }
 }
