@@ -267,8 +267,10 @@ type adaptiveLimits struct {
 	minBudget, maxBudget int64
 	hasBudget            bool
 
-	mu                            sync.Mutex
-	ctl                           *adaptive.Controller
+	mu  sync.Mutex
+	ctl *adaptive.Controller
+	// seen is the concurrency limit last seen (or applied).
+	seen                          int
 	samples, increases, decreases int64
 	lastChange                    time.Time
 }
@@ -327,7 +329,7 @@ func newAdaptive(cfg *Config) (*adaptiveLimits, error) {
 	if p.Window == 0 {
 		p.Window = time.Second
 	}
-	al := &adaptiveLimits{rule: a.Rule, ctl: adaptive.New(p)}
+	al := &adaptiveLimits{rule: a.Rule, ctl: adaptive.New(p), seen: cfg.MaxConcurrent}
 	tb := cfg.TokenBudget
 	if tb == nil {
 		if a.MinBudget != 0 || a.MaxBudget != 0 {
@@ -385,15 +387,19 @@ func (a *adaptiveLimits) observe(b *Bulkhead, s adaptive.Sample) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.samples++
-	var move adaptive.Move
+	// The rule judges the sample against the limit last seen, so that a
+	// sample that moves nothing (the common case) costs no round trip to
+	// the engine; a move is made on the current limits.
+	move := a.ctl.Observe(a.seen, s)
+	if move.Kind == adaptive.Hold {
+		return nil
+	}
 	p := a.ctl.Params()
-	for i := 0; i < maxApplies; i++ {
+	for range maxApplies {
 		cur := b.Limits()
+		a.seen = cur.MaxConcurrent
 		if cur.MaxConcurrent == 0 || (cur.TokenBudget != nil && cur.TokenBudget.Budget == 0) || cur.Revision == math.MaxInt64 {
 			return nil // a kill switch: the caller's to lift
-		}
-		if i == 0 {
-			move = a.ctl.Observe(cur.MaxConcurrent, s)
 		}
 		n := a.ctl.Next(cur.MaxConcurrent, move)
 		if n == cur.MaxConcurrent {
@@ -418,7 +424,7 @@ func (a *adaptiveLimits) observe(b *Bulkhead, s adaptive.Sample) error {
 			} else {
 				a.decreases++
 			}
-			a.lastChange = s.At
+			a.lastChange, a.seen = s.At, n
 			return nil
 		}
 		// The caller applied limits meanwhile: move from theirs.
