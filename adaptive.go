@@ -179,9 +179,11 @@ type Feedback struct {
 // in use. Permit.Feedback is the same for an admitted call, and knows:
 // prefer it. It also measures the call's latency. A stream.Transport (and
 // so the gateway) reports every call it sends that way.
-func (b *Bulkhead) Feedback(f Feedback) error { return b.feedback(f, 0) }
+func (b *Bulkhead) Feedback(f Feedback) error { return b.feedback(f, 0, 0) }
 
-func (b *Bulkhead) feedback(f Feedback, inFlight int) error {
+// feedback reports f for a call admitted with inFlight in flight, at the
+// controller's epoch (both zero when unknown).
+func (b *Bulkhead) feedback(f Feedback, inFlight int, epoch uint64) error {
 	if err := f.validate(); err != nil {
 		return err
 	}
@@ -192,7 +194,7 @@ func (b *Bulkhead) feedback(f Feedback, inFlight int) error {
 	if b.adapt == nil {
 		return nil
 	}
-	return b.adapt.observe(b, adaptive.Sample{At: now, Outcome: adaptive.Outcome(f.Outcome), Latency: f.Latency, InFlight: inFlight})
+	return b.adapt.observe(b, adaptive.Sample{At: now, Outcome: adaptive.Outcome(f.Outcome), Latency: f.Latency, InFlight: inFlight, Epoch: epoch})
 }
 
 // The outcomes are the rules', value for value.
@@ -214,8 +216,9 @@ func (f *Feedback) validate() error {
 
 // Feedback reports what the provider answered this call; see
 // Bulkhead.Feedback. The model is the call's (its Request's Model, or
-// Config.Model), and the latency is measured from the admission to now on
-// the bulkhead's clock (unknown for a call Observe mode bypassed). Only the first call on a permit counts: later ones
+// Config.Model). With the Gradient rule, the latency is measured from the
+// admission to now on the bulkhead's clock (unknown for a call Observe
+// mode bypassed). Only the first call on a permit counts: later ones
 // change nothing and return nil. It may be called before or after Release.
 // A nil *Permit returns a *ConfigError.
 func (p *Permit) Feedback(o Outcome, retryAfter time.Duration) error {
@@ -231,10 +234,10 @@ func (p *Permit) Feedback(o Outcome, retryAfter time.Duration) error {
 		return nil
 	}
 	b := p.b
-	if p.counted {
+	if !p.admittedAt.IsZero() {
 		f.Latency = max(0, b.clk.Now().Sub(p.admittedAt))
 	}
-	return b.feedback(f, p.inFlight)
+	return b.feedback(f, p.inFlight, p.epoch)
 }
 
 // AdaptiveStats is the adaptive limits' state (see Config.Adaptive).
@@ -260,8 +263,11 @@ type AdaptiveStats struct {
 // adaptiveLimits is a bulkhead's adaptive controller.
 type adaptiveLimits struct {
 	// inFlight counts the admissions not yet released, so that a success
-	// can tell whether it found the limit in use.
+	// can tell whether it found the limit in use; epoch is 1 + the
+	// decreases decided, so that a call can tell whether it was admitted
+	// before the last one.
 	inFlight atomic.Int64
+	epoch    atomic.Uint64
 
 	rule                 AdaptiveRule
 	minBudget, maxBudget int64
@@ -330,6 +336,7 @@ func newAdaptive(cfg *Config) (*adaptiveLimits, error) {
 		p.Window = time.Second
 	}
 	al := &adaptiveLimits{rule: a.Rule, ctl: adaptive.New(p), seen: cfg.MaxConcurrent}
+	al.epoch.Store(1)
 	tb := cfg.TokenBudget
 	if tb == nil {
 		if a.MinBudget != 0 || a.MaxBudget != 0 {
@@ -368,13 +375,17 @@ func (a *adaptiveLimits) budgetFor(n, maxN int) int64 {
 	return max(a.minBudget, min(a.maxBudget, scale(a.maxBudget, min(n, maxN), maxN)))
 }
 
-// admitted counts admission p in flight and notes when it was admitted.
+// admitted counts admission p in flight and notes the controller's epoch
+// and, for the Gradient rule (the one that reads latency), the time.
 func (a *adaptiveLimits) admitted(p *Permit) {
 	if p.l.Bypass != nil {
 		return
 	}
 	p.inFlight = int(min(a.inFlight.Add(1), math.MaxInt32))
-	p.admittedAt = p.b.clk.Now()
+	p.epoch = a.epoch.Load()
+	if a.rule == Gradient {
+		p.admittedAt = p.b.clk.Now()
+	}
 	p.counted = true
 }
 
@@ -391,6 +402,7 @@ func (a *adaptiveLimits) observe(b *Bulkhead, s adaptive.Sample) error {
 	// sample that moves nothing (the common case) costs no round trip to
 	// the engine; a move is made on the current limits.
 	move := a.ctl.Observe(a.seen, s)
+	a.epoch.Store(1 + a.ctl.Decreases())
 	if move.Kind == adaptive.Hold {
 		return nil
 	}

@@ -3,6 +3,7 @@ package bulkhead_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -363,4 +364,39 @@ func TestAdaptiveStaleRevisionRetried(t *testing.T) {
 // holding reports whether a call is waiting out a cool-down.
 func holding(b *bulkhead.Bulkhead) func() bool {
 	return func() bool { return b.Stats().Cooldown.Holding == 1 }
+}
+
+// With the Gradient rule, Permit.Feedback measures each call's latency on
+// the bulkhead's clock: steady latency raises the limit, rising latency
+// lowers it.
+func TestAdaptiveGradientMeasuresLatency(t *testing.T) {
+	clk := clock.NewMock()
+	b := newBulkhead(t, adaptiveConfig(clk, bulkhead.Adaptive{Rule: bulkhead.Gradient, MaxConcurrent: 16}))
+	round := func(lat time.Duration) int {
+		n := b.Limits().MaxConcurrent
+		ps := acquireN(t, b, n)
+		clk.Add(lat)
+		for _, p := range ps {
+			if err := p.Feedback(bulkhead.OutcomeSuccess, 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		releaseAll(ps)
+		return b.Limits().MaxConcurrent
+	}
+	var got []int
+	for range 3 {
+		got = append(got, round(100*time.Millisecond))
+	}
+	for range 3 {
+		got = append(got, round(time.Second))
+	}
+	// Up to the bound at 100ms; down when latency jumps tenfold, then up
+	// again slowly as the long-term latency learns the new level.
+	if want := []int{10, 15, 16, 10, 10, 11}; !slices.Equal(got, want) {
+		t.Fatalf("limits by round = %v, want %v", got, want)
+	}
+	if a := b.Stats().Adaptive; a.Rule != bulkhead.Gradient || a.Decreases == 0 || a.Increases == 0 {
+		t.Fatalf("adaptive stats %+v", a)
+	}
 }

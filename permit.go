@@ -30,9 +30,11 @@ type Permit struct {
 	fleetHeld      int64
 	fleetAbandoned bool
 	// With Config.Adaptive: counted is set when the admission is counted
-	// in flight, with the count then (itself included) and the time.
+	// in flight, with the count then (itself included), the controller's
+	// epoch and, for the Gradient rule, the time.
 	counted    bool
 	inFlight   int
+	epoch      uint64
 	admittedAt time.Time
 	// fed is set by the first Feedback.
 	fed atomic.Bool

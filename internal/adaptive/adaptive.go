@@ -70,6 +70,10 @@ type Sample struct {
 	// InFlight is the calls in flight when this one was admitted, itself
 	// included; zero when unknown (the limit then counts as used).
 	InFlight int
+	// Epoch is 1 + the controller's Decreases when the call was admitted;
+	// zero when unknown, and then the call's admission is taken to be At
+	// less Latency.
+	Epoch uint64
 }
 
 // Kind is the kind of a Move.
@@ -109,6 +113,7 @@ type Controller struct {
 	// until the first.
 	lastDecrease time.Time
 	decreased    bool
+	decreases    uint64
 	// The gradient rule's latency averages, in nanoseconds, and the number
 	// of latencies seen.
 	long, short float64
@@ -140,17 +145,17 @@ func (c *Controller) Observe(limit int, s Sample) Move {
 	case s.Outcome == Failed:
 		return Move{}
 	case s.Outcome.Drop():
-		start := s.At.Add(-s.Latency)
-		if c.decreased && (!start.After(c.lastDecrease) || s.At.Sub(c.lastDecrease) < c.p.Window) {
+		if c.decreased && (c.before(s) || s.At.Sub(c.lastDecrease) < c.p.Window) {
 			return Move{}
 		}
 		c.decreased, c.lastDecrease = true, s.At
+		c.decreases++
 		return Move{Kind: Decrease}
 	}
 	if c.p.Rule == Gradient {
 		return c.gradient(limit, s)
 	}
-	if !used(limit, s.InFlight) || c.afterDecrease(s) {
+	if !used(limit, s.InFlight) || c.before(s) {
 		return Move{}
 	}
 	return Move{Kind: Increase}
@@ -160,11 +165,19 @@ func (c *Controller) Observe(limit int, s Sample) Move {
 // limit in use.
 func used(limit, inFlight int) bool { return inFlight == 0 || inFlight >= limit-inFlight }
 
-// afterDecrease reports whether the successful call s was admitted before
-// the last decrease: it says nothing about the lower limit.
-func (c *Controller) afterDecrease(s Sample) bool {
+// before reports whether the call of s was admitted before the last
+// decrease: it was sent under the old limit, and says nothing about the
+// new one.
+func (c *Controller) before(s Sample) bool {
+	if s.Epoch != 0 {
+		return s.Epoch-1 < c.decreases
+	}
 	return c.decreased && !s.At.Add(-s.Latency).After(c.lastDecrease)
 }
+
+// Decreases returns the number of decreases the controller has decided,
+// for the Epoch of the calls admitted now.
+func (c *Controller) Decreases() uint64 { return c.decreases }
 
 // gradient records a success's latency and returns the gradient rule's
 // move: the limit times the ratio of long-term to recent latency (times
@@ -191,7 +204,7 @@ func (c *Controller) gradient(limit int, s Sample) Move {
 		// long-term average catch up faster than its decay would.
 		c.long = float64(c.long * 0.95)
 	}
-	if !used(limit, s.InFlight) || c.afterDecrease(s) {
+	if !used(limit, s.InFlight) || c.before(s) {
 		return Move{}
 	}
 	g := math.Max(0.5, math.Min(1, float64(c.p.Tolerance*c.long)/c.short))

@@ -158,3 +158,30 @@ func TestNextExtremes(t *testing.T) {
 		t.Fatalf("decrease at the bottom = %d", got)
 	}
 }
+
+// With epochs, a call admitted before the last decrease is told apart
+// without any latency.
+func TestEpochs(t *testing.T) {
+	clk := clock.NewMock()
+	c := New(Params{Rule: AIMD, Min: 1, Max: 10, Backoff: 0.5, Step: 1, Window: time.Second})
+	at := func(o Outcome, epoch uint64) Sample {
+		clk.Add(2 * time.Second)
+		return Sample{At: clk.Now(), Outcome: o, Epoch: epoch}
+	}
+	limit := 8
+	var got []int
+	for _, s := range []Sample{
+		at(RateLimited, 1), // admitted before any decrease: decreases
+		at(RateLimited, 1), // the same epoch: already answered
+		at(Success, 1),     // sent under the old limit: holds
+		at(Success, 2),     // sent under the new one: increases
+		at(Overloaded, 2),  // decreases
+		at(RateLimited, 3), // admitted after the second: decreases
+	} {
+		limit = c.Update(limit, s)
+		got = append(got, limit)
+	}
+	if want := []int{4, 4, 4, 5, 2, 1}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("limits = %v, want %v", got, want)
+	}
+}
