@@ -104,6 +104,9 @@ func newCooldowns(clk clock.Clock, mode CooldownMode) *cooldowns {
 
 func (c *cooldowns) close() { c.closeOnce.Do(func() { close(c.closing) }) }
 
+// hold counts a call that starts waiting out a cool-down.
+func (c *cooldowns) hold(time.Duration) { c.holding.Add(1) }
+
 // start cools model down until end, or longer when it already is.
 func (c *cooldowns) start(model string, end time.Time) {
 	c.mu.Lock()
@@ -198,28 +201,13 @@ func (b *Bulkhead) cooldown(ctx context.Context, r *actor.AcquireRequest) {
 			r.RefuseExt = &admission.External{Cooldown: &admission.CooldownDetail{Model: model, Until: until, RetryAfter: left}}
 			return
 		}
-		t := b.clk.NewTimer(left)
-		c.holding.Add(1)
-		fired := false
-		select {
-		case <-t.C():
-			fired = true
-		case <-ctx.Done():
-			t.Stop()
-		case <-c.closing:
-			t.Stop()
-		}
+		ended := b.wait(ctx, left, c.closing, c.hold)
 		c.holding.Add(-1)
-		if !fired {
+		if !ended {
 			return
 		}
 		c.held.Add(1)
-		if r.QueueTimeout > 0 {
-			r.QueueTimeout = max(time.Microsecond, r.QueueTimeout-left) // the end came within it
-		}
-		if !r.Start.IsZero() {
-			r.Start = b.eng.Now()
-		}
+		b.waited(r, left) // the end came within the queue timeout
 		// Check again: a later 429 may have extended the cool-down.
 	}
 }
