@@ -3,6 +3,7 @@ package bulkhead_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -398,5 +399,29 @@ func TestAdaptiveGradientMeasuresLatency(t *testing.T) {
 	}
 	if a := b.Stats().Adaptive; a.Rule != bulkhead.Gradient || a.Decreases == 0 || a.Increases == 0 {
 		t.Fatalf("adaptive stats %+v", a)
+	}
+}
+
+// At most 1024 models cool down at once: a new one makes room by dropping
+// the cool-down that ends first.
+func TestCooldownBounded(t *testing.T) {
+	clk := clock.NewMock()
+	b := newBulkhead(t, adaptiveConfig(clk, bulkhead.Adaptive{}))
+	for i := range 1025 {
+		f := bulkhead.Feedback{Model: fmt.Sprintf("m%d", i), Outcome: bulkhead.OutcomeRateLimited, RetryAfter: time.Duration(i+1) * time.Second}
+		if i == 1024 {
+			f.RetryAfter = 5000 * time.Second
+		}
+		if err := b.Feedback(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	active := b.Stats().Cooldown.Active
+	if _, ok := active["m0"]; len(active) != 1024 || ok || active["m1024"].IsZero() {
+		t.Fatalf("%d active, m0 %v, m1024 %v", len(active), active["m0"], active["m1024"])
+	}
+	clk.Add(2000 * time.Second) // m1..m1023 end
+	if active := b.Stats().Cooldown.Active; len(active) != 1 {
+		t.Fatalf("%d active after most ended, want 1", len(active))
 	}
 }

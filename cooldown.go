@@ -89,6 +89,9 @@ type cooldowns struct {
 
 	mu    sync.Mutex
 	until map[string]time.Time
+	// first is no later than the earliest end in until, so a lookup
+	// purges only once something may have ended.
+	first time.Time
 
 	started, holding, held atomic.Int64
 
@@ -132,15 +135,26 @@ func (c *cooldowns) start(model string, end time.Time) {
 		delete(c.until, first)
 	}
 	c.until[model] = end
+	if len(c.until) == 1 || end.Before(c.first) {
+		c.first = end
+	}
 	c.armed.Store(true)
 }
 
 // purge drops the cool-downs that have ended by now and disarms when none
-// is left. c.mu is held.
+// is left; it reads the whole table only once the earliest end has come.
+// c.mu is held.
 func (c *cooldowns) purge(now time.Time) {
+	if now.Before(c.first) {
+		return
+	}
+	c.first = time.Time{}
 	for m, u := range c.until {
-		if !u.After(now) {
+		switch {
+		case !u.After(now):
 			delete(c.until, m)
+		case c.first.IsZero() || u.Before(c.first):
+			c.first = u
 		}
 	}
 	if len(c.until) == 0 {
