@@ -19,7 +19,22 @@ import (
 // provisional admission, the checks run here, on the caller's goroutine
 // (never inside the engine: they may wait for Redis), and the admission is
 // confirmed or rolled back, which gives the slot to the next waiter.
+//
+// A call whose model is cooling down is held (or refused) first, before
+// it books a rate turn or asks for a slot.
 func (b *Bulkhead) admit(ctx context.Context, r *actor.AcquireRequest, p *Permit, o *callOptions) (*Permit, error) {
+	if b.cool.armed.Load() {
+		b.cooldown(ctx, r)
+	}
+	p, err := b.admitChecked(ctx, r, p, o)
+	if err == nil && b.adapt != nil {
+		b.adapt.admitted(p)
+	}
+	return p, err
+}
+
+// admitChecked is admit after the cool-down.
+func (b *Bulkhead) admitChecked(ctx context.Context, r *actor.AcquireRequest, p *Permit, o *callOptions) (*Permit, error) {
 	var set *rateSet
 	if b.rate != nil {
 		var err error
@@ -30,7 +45,7 @@ func (b *Bulkhead) admit(ctx context.Context, r *actor.AcquireRequest, p *Permit
 	}
 	postRate := false
 	switch {
-	case set != nil && b.rate.pace:
+	case set != nil && b.rate.pace && r.Refuse == admission.NoReason:
 		b.pace(ctx, r, set)
 	case set != nil && b.rate.local && b.fleet == nil:
 		r.Check, r.CheckArg = b.rate, set

@@ -7,6 +7,7 @@ import (
 	"runtime/debug"
 	"time"
 
+	"github.com/llmbulkhead/bulkhead/clock"
 	"github.com/llmbulkhead/bulkhead/internal/actor"
 	"github.com/llmbulkhead/bulkhead/internal/admission"
 	"github.com/llmbulkhead/bulkhead/internal/classes"
@@ -25,6 +26,13 @@ type Bulkhead struct {
 	rate *rateLimiter
 	// fleet is the fleet pool, nil without one.
 	fleet *fleetPool
+	// clk is Config.Clock, or the wall clock; model is Config.Model.
+	clk   clock.Clock
+	model string
+	// cool is the cool-downs, by model; adapt the adaptive limits, nil
+	// without Config.Adaptive.
+	cool  *cooldowns
+	adapt *adaptiveLimits
 }
 
 // New validates cfg and starts a Bulkhead.
@@ -36,7 +44,16 @@ func New(cfg Config) (*Bulkhead, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &Bulkhead{timeout: cfg.QueueTimeout, rate: rate}
+	adapt, err := newAdaptive(&cfg)
+	if err != nil {
+		return nil, err
+	}
+	b := &Bulkhead{timeout: cfg.QueueTimeout, rate: rate, clk: clock.OrReal(cfg.Clock), model: cfg.Model, adapt: adapt}
+	mode := HoldCooldown
+	if cfg.Adaptive != nil {
+		mode = cfg.Adaptive.Cooldown
+	}
+	b.cool = newCooldowns(b.clk, mode)
 	if cfg.Fleet != nil {
 		b.fleet = &fleetPool{Pool: cfg.Fleet}
 	}
@@ -190,7 +207,10 @@ func (b *Bulkhead) check(req *Request, o *callOptions, method string, queueing b
 // them: over the rate it answers RateLimit (with the retry-after in the
 // detail); a store that cannot decide answers RateUnavailable unless its
 // failure policy decides. In Pace mode a call over the rate would wait, so
-// the rates do not change the answer. It does not ask the fleet pool
+// the rates do not change the answer. A call whose model is cooling down
+// (see Bulkhead.Feedback) answers Cooldown when it would be turned away:
+// with ShedCooldown, or a cool-down that outlasts Config.QueueTimeout. It
+// does not ask the fleet pool
 // (Config.Fleet). It is advisory: by the
 // time the caller acts, other calls may have changed the answer. Invalid
 // input is an error, even on a closed bulkhead. Options: WithPriority,
@@ -202,6 +222,9 @@ func (b *Bulkhead) WouldAdmit(req *Request, opts ...Option) (Decision, error) {
 		return Decision{}, err
 	}
 	d := b.eng.WouldAdmit(class, admission.Priority(o.priority), admission.Reservation(res), o.detail)
+	if d.Admit && b.cool.armed.Load() {
+		b.wouldAdmitCooldown(req, &d)
+	}
 	if d.Admit && b.rate != nil {
 		b.wouldAdmitRate(req, class, res, &d)
 	}
@@ -226,6 +249,8 @@ func (b *Bulkhead) Stats() Stats {
 	st.Events.Backlog = b.eng.Backlog()
 	st.Rate = b.rate.stats()
 	st.Fleet = b.fleet.stats()
+	st.Cooldown = b.cool.stats()
+	st.Adaptive = b.adapt.stats(st.Limits)
 	return st
 }
 
@@ -287,6 +312,7 @@ func (b *Bulkhead) Subscribe(h Hooks) (unsubscribe func()) {
 // idempotent and final.
 func (b *Bulkhead) Close() {
 	b.eng.Close()
+	b.cool.close()
 	if b.rate != nil {
 		b.rate.closeOnce.Do(func() { close(b.rate.closing) })
 	}

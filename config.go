@@ -63,6 +63,11 @@ type Config struct {
 	// bypassed call takes no fleet hold.
 	Fleet *fleet.Pool
 
+	// Adaptive moves MaxConcurrent and the token budget from what the
+	// provider answers (see Bulkhead.Feedback), within bounds. Nil means
+	// the limits move only when the caller applies them.
+	Adaptive *Adaptive
+
 	// Dedup turns on in-flight deduplication for Run: identical calls made
 	// while one of them is in flight share its result instead of each
 	// calling the provider. Nil means off.

@@ -112,6 +112,9 @@ func rejectDetailFor(d *admission.RejectDetail, why Reason) *RejectDetail {
 		out.Rate = &RateDetail{Scope: r.Scope, Key: r.Key, Limit: r.Limit, PerMinute: r.PerMinute, Burst: r.Burst,
 			Weight: r.Weight, RetryAfter: r.RetryAfter, Fallback: r.Fallback}
 	}
+	if c := d.Cooldown; c != nil {
+		out.Cooldown = &CooldownDetail{Model: c.Model, Until: c.Until, RetryAfter: c.RetryAfter}
+	}
 	if b := d.TokenBudget; b != nil {
 		out.TokenBudget = &BudgetDetail{Budget: b.Budget, EffectiveBudget: b.EffectiveBudget, InFlightTokens: b.InFlightTokens, Available: b.Available, Reserved: b.Requested}
 	}

@@ -49,6 +49,10 @@ type RejectDetail struct {
 	// (Constraint ConstraintFleet, or FleetUnavailable), nil for every
 	// other.
 	Fleet *FleetDetail
+
+	// Cooldown is the cool-down that decided a Cooldown rejection, nil for
+	// every other.
+	Cooldown *CooldownDetail
 }
 
 // String formats the detail with its pointers followed.
@@ -106,6 +110,10 @@ func (d *RejectDetail) LogValue() slog.Value {
 			g = append(g, slog.String("store_error", r.Fallback.Error()))
 		}
 		attrs = append(attrs, slog.Group("rate", g...))
+	}
+	if c := d.Cooldown; c != nil {
+		attrs = append(attrs, slog.Group("cooldown", slog.String("model", c.Model),
+			slog.Time("until", c.Until), slog.Duration("retry_after", c.RetryAfter)))
 	}
 	return slog.GroupValue(attrs...)
 }

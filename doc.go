@@ -17,6 +17,10 @@
 // With Config.Dedup, identical Runs made while one of them is in flight
 // share its result instead of each calling the provider (see DedupConfig).
 //
+// Report what the provider answered with Permit.Feedback (a stream.Transport
+// does it for you): a 429 with a Retry-After cools its model down, and with
+// Config.Adaptive the answers move the limits (see Adaptive).
+//
 // Shutdown (or Close, then Drain) ends a Bulkhead: no goroutine of it
 // remains afterwards.
 package bulkhead

@@ -44,6 +44,10 @@ const (
 	// Redis failed under its FailClosed policy, or lost its state a moment
 	// ago and the running calls are registering again.
 	FleetUnavailable
+	// Cooldown: the provider answered a call for the same model with a 429
+	// and a Retry-After that has not passed yet (see Bulkhead.Feedback);
+	// RetryAfter says when the cool-down ends.
+	Cooldown
 	numReasons
 )
 
@@ -75,6 +79,7 @@ var (
 	ErrRateLimit         = errors.New("bulkhead: rejected: rate_limit")
 	ErrRateUnavailable   = errors.New("bulkhead: rejected: rate_unavailable")
 	ErrFleetUnavailable  = errors.New("bulkhead: rejected: fleet_unavailable")
+	ErrCooldown          = errors.New("bulkhead: rejected: cooldown")
 )
 
 var sentinels = [...]error{
@@ -88,6 +93,7 @@ var sentinels = [...]error{
 	RateLimit:         ErrRateLimit,
 	RateUnavailable:   ErrRateUnavailable,
 	FleetUnavailable:  ErrFleetUnavailable,
+	Cooldown:          ErrCooldown,
 }
 
 // RejectedError is the error of a call the bulkhead did not admit.
@@ -154,14 +160,21 @@ func (e *RejectedError) Unwrap() error { return e.Cause }
 
 // RetryAfter returns how long after the rejection the call would be
 // admitted, when the bulkhead knows: for a RateLimit rejection, the time
-// its rate limit frees its turn (exact, unless other calls take it first).
-// ok is false for every other rejection: capacity frees when calls finish,
-// at no time the bulkhead can promise.
+// its rate limit frees its turn (exact, unless other calls take it first);
+// for a Cooldown rejection, the time left of its model's cool-down. ok is
+// false for every other rejection: capacity frees when calls finish, at no
+// time the bulkhead can promise.
 func (e *RejectedError) RetryAfter() (d time.Duration, ok bool) {
-	if e.Reason != RateLimit || e.Detail == nil || e.Detail.Rate == nil || e.Detail.Rate.RetryAfter <= 0 {
+	if e.Detail == nil {
 		return 0, false
 	}
-	return e.Detail.Rate.RetryAfter, true
+	switch {
+	case e.Reason == RateLimit && e.Detail.Rate != nil && e.Detail.Rate.RetryAfter > 0:
+		return e.Detail.Rate.RetryAfter, true
+	case e.Reason == Cooldown && e.Detail.Cooldown != nil && e.Detail.Cooldown.RetryAfter > 0:
+		return e.Detail.Cooldown.RetryAfter, true
+	}
+	return 0, false
 }
 
 // NeverFits reports whether the call cannot be admitted under the current
@@ -207,6 +220,8 @@ func explain(why Reason, d *RejectDetail) string {
 		return ""
 	case (why == RateLimit || why == RateUnavailable) && d.Rate != nil:
 		return d.Rate.explain(why)
+	case why == Cooldown && d.Cooldown != nil:
+		return d.Cooldown.explain()
 	case d.Fleet != nil:
 		return d.Fleet.explain(why, d.reserved())
 	}

@@ -21,3 +21,7 @@ func Unshareable(v any) bool { return unshareable(v) }
 // SetRateWaitHook sets the hook called once a Pace-mode wait's timer is
 // armed; nil removes it.
 func SetRateWaitHook(f func(time.Duration)) { testHookRateWait = f }
+
+// SetAdaptiveApplyHook sets the hook called just before the adaptive
+// controller applies a change; nil removes it.
+func SetAdaptiveApplyHook(f func()) { testHookAdaptiveApply = f }

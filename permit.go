@@ -3,6 +3,7 @@ package bulkhead
 import (
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/llmbulkhead/bulkhead/internal/actor"
 	"github.com/llmbulkhead/bulkhead/internal/admission"
@@ -28,6 +29,15 @@ type Permit struct {
 	fleetSeq       int64
 	fleetHeld      int64
 	fleetAbandoned bool
+	// With Config.Adaptive: counted is set when the admission is counted
+	// in flight, with the count then (itself included), the controller's
+	// epoch and, for the Gradient rule, the time.
+	counted    bool
+	inFlight   int
+	epoch      uint64
+	admittedAt time.Time
+	// fed is set by the first Feedback.
+	fed atomic.Bool
 }
 
 // fleetReport sends the hold a usage report left the admission with to the
@@ -65,6 +75,9 @@ func (p *Permit) release(u *admission.Usage) bool {
 		return false
 	}
 	p.b.fleetRelease(p)
+	if p.counted {
+		p.b.adapt.inFlight.Add(-1)
+	}
 	if p.b.rate != nil {
 		used := p.used.Load()
 		if u != nil && u.Valid() {

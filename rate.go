@@ -559,28 +559,45 @@ func (b *Bulkhead) pace(ctx context.Context, r *actor.AcquireRequest, set *rateS
 		return
 	}
 	if out.Delay > 0 {
+		// A context that ends or a Close ends the wait: the engine rejects
+		// the call Aborted or Shutdown, and the turn is spent.
 		start := rl.clk.Now()
-		t := rl.clk.NewTimer(out.Delay)
-		if testHookRateWait != nil {
-			testHookRateWait(out.Delay)
-		}
-		select {
-		case <-t.C():
-		case <-ctx.Done(): // the engine rejects it Aborted; the turn is spent
-			t.Stop()
-		case <-rl.closing: // the engine rejects it Shutdown
-			t.Stop()
-		}
+		b.wait(ctx, out.Delay, rl.closing, testHookRateWait)
 		waited := min(out.Delay, max(0, rl.clk.Now().Sub(start)))
 		rl.paced.Add(1)
 		rl.pacedNs.Add(int64(waited))
 		r.RateWait = waited
-		if r.QueueTimeout > 0 {
-			r.QueueTimeout = max(time.Microsecond, r.QueueTimeout-out.Delay) // the turn came within it
-		}
-		if !r.Start.IsZero() {
-			r.Start = b.eng.Now()
-		}
+		b.waited(r, out.Delay) // the turn came within the queue timeout
+	}
+}
+
+// wait waits d on the bulkhead's clock, until ctx ends or closing is
+// closed, and reports whether d passed. armed, when not nil, is called once
+// the timer is set.
+func (b *Bulkhead) wait(ctx context.Context, d time.Duration, closing <-chan struct{}, armed func(time.Duration)) bool {
+	t := b.clk.NewTimer(d)
+	if armed != nil {
+		armed(d)
+	}
+	select {
+	case <-t.C():
+		return true
+	case <-ctx.Done():
+	case <-closing:
+	}
+	t.Stop()
+	return false
+}
+
+// waited leaves r, which waited d (within its queue timeout) before asking
+// for its slot, with what is left of its queue timeout, and starts its
+// decision timing again.
+func (b *Bulkhead) waited(r *actor.AcquireRequest, d time.Duration) {
+	if r.QueueTimeout > 0 {
+		r.QueueTimeout = max(time.Microsecond, r.QueueTimeout-d)
+	}
+	if !r.Start.IsZero() {
+		r.Start = b.eng.Now()
 	}
 }
 

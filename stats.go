@@ -24,6 +24,11 @@ type Stats struct {
 	// Fleet is the fleet pool's decisions and its fleet-wide view, nil
 	// without Config.Fleet.
 	Fleet *FleetStats
+	// Cooldown is the models cooling down after a provider's 429 (see
+	// Bulkhead.Feedback) and the calls they held.
+	Cooldown CooldownStats
+	// Adaptive is the adaptive limits, nil without Config.Adaptive.
+	Adaptive *AdaptiveStats
 	// Events is the delivery of events to listeners.
 	Events EventStats
 	// LedgerDrift counts the times the bulkhead found its books out of

@@ -143,6 +143,9 @@ type BulkheadConfig struct {
 	RateLimits *RateConfig `yaml:"rate_limits"`
 	// Fleet, when set, shares the limits across the gateway's replicas.
 	Fleet *FleetConfig `yaml:"fleet"`
+	// Adaptive, when set, moves max_concurrent and token_budget from the
+	// upstream's answers (429s, overloads, timeouts, latency).
+	Adaptive *AdaptiveConfig `yaml:"adaptive"`
 	// Queue is how waiting calls are served (see bulkhead.QueuePolicy).
 	Queue QueueConfig `yaml:"queue"`
 }
@@ -154,6 +157,33 @@ type QueueConfig struct {
 	Weights         map[string]int `yaml:"weights"`
 	WaitForCapacity bool           `yaml:"wait_for_capacity"`
 }
+
+// AdaptiveConfig is a bulkhead's adaptive limits (see bulkhead.Adaptive).
+// The gateway reports every upstream answer to them; a 429 with a
+// retry-after cools its model down whether or not this section is set.
+//
+//	adaptive: {rule: aimd, min_concurrent: 4, max_concurrent: 64, cooldown: shed}
+type AdaptiveConfig struct {
+	// Rule is "aimd" (the default) or "gradient".
+	Rule string `yaml:"rule"`
+	// MinConcurrent and MaxConcurrent bound max_concurrent; zero means 1
+	// and the bulkhead's max_concurrent.
+	MinConcurrent int `yaml:"min_concurrent"`
+	MaxConcurrent int `yaml:"max_concurrent"`
+	// MinBudget and MaxBudget bound token_budget; zero means in
+	// proportion to min_concurrent, and the bulkhead's token_budget.
+	MinBudget int64 `yaml:"min_budget"`
+	MaxBudget int64 `yaml:"max_budget"`
+	// Cooldown is what a call does while its model cools down after a
+	// 429: "hold" (wait, the default) or "shed" (answer 429 at once).
+	Cooldown string `yaml:"cooldown"`
+}
+
+// adaptiveRules and cooldownModes map the file's names.
+var (
+	adaptiveRules = map[string]bulkhead.AdaptiveRule{"": bulkhead.AIMD, "aimd": bulkhead.AIMD, "gradient": bulkhead.Gradient}
+	cooldownModes = map[string]bulkhead.CooldownMode{"": bulkhead.HoldCooldown, "hold": bulkhead.HoldCooldown, "shed": bulkhead.ShedCooldown}
+)
 
 // ClassesConfig is an admission class table.
 type ClassesConfig struct {
@@ -374,6 +404,14 @@ func (v *validator) check(c *Config) {
 		if r := b.RateLimits; r != nil && r.Redis != "" {
 			if _, ok := c.Redis[r.Redis]; !ok {
 				v.failf(append(p, "rate_limits", "redis"), "no redis server %q", r.Redis)
+			}
+		}
+		if a := b.Adaptive; a != nil {
+			if _, ok := adaptiveRules[a.Rule]; !ok {
+				v.failf(append(p, "adaptive", "rule"), "want aimd or gradient, got %q", a.Rule)
+			}
+			if _, ok := cooldownModes[a.Cooldown]; !ok {
+				v.failf(append(p, "adaptive", "cooldown"), "want hold or shed, got %q", a.Cooldown)
 			}
 		}
 		if b.TokenBudget != nil && b.Model == "" {

@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/llmbulkhead/bulkhead"
 	"github.com/llmbulkhead/bulkhead/gateway"
@@ -142,6 +143,10 @@ func TestConfigErrors(t *testing.T) {
 		{"bad limit", "max_concurrent: 2", "gw.yaml:12: bulkheads.gpt4o.max_concurrent: must be >= 0, got -2"},
 		{"no key", "api_key_env: TEST_OPENAI_KEY", "gw.yaml:7: upstreams.openai.api_key_env: the environment variable NOT_SET is not set"},
 		{"bad weight", "", "gw.yaml:20: bulkheads.gpt4o.queue.weights: class \"web\": must be between 1 and 1000000, got 0"},
+		{"adaptive unknown key", "", "gw.yaml:21: field min_concurent not found in type gateway.AdaptiveConfig"},
+		{"adaptive rule", "", "gw.yaml:21: bulkheads.gpt4o.adaptive.rule: want aimd or gradient, got \"vegas\""},
+		{"adaptive cooldown", "", "gw.yaml:21: bulkheads.gpt4o.adaptive.cooldown: want hold or shed, got \"wait\""},
+		{"adaptive bounds", "", "gw.yaml:21: bulkheads.gpt4o.adaptive.max_concurrent: must be >= MinConcurrent (4)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			text := strings.Replace(sample, "UPSTREAM", "https://api.openai.com", 1)
@@ -162,6 +167,14 @@ func TestConfigErrors(t *testing.T) {
 				text = strings.Replace(text, "TEST_OPENAI_KEY", "NOT_SET", 1)
 			case "bad weight":
 				text = strings.Replace(text, "    rate_limits:", "    queue: {fair: true, wait_for_capacity: true, weights: {web: 0}}\n    rate_limits:", 1)
+			case "adaptive unknown key":
+				text = withAdaptive(text, "{min_concurent: 1}")
+			case "adaptive rule":
+				text = withAdaptive(text, "{rule: vegas}")
+			case "adaptive cooldown":
+				text = withAdaptive(text, "{cooldown: wait}")
+			case "adaptive bounds":
+				text = withAdaptive(text, "{min_concurrent: 4}")
 			}
 			cfg, err := gateway.ParseConfig("gw.yaml", []byte(text))
 			if err == nil {
@@ -173,6 +186,35 @@ func TestConfigErrors(t *testing.T) {
 			}
 		})
 	}
+}
+
+// withAdaptive adds an adaptive section to the sample's bulkhead, on line
+// 21.
+func withAdaptive(text, section string) string {
+	return strings.Replace(text, "    rate_limits: {requests_per_minute: 600, request_burst: 10}\n",
+		"    rate_limits: {requests_per_minute: 600, request_burst: 10}\n    adaptive: "+section+"\n", 1)
+}
+
+func TestConfigAdaptive(t *testing.T) {
+	text := withAdaptive(strings.Replace(sample, "UPSTREAM", "https://api.openai.com", 1),
+		"{rule: gradient, min_concurrent: 1, max_concurrent: 4, min_budget: 1000, max_budget: 200000, cooldown: shed}")
+	cfg, err := gateway.ParseConfig("gw.yaml", []byte(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := gateway.Build(cfg, "gw.yaml", func(string) string { return "sk" }, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Shutdown(context.Background())
+	b := g.Bulkheads["gpt4o"]
+	a := b.Stats().Adaptive
+	if a == nil || a.Rule != bulkhead.Gradient || a.MinConcurrent != 1 || a.MaxConcurrentBound != 4 || a.MinBudget != 1000 || a.MaxBudget != 200000 {
+		t.Fatalf("adaptive stats %+v", a)
+	}
+	_ = b.Feedback(bulkhead.Feedback{Outcome: bulkhead.OutcomeRateLimited, RetryAfter: time.Minute})
+	_, err = b.Acquire(context.Background(), &bulkhead.Request{Messages: []bulkhead.Message{{Role: "user", Content: "hi"}}})
+	testutil.WantReason(t, err, bulkhead.Cooldown) // shed, not held
 }
 
 // TestConfigFleetAndSharedRates builds a gateway whose bulkhead keeps its

@@ -212,6 +212,10 @@ func (b BulkheadConfig) config(store pacer.Store, pool *fleet.Pool) bulkhead.Con
 			c.Classes.Limits[name] = cl
 		}
 	}
+	if a := b.Adaptive; a != nil {
+		c.Adaptive = &bulkhead.Adaptive{Rule: adaptiveRules[a.Rule], Cooldown: cooldownModes[a.Cooldown],
+			MinConcurrent: a.MinConcurrent, MaxConcurrent: a.MaxConcurrent, MinBudget: a.MinBudget, MaxBudget: a.MaxBudget}
+	}
 	if r := b.RateLimits; r != nil {
 		c.RateLimits = &bulkhead.RateLimits{Store: store, Pace: r.Pace, PerModel: bulkhead.Rate(Rate{r.RequestsPerMinute, r.TokensPerMinute, r.RequestBurst, r.TokenBurst})}
 		if len(r.PerClass) > 0 {
@@ -237,6 +241,11 @@ func yamlKey(field string) string {
 		{"Config.Queue.Fair", "queue.fair"},
 		{"Config.RateLimits", "rate_limits"},
 		{"Config.Fleet", "fleet"},
+		{"Config.Adaptive.MinConcurrent", "adaptive.min_concurrent"},
+		{"Config.Adaptive.MaxConcurrent", "adaptive.max_concurrent"},
+		{"Config.Adaptive.MinBudget", "adaptive.min_budget"},
+		{"Config.Adaptive.MaxBudget", "adaptive.max_budget"},
+		{"Config.Adaptive", "adaptive"},
 		{"Config.MaxConcurrent", "max_concurrent"},
 		{"Config.MaxQueue", "max_queue"},
 		{"Config.QueueTimeout", "queue_timeout"},

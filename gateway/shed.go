@@ -21,7 +21,8 @@ const StatusClientClosedRequest = 499
 // headers that tell a client when and whether to retry, and the body in the
 // dialect of the API the client called.
 type Rejection struct {
-	// Status is the HTTP status: 429 for a rate limit or a class's quota,
+	// Status is the HTTP status: 429 for a rate limit, a model cooling
+	// down after the provider's own 429, or a class's quota,
 	// 503 (529 in the Anthropic dialect) when the bulkhead or the fleet is
 	// full or cannot decide, 413 for a call that can never fit, 400 for an
 	// invalid request, 502 when the upstream could not be reached.
@@ -46,20 +47,28 @@ type Rejection struct {
 // under the key "bulkhead" (inside "error" in the OpenAI and Gemini
 // dialects, at the top level in the Anthropic one).
 type Detail struct {
-	Reason        string       `json:"reason"`
-	Tag           string       `json:"tag,omitempty"`
-	Constraint    string       `json:"constraint,omitempty"`
-	NeverFits     bool         `json:"never_fits,omitempty"`
-	RetryAfterMs  int64        `json:"retry_after_ms,omitempty"`
-	LimitRevision int64        `json:"limit_revision"`
-	InFlight      int          `json:"in_flight"`
-	MaxConcurrent int          `json:"max_concurrent"`
-	Pending       int          `json:"pending"`
-	MaxQueue      int          `json:"max_queue"`
-	Tokens        *TokenDetail `json:"tokens,omitempty"`
-	Class         *ClassDetail `json:"class,omitempty"`
-	Rate          *RateDetail  `json:"rate,omitempty"`
-	Fleet         *FleetDetail `json:"fleet,omitempty"`
+	Reason        string          `json:"reason"`
+	Tag           string          `json:"tag,omitempty"`
+	Constraint    string          `json:"constraint,omitempty"`
+	NeverFits     bool            `json:"never_fits,omitempty"`
+	RetryAfterMs  int64           `json:"retry_after_ms,omitempty"`
+	LimitRevision int64           `json:"limit_revision"`
+	InFlight      int             `json:"in_flight"`
+	MaxConcurrent int             `json:"max_concurrent"`
+	Pending       int             `json:"pending"`
+	MaxQueue      int             `json:"max_queue"`
+	Tokens        *TokenDetail    `json:"tokens,omitempty"`
+	Class         *ClassDetail    `json:"class,omitempty"`
+	Rate          *RateDetail     `json:"rate,omitempty"`
+	Fleet         *FleetDetail    `json:"fleet,omitempty"`
+	Cooldown      *CooldownDetail `json:"cooldown,omitempty"`
+}
+
+// CooldownDetail is the cool-down that decided the call: its model was
+// answered 429 with a Retry-After that has not passed.
+type CooldownDetail struct {
+	Model string    `json:"model"`
+	Until time.Time `json:"until"`
 }
 
 // TokenDetail is the token budget when the call was decided.
@@ -127,7 +136,8 @@ func rejection(format stream.Format, rej *bulkhead.RejectedError) Rejection {
 	r := Rejection{Message: rej.Error(), Detail: detailOf(rej), ShouldRetry: true}
 	d := rej.Detail
 	switch {
-	case rej.Reason == bulkhead.RateLimit:
+	case rej.Reason == bulkhead.RateLimit, rej.Reason == bulkhead.Cooldown:
+		// Cooldown: the provider itself said when it takes calls again.
 		r.Status = http.StatusTooManyRequests
 		r.RetryAfter, _ = rej.RetryAfter()
 		r.Type, r.Code = rateType(format, d), "rate_limit_exceeded"
@@ -288,6 +298,9 @@ func detailOf(rej *bulkhead.RejectedError) *Detail {
 	}
 	if r := d.Rate; r != nil {
 		out.Rate = &RateDetail{Scope: r.Scope, Key: r.Key, Limit: r.Limit, PerMinute: r.PerMinute, Burst: r.Burst, Weight: r.Weight, Error: errText(r.Fallback)}
+	}
+	if c := d.Cooldown; c != nil {
+		out.Cooldown = &CooldownDetail{Model: c.Model, Until: c.Until}
 	}
 	if f := d.Fleet; f != nil {
 		out.Fleet = &FleetDetail{Pool: f.Pool, InFlight: f.InFlight, InFlightTokens: f.InFlightTokens,

@@ -51,6 +51,11 @@ func rejections(t *testing.T) map[string]error {
 	t.Cleanup(func() { _ = p3.Release(nil) })
 	_, out["class"] = cls.Acquire(context.Background(), req)
 
+	cool := newB(bulkhead.Config{Model: "gpt-4o", MaxConcurrent: 4, Clock: clock.NewMock(),
+		Adaptive: &bulkhead.Adaptive{Cooldown: bulkhead.ShedCooldown}})
+	_ = cool.Feedback(bulkhead.Feedback{Outcome: bulkhead.OutcomeRateLimited, RetryAfter: 2500 * time.Millisecond})
+	_, out["cooldown"] = cool.Acquire(context.Background(), req)
+
 	closed := newB(bulkhead.Config{Model: "gpt-4o", MaxConcurrent: 4})
 	closed.Close()
 	_, out["shutdown"] = closed.Acquire(context.Background(), req)
@@ -108,6 +113,7 @@ func TestWriteErrorOpenAI(t *testing.T) {
 		{"never fits", "invalid_request_error", "request_too_large", 413, false, ""},
 		{"rate", "tokens", "rate_limit_exceeded", 429, true, "2"}, // 1.01 s, rounded up
 		{"class", "requests", "rate_limit_exceeded", 429, true, ""},
+		{"cooldown", "requests", "rate_limit_exceeded", 429, true, "3"}, // 2.5 s, rounded up
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := write(t, stream.OpenAIChat, errs[tc.name])
@@ -149,6 +155,12 @@ func TestWriteErrorOpenAI(t *testing.T) {
 	if d.Reason != "rate_limit" || d.RetryAfterMs != 1010 || d.Rate == nil || d.Rate.Limit != "tokens" || d.Rate.PerMinute != 6000 || d.Rate.Weight != 101 {
 		t.Fatalf("detail %+v rate %+v", d, d.Rate)
 	}
+	// The cool-down: the provider's own time, exact in milliseconds.
+	s := write(t, stream.OpenAIChat, errs["cooldown"])
+	if s.retryAfterMs != "2500" || field(s.body, "error.bulkhead.retry_after_ms") != 2500.0 ||
+		field(s.body, "error.bulkhead.cooldown.model") != "gpt-4o" || field(s.body, "error.bulkhead.reason") != "cooldown" {
+		t.Fatalf("cooldown: %+v", s)
+	}
 	if tag := field(write(t, stream.OpenAIChat, errs["concurrency"]).body, "error.bulkhead.tag"); tag != "t1" {
 		t.Fatalf("tag %v", tag)
 	}
@@ -164,6 +176,10 @@ func TestWriteErrorAnthropic(t *testing.T) {
 	s = write(t, stream.AnthropicMessages, errs["rate"])
 	if s.status != 429 || s.retryAfter != "2" || s.retryAfterMs != "1010" || field(s.body, "error.type") != "rate_limit_error" {
 		t.Fatalf("rate: %+v", s)
+	}
+	s = write(t, stream.AnthropicMessages, errs["cooldown"])
+	if s.status != 429 || s.retryAfter != "3" || s.retryAfterMs != "2500" || field(s.body, "error.type") != "rate_limit_error" {
+		t.Fatalf("cooldown: %+v", s)
 	}
 	s = write(t, stream.AnthropicMessages, errs["never fits"])
 	if s.status != 413 || s.shouldRetry != "false" || field(s.body, "error.type") != "invalid_request_error" || field(s.body, "bulkhead.never_fits") != true {

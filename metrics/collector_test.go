@@ -130,6 +130,7 @@ bulkhead_in_flight{bulkhead="main"} 0
 bulkhead_rejected_total{bulkhead="main",class="",reason="aborted"} 2
 bulkhead_rejected_total{bulkhead="main",class="",reason="budget_limit"} 1
 bulkhead_rejected_total{bulkhead="main",class="",reason="concurrency_limit"} 1
+bulkhead_rejected_total{bulkhead="main",class="",reason="cooldown"} 0
 bulkhead_rejected_total{bulkhead="main",class="",reason="fleet_unavailable"} 0
 bulkhead_rejected_total{bulkhead="main",class="",reason="queue_limit"} 1
 bulkhead_rejected_total{bulkhead="main",class="",reason="rate_limit"} 0

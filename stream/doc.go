@@ -17,5 +17,7 @@
 //     while the usage the response reveals is reported to the admission as
 //     it passes, and the admission is settled exactly once.
 //   - Transport is an http.RoundTripper that admits every recognised request
-//     before it is sent and meters its response.
+//     before it is sent, meters its response, and reports the answer (a 429
+//     and its Retry-After, an overload, a timeout, a success) to the
+//     bulkhead's cool-downs and adaptive limits (OutcomeOf, RetryAfter).
 package stream

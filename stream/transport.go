@@ -39,6 +39,11 @@ import (
 // hands back a decompressed body, which the meter can read. Invalid Meter
 // options fail every admitted call before anything is sent.
 //
+// Every call it sends is reported to the bulkhead (Permit.Feedback, see
+// OutcomeOf) as soon as the response headers arrive or sending fails: a
+// 429's Retry-After starts its model's cool-down, and with
+// Config.Adaptive the answers move the limits, without code of the caller's.
+//
 // A Transport is safe for concurrent use. Its fields must not change once it
 // is in use.
 type Transport struct {
@@ -131,6 +136,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	resp, err := sendReleasing(base, out, permit)
+	feedback(permit, resp, err)
 	if err != nil {
 		return nil, err
 	}

@@ -438,6 +438,7 @@ func (s *state) rejectOutside(req any, p admission.Priority, reserved int64, c c
 	d := s.detail(p, reserved, c, "")
 	if ext != nil {
 		d.Constraint, d.Rate, d.Fleet, d.NeverFits = ext.Constraint, ext.Rate, ext.Fleet, ext.NeverFits
+		d.Cooldown = ext.Cooldown
 	}
 	if s.listeners[KindReject] > 0 {
 		s.fx.emit(&admission.RejectEvent{

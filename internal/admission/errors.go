@@ -21,6 +21,7 @@ const (
 	RateLimit                // the call is over a rate limit
 	RateUnavailable          // the rate limit's store could not decide
 	FleetUnavailable         // the fleet pool could not decide
+	Cooldown                 // the call's model is cooling down after a provider's 429
 	numReasons
 )
 
@@ -40,6 +41,7 @@ var reasonNames = [...]string{
 	RateLimit:         "rate_limit",
 	RateUnavailable:   "rate_unavailable",
 	FleetUnavailable:  "fleet_unavailable",
+	Cooldown:          "cooldown",
 }
 
 // String returns the reason's wire name, such as "concurrency_limit".

@@ -75,6 +75,9 @@ type RejectDetail struct {
 	// Fleet is the fleet pool that decided a rejection, nil for every
 	// other.
 	Fleet *FleetDetail
+	// Cooldown is the cool-down that decided a Cooldown rejection, nil for
+	// every other.
+	Cooldown *CooldownDetail
 	// NeverFits is set by the facade's checks (a reservation above the
 	// fleet's token budget); the facade works out the engine's own.
 	NeverFits bool
@@ -97,7 +100,17 @@ type External struct {
 	Constraint Constraint
 	Rate       *RateDetail
 	Fleet      *FleetDetail
+	Cooldown   *CooldownDetail
 	NeverFits  bool
+}
+
+// CooldownDetail is the engine's form of bulkhead.CooldownDetail; the
+// facade fills it in and converts it, and the root type documents the
+// fields.
+type CooldownDetail struct {
+	Model      string
+	Until      time.Time
+	RetryAfter time.Duration
 }
 
 // RateDetail is the engine's form of bulkhead.RateDetail; the facade

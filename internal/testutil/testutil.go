@@ -57,6 +57,7 @@ var Sentinel = map[bulkhead.Reason]error{
 	bulkhead.RateLimit:         bulkhead.ErrRateLimit,
 	bulkhead.RateUnavailable:   bulkhead.ErrRateUnavailable,
 	bulkhead.FleetUnavailable:  bulkhead.ErrFleetUnavailable,
+	bulkhead.Cooldown:          bulkhead.ErrCooldown,
 }
 
 // Fataler is what WantReason needs of a *testing.T or a *rapid.T.

@@ -1,0 +1,467 @@
+package bulkhead
+
+import (
+	"math"
+	"math/bits"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/llmbulkhead/bulkhead/internal/adaptive"
+)
+
+// Adaptive moves the bulkhead's MaxConcurrent (and, with a token budget,
+// its Budget) from what the provider answers, reported with
+// Bulkhead.Feedback or Permit.Feedback: it lowers them when the provider
+// answers 429, overloaded (503, 529) or times out, and raises them again
+// while calls succeed and the limit is in use.
+//
+// Every change is an ApplyLimits of the current limits at the next
+// revision, so it is a ReconfigureEvent, and calls admitted before it keep
+// their revision. A change that loses a race with a caller's own
+// ApplyLimits is made again on the caller's limits. The limits stay within
+// the bounds below, and Stats().Adaptive shows them. A MaxConcurrent of 0
+// or a Budget of 0 that the caller applies is a kill switch the controller
+// respects: while it is in place the controller leaves the limits alone.
+// Any other limit the caller applies stands until the controller's next
+// change, which starts from it (and brings it within the bounds).
+//
+// The token budget follows the concurrency limit in proportion: Budget =
+// MaxBudget × MaxConcurrent limit / MaxConcurrent bound, kept within
+// [MinBudget, MaxBudget]. The high-priority reserve is left as it is, so
+// when the budget shrinks, High priority calls keep their share first.
+//
+// The controller is deterministic: the same feedback at the same clock
+// readings moves the limits the same way. It starts no goroutine.
+type Adaptive struct {
+	// Rule is how the limit moves; the zero value is AIMD.
+	Rule AdaptiveRule
+
+	// MinConcurrent and MaxConcurrent bound MaxConcurrent. Zero
+	// MinConcurrent means 1; zero MaxConcurrent means Config.MaxConcurrent.
+	MinConcurrent, MaxConcurrent int
+
+	// MinBudget and MaxBudget bound the token budget, only with
+	// Config.TokenBudget. Zero MaxBudget means Config.TokenBudget.Budget;
+	// zero MinBudget means MaxBudget × MinConcurrent / MaxConcurrent.
+	MinBudget, MaxBudget int64
+
+	// Backoff is the factor a decrease multiplies the limit by (each
+	// decrease lowers it by at least one), in [0.5, 1); zero means 0.75.
+	Backoff float64
+
+	// Increase is what AIMD adds to the limit for each success that found
+	// at least half of the limit in flight at its admission; zero means 1.
+	Increase int
+
+	// Tolerance is how far the recent latency may rise above the long-term
+	// latency before Gradient lowers the limit, as a ratio >= 1; zero means
+	// 1.5.
+	Tolerance float64
+
+	// Smoothing is how much of each Gradient step is taken, in (0, 1];
+	// zero means 0.2.
+	Smoothing float64
+
+	// Window is the shortest time between two decreases, so that one
+	// burst of 429s is one decrease; zero means one second. A drop reported
+	// for a call admitted before the last decrease never decreases again:
+	// it was sent under the old limit.
+	Window time.Duration
+
+	// Cooldown says what a call does while its model is cooling down after
+	// a 429 with a Retry-After; the zero value is HoldCooldown. Without
+	// Config.Adaptive, cool-downs still apply, in HoldCooldown mode.
+	Cooldown CooldownMode
+}
+
+// AdaptiveRule is the rule that moves the adaptive limits.
+type AdaptiveRule uint8
+
+// The rules.
+const (
+	// AIMD raises the limit by Adaptive.Increase for each success that
+	// found the limit in use (at least half of it in flight when the call
+	// was admitted) and multiplies it by Adaptive.Backoff on a 429, an
+	// overload or a timeout.
+	AIMD AdaptiveRule = iota
+	// Gradient compares the recent latency (about the last 5 successes)
+	// with the long-term latency (about the last 100): while the recent
+	// one stays within Adaptive.Tolerance of the long-term one, the limit
+	// grows by about its square root times Adaptive.Smoothing per success;
+	// as latency rises beyond it, the limit shrinks in proportion (at most
+	// by half per step, smoothed the same way). A 429, an overload or a
+	// timeout multiplies it by Adaptive.Backoff, as with AIMD. Only
+	// successes with a Latency count.
+	Gradient
+)
+
+// String returns "aimd" or "gradient".
+func (r AdaptiveRule) String() string {
+	switch r {
+	case AIMD:
+		return "aimd"
+	case Gradient:
+		return "gradient"
+	}
+	return "rule(" + itoa(int64(r)) + ")"
+}
+
+// MarshalText encodes the rule as "aimd" or "gradient".
+func (r AdaptiveRule) MarshalText() ([]byte, error) { return []byte(r.String()), nil }
+
+// Outcome is what the provider answered one call.
+type Outcome uint8
+
+// The outcomes.
+const (
+	// OutcomeSuccess is an answer (a 2xx).
+	OutcomeSuccess Outcome = iota
+	// OutcomeRateLimited is a 429.
+	OutcomeRateLimited
+	// OutcomeOverloaded is an overloaded provider: a 503 or a 529.
+	OutcomeOverloaded
+	// OutcomeTimeout is a call that got no answer in time.
+	OutcomeTimeout
+	// OutcomeFailed is any other error; the rules ignore it.
+	OutcomeFailed
+	numOutcomes
+)
+
+// String returns "success", "rate_limited", "overloaded", "timeout" or
+// "failed".
+func (o Outcome) String() string {
+	switch o {
+	case OutcomeSuccess:
+		return "success"
+	case OutcomeRateLimited:
+		return "rate_limited"
+	case OutcomeOverloaded:
+		return "overloaded"
+	case OutcomeTimeout:
+		return "timeout"
+	case OutcomeFailed:
+		return "failed"
+	}
+	return "outcome(" + itoa(int64(o)) + ")"
+}
+
+// MarshalText encodes the outcome as its String.
+func (o Outcome) MarshalText() ([]byte, error) { return []byte(o.String()), nil }
+
+// Feedback is what the provider answered one call.
+type Feedback struct {
+	// Model is the call's model; "" means Config.Model.
+	Model string
+	// Outcome is the answer.
+	Outcome Outcome
+	// Latency is the time from the call's admission to the answer (or to
+	// its first byte, for a stream); zero when unknown. The Gradient rule
+	// reads it.
+	Latency time.Duration
+	// RetryAfter is the provider's Retry-After on a 429 or an overload:
+	// when positive, the model cools down until that much time from now
+	// (a longer cool-down already running stands). At most MaxRetryAfter.
+	RetryAfter time.Duration
+}
+
+// Feedback reports what the provider answered a call. A positive
+// RetryAfter starts its model's cool-down, with or without Config.Adaptive:
+// until it ends, calls for that model are held or shed (Adaptive.Cooldown)
+// instead of being sent into another 429. With Config.Adaptive, the
+// feedback also moves the limits (see Adaptive). Invalid feedback (an
+// unknown Outcome, a negative Latency or RetryAfter, a RetryAfter above
+// MaxRetryAfter or on an outcome other than OutcomeRateLimited or
+// OutcomeOverloaded) is a *ConfigError and changes nothing.
+//
+// Feedback does not know how many calls were in flight when the reported
+// one was admitted, so for AIMD every success counts as finding the limit
+// in use. Permit.Feedback is the same for an admitted call, and knows:
+// prefer it. It also measures the call's latency. A stream.Transport (and
+// so the gateway) reports every call it sends that way.
+func (b *Bulkhead) Feedback(f Feedback) error { return b.feedback(f, 0, 0) }
+
+// feedback reports f for a call admitted with inFlight in flight, at the
+// controller's epoch (both zero when unknown).
+func (b *Bulkhead) feedback(f Feedback, inFlight int, epoch uint64) error {
+	if err := f.validate(); err != nil {
+		return err
+	}
+	now := b.clk.Now()
+	if f.RetryAfter > 0 {
+		b.cool.start(b.modelOf(f.Model), now.Add(f.RetryAfter))
+	}
+	if b.adapt == nil {
+		return nil
+	}
+	return b.adapt.observe(b, adaptive.Sample{At: now, Outcome: adaptive.Outcome(f.Outcome), Latency: f.Latency, InFlight: inFlight, Epoch: epoch})
+}
+
+// The outcomes are the rules', value for value.
+var _ = [1]struct{}{}[int(numOutcomes)-int(adaptive.Failed)-1]
+
+func (f *Feedback) validate() error {
+	switch {
+	case f.Outcome >= numOutcomes:
+		return invalidf("Feedback.Outcome", "must be one of the Outcome constants, got %d", f.Outcome)
+	case f.Latency < 0:
+		return invalidf("Feedback.Latency", "must be >= 0, got %v", f.Latency)
+	case f.RetryAfter < 0 || f.RetryAfter > MaxRetryAfter:
+		return invalidf("Feedback.RetryAfter", "must be in [0, %v], got %v", MaxRetryAfter, f.RetryAfter)
+	case f.RetryAfter > 0 && f.Outcome != OutcomeRateLimited && f.Outcome != OutcomeOverloaded:
+		return invalidf("Feedback.RetryAfter", "applies only to OutcomeRateLimited and OutcomeOverloaded, not %v", f.Outcome)
+	}
+	return nil
+}
+
+// Feedback reports what the provider answered this call; see
+// Bulkhead.Feedback. The model is the call's (its Request's Model, or
+// Config.Model). With the Gradient rule, the latency is measured from the
+// admission to now on the bulkhead's clock (unknown for a call Observe
+// mode bypassed). Only the first call on a permit counts: later ones
+// change nothing and return nil. It may be called before or after Release.
+// A nil *Permit returns a *ConfigError.
+func (p *Permit) Feedback(o Outcome, retryAfter time.Duration) error {
+	if p == nil {
+		return invalidf("Permit", "must not be nil")
+	}
+	req, _ := callOf(p.l.Request)
+	f := Feedback{Model: req.model(), Outcome: o, RetryAfter: retryAfter}
+	if err := f.validate(); err != nil {
+		return err
+	}
+	if !p.fed.CompareAndSwap(false, true) {
+		return nil
+	}
+	b := p.b
+	if !p.admittedAt.IsZero() {
+		f.Latency = max(0, b.clk.Now().Sub(p.admittedAt))
+	}
+	return b.feedback(f, p.inFlight, p.epoch)
+}
+
+// AdaptiveStats is the adaptive limits' state (see Config.Adaptive).
+type AdaptiveStats struct {
+	// Rule is the rule moving the limits.
+	Rule AdaptiveRule
+	// MaxConcurrent is the current concurrency limit, and MinConcurrent
+	// and MaxConcurrentBound its bounds.
+	MaxConcurrent      int
+	MinConcurrent      int
+	MaxConcurrentBound int
+	// Budget is the current token budget, and MinBudget and MaxBudget its
+	// bounds; all zero without a token budget.
+	Budget, MinBudget, MaxBudget int64
+	// Samples counts the feedback reports the rule has seen; Increases and
+	// Decreases count the changes it applied.
+	Samples, Increases, Decreases int64
+	// LastChange is when it last changed the limits; zero before the
+	// first change.
+	LastChange time.Time
+}
+
+// adaptiveLimits is a bulkhead's adaptive controller.
+type adaptiveLimits struct {
+	// inFlight counts the admissions not yet released, so that a success
+	// can tell whether it found the limit in use; epoch is 1 + the
+	// decreases decided, so that a call can tell whether it was admitted
+	// before the last one.
+	inFlight atomic.Int64
+	epoch    atomic.Uint64
+
+	rule                 AdaptiveRule
+	minBudget, maxBudget int64
+	hasBudget            bool
+
+	mu  sync.Mutex
+	ctl *adaptive.Controller
+	// seen is the concurrency limit last seen (or applied).
+	seen                          int
+	samples, increases, decreases int64
+	lastChange                    time.Time
+}
+
+// newAdaptive validates cfg.Adaptive and builds the controller, nil
+// without one.
+func newAdaptive(cfg *Config) (*adaptiveLimits, error) {
+	a := cfg.Adaptive
+	if a == nil {
+		return nil, nil
+	}
+	const f = "Config.Adaptive."
+	p := adaptive.Params{Rule: adaptive.Rule(a.Rule), Min: a.MinConcurrent, Max: a.MaxConcurrent,
+		Backoff: a.Backoff, Step: a.Increase, Tolerance: a.Tolerance, Smoothing: a.Smoothing, Window: a.Window}
+	switch {
+	case a.Rule > Gradient:
+		return nil, invalidf(f+"Rule", "must be AIMD or Gradient, got %d", a.Rule)
+	case a.Cooldown > ShedCooldown:
+		return nil, invalidf(f+"Cooldown", "must be HoldCooldown or ShedCooldown, got %d", a.Cooldown)
+	case p.Min < 0:
+		return nil, invalidf(f+"MinConcurrent", "must be >= 0, got %d", p.Min)
+	case p.Max < 0:
+		return nil, invalidf(f+"MaxConcurrent", "must be >= 0, got %d", p.Max)
+	}
+	p.Min = max(p.Min, 1)
+	if p.Max == 0 {
+		p.Max = cfg.MaxConcurrent
+	}
+	if p.Max < p.Min {
+		return nil, invalidf(f+"MaxConcurrent", "must be >= MinConcurrent (%d), got %d (zero means Config.MaxConcurrent)", p.Min, p.Max)
+	}
+	for _, t := range []struct {
+		field    string
+		v        *float64
+		zero     float64
+		ok       bool
+		interval string
+	}{
+		{"Backoff", &p.Backoff, 0.75, p.Backoff >= 0.5 && p.Backoff < 1, "[0.5, 1)"},
+		{"Tolerance", &p.Tolerance, 1.5, p.Tolerance >= 1 && p.Tolerance <= math.MaxFloat64, "[1, +Inf)"},
+		{"Smoothing", &p.Smoothing, 0.2, p.Smoothing > 0 && p.Smoothing <= 1, "(0, 1]"},
+	} {
+		if *t.v == 0 {
+			*t.v = t.zero
+		} else if !t.ok {
+			return nil, invalidf(f+t.field, "must be in %s, got %v", t.interval, *t.v)
+		}
+	}
+	switch {
+	case p.Step < 0:
+		return nil, invalidf(f+"Increase", "must be >= 0, got %d", p.Step)
+	case p.Window < 0:
+		return nil, invalidf(f+"Window", "must be >= 0, got %v", p.Window)
+	}
+	p.Step = max(p.Step, 1)
+	if p.Window == 0 {
+		p.Window = time.Second
+	}
+	al := &adaptiveLimits{rule: a.Rule, ctl: adaptive.New(p), seen: cfg.MaxConcurrent}
+	al.epoch.Store(1)
+	tb := cfg.TokenBudget
+	if tb == nil {
+		if a.MinBudget != 0 || a.MaxBudget != 0 {
+			return nil, invalidf(f+"MinBudget", "applies only with Config.TokenBudget")
+		}
+		return al, nil
+	}
+	if err := checkNonNegative(f+"MinBudget", a.MinBudget); err != nil {
+		return nil, err
+	}
+	if err := checkNonNegative(f+"MaxBudget", a.MaxBudget); err != nil {
+		return nil, err
+	}
+	al.hasBudget, al.maxBudget, al.minBudget = true, a.MaxBudget, a.MinBudget
+	if al.maxBudget == 0 {
+		al.maxBudget = tb.Budget
+	}
+	if al.minBudget == 0 {
+		al.minBudget = scale(al.maxBudget, p.Min, p.Max)
+	}
+	if al.minBudget > al.maxBudget {
+		return nil, invalidf(f+"MinBudget", "must not exceed MaxBudget (%d), got %d", al.maxBudget, al.minBudget)
+	}
+	return al, nil
+}
+
+// scale returns v × n / d, for 0 <= n <= d, 0 < d, without overflow.
+func scale(v int64, n, d int) int64 {
+	hi, lo := bits.Mul64(uint64(v), uint64(n))
+	q, _ := bits.Div64(hi, lo, uint64(d)) // hi < d as n <= d
+	return int64(q)
+}
+
+// budgetFor returns the token budget for a concurrency limit of n.
+func (a *adaptiveLimits) budgetFor(n, maxN int) int64 {
+	return max(a.minBudget, min(a.maxBudget, scale(a.maxBudget, min(n, maxN), maxN)))
+}
+
+// admitted counts admission p in flight and notes the controller's epoch
+// and, for the Gradient rule (the one that reads latency), the time.
+func (a *adaptiveLimits) admitted(p *Permit) {
+	if p.l.Bypass != nil {
+		return
+	}
+	p.inFlight = int(min(a.inFlight.Add(1), math.MaxInt32))
+	p.epoch = a.epoch.Load()
+	if a.rule == Gradient {
+		p.admittedAt = p.b.clk.Now()
+	}
+	p.counted = true
+}
+
+// maxApplies bounds the retries of a change that keeps losing races with
+// the caller's ApplyLimits.
+const maxApplies = 8
+
+// observe feeds sample s to the rule and applies the change it asks for.
+func (a *adaptiveLimits) observe(b *Bulkhead, s adaptive.Sample) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.samples++
+	// The rule judges the sample against the limit last seen, so that a
+	// sample that moves nothing (the common case) costs no round trip to
+	// the engine; a move is made on the current limits.
+	move := a.ctl.Observe(a.seen, s)
+	a.epoch.Store(1 + a.ctl.Decreases())
+	if move.Kind == adaptive.Hold {
+		return nil
+	}
+	p := a.ctl.Params()
+	for range maxApplies {
+		cur := b.Limits()
+		a.seen = cur.MaxConcurrent
+		if cur.MaxConcurrent == 0 || (cur.TokenBudget != nil && cur.TokenBudget.Budget == 0) || cur.Revision == math.MaxInt64 {
+			return nil // a kill switch: the caller's to lift
+		}
+		n := a.ctl.Next(cur.MaxConcurrent, move)
+		if n == cur.MaxConcurrent {
+			return nil
+		}
+		next := cur.Clone()
+		next.Revision++
+		next.MaxConcurrent = n
+		if a.hasBudget && next.TokenBudget != nil {
+			next.TokenBudget.Budget = a.budgetFor(n, p.Max)
+		}
+		if testHookAdaptiveApply != nil {
+			testHookAdaptiveApply()
+		}
+		res, err := b.ApplyLimits(next)
+		if err != nil {
+			return err
+		}
+		if res.Applied {
+			if n > cur.MaxConcurrent {
+				a.increases++
+			} else {
+				a.decreases++
+			}
+			a.lastChange, a.seen = s.At, n
+			return nil
+		}
+		// The caller applied limits meanwhile: move from theirs.
+	}
+	return nil
+}
+
+// testHookAdaptiveApply, when set by a test, is called just before the
+// controller applies a change, so the test can apply limits of its own.
+var testHookAdaptiveApply func()
+
+// stats returns the controller's state, with the current limits l.
+func (a *adaptiveLimits) stats(l Limits) *AdaptiveStats {
+	if a == nil {
+		return nil
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	p := a.ctl.Params()
+	st := &AdaptiveStats{
+		Rule: a.rule, MaxConcurrent: l.MaxConcurrent, MinConcurrent: p.Min, MaxConcurrentBound: p.Max,
+		Samples: a.samples, Increases: a.increases, Decreases: a.decreases, LastChange: a.lastChange,
+	}
+	if l.TokenBudget != nil && a.hasBudget {
+		st.Budget, st.MinBudget, st.MaxBudget = l.TokenBudget.Budget, a.minBudget, a.maxBudget
+	}
+	return st
+}

@@ -1,0 +1,427 @@
+package bulkhead_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/llmbulkhead/bulkhead"
+	"github.com/llmbulkhead/bulkhead/clock"
+	"github.com/llmbulkhead/bulkhead/internal/testutil"
+)
+
+func adaptiveConfig(clk clock.Clock, a bulkhead.Adaptive) bulkhead.Config {
+	return bulkhead.Config{
+		Model: "gpt-4o", MaxConcurrent: 8, MaxQueue: 4, Clock: clk,
+		TokenBudget: &bulkhead.TokenBudget{Budget: 8000, Estimator: estimatorFunc(nil)},
+		Adaptive:    &a,
+	}
+}
+
+// acquireN takes n permits or fails the test.
+func acquireN(t *testing.T, b *bulkhead.Bulkhead, n int) []*bulkhead.Permit {
+	t.Helper()
+	ps := make([]*bulkhead.Permit, n)
+	for i := range ps {
+		ps[i] = mustAcquire(t, b, req("hi", 10))
+	}
+	return ps
+}
+
+func releaseAll(ps []*bulkhead.Permit) {
+	for _, p := range ps {
+		_ = p.Release(nil)
+	}
+}
+
+func TestAdaptiveMovesThroughApplyLimits(t *testing.T) {
+	clk := clock.NewMock()
+	b := newBulkhead(t, adaptiveConfig(clk, bulkhead.Adaptive{MinConcurrent: 2}))
+	var mu sync.Mutex
+	var events []bulkhead.ReconfigureEvent
+	defer b.Subscribe(bulkhead.Hooks{Reconfigure: func(e bulkhead.ReconfigureEvent) {
+		mu.Lock()
+		defer mu.Unlock()
+		events = append(events, e)
+	}})()
+
+	ps := acquireN(t, b, 8)
+	clk.Add(time.Second)
+	// A burst of 429s from calls sent under the old limit: one decrease.
+	for _, p := range ps[:3] {
+		if err := p.Feedback(bulkhead.OutcomeRateLimited, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l := b.Limits()
+	if l.Revision != 1 || l.MaxConcurrent != 6 || l.TokenBudget.Budget != 6000 {
+		t.Fatalf("after the burst: %v, want revision 1, 6 slots, budget 6000", l)
+	}
+	// A success of a call sent before the decrease does not undo it.
+	if err := ps[3].Feedback(bulkhead.OutcomeSuccess, 0); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.Limits().MaxConcurrent; got != 6 {
+		t.Fatalf("MaxConcurrent = %d after an old success, want 6", got)
+	}
+	releaseAll(ps)
+
+	clk.Add(time.Second)
+	ps = acquireN(t, b, 4)
+	clk.Add(100 * time.Millisecond)
+	for i, p := range ps[2:] { // admitted with 3 and 4 of 6 in flight: the limit is in use
+		if err := p.Feedback(bulkhead.OutcomeSuccess, 0); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := b.Limits().MaxConcurrent, 7+i; got != want {
+			t.Fatalf("MaxConcurrent = %d, want %d", got, want)
+		}
+	}
+	if err := ps[0].Feedback(bulkhead.OutcomeSuccess, 0); err != nil { // admitted alone: holds
+		t.Fatal(err)
+	}
+	releaseAll(ps)
+
+	st := b.Stats()
+	a := st.Adaptive
+	if a == nil || a.MaxConcurrent != 8 || a.Budget != 8000 || a.MinConcurrent != 2 || a.MaxConcurrentBound != 8 ||
+		a.MinBudget != 2000 || a.MaxBudget != 8000 || a.Increases != 2 || a.Decreases != 1 || a.Samples != 7 ||
+		!a.LastChange.Equal(clk.Now()) || a.Rule != bulkhead.AIMD {
+		t.Fatalf("Stats().Adaptive = %+v", a)
+	}
+	if st.Limits.Revision != 3 {
+		t.Fatalf("revision = %d, want 3", st.Limits.Revision)
+	}
+	testutil.WaitFor(t, "three reconfigure events", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(events) == 3
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	for i, want := range []int{6, 7, 8} {
+		if e := events[i]; e.Current.MaxConcurrent != want || e.Current.Revision != int64(i+1) {
+			t.Fatalf("event %d = %v, want %d slots at revision %d", i, e.Current, want, i+1)
+		}
+	}
+}
+
+func TestAdaptiveBoundsAndKillSwitch(t *testing.T) {
+	clk := clock.NewMock()
+	b := newBulkhead(t, adaptiveConfig(clk, bulkhead.Adaptive{MinConcurrent: 3, Backoff: 0.5, Window: time.Second}))
+	for range 5 {
+		clk.Add(time.Second)
+		if err := b.Feedback(bulkhead.Feedback{Outcome: bulkhead.OutcomeOverloaded}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if l := b.Limits(); l.MaxConcurrent != 3 || l.TokenBudget.Budget != 3000 {
+		t.Fatalf("limits = %v, want the minimum 3 and its budget 3000", l)
+	}
+	// The caller's kill switch stands.
+	cur := b.Limits()
+	cur.Revision++
+	cur.MaxConcurrent = 0
+	if _, err := b.ApplyLimits(cur); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		clk.Add(time.Second)
+		if err := b.Feedback(bulkhead.Feedback{Outcome: bulkhead.OutcomeSuccess}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if l := b.Limits(); l.MaxConcurrent != 0 || l.Revision != cur.Revision {
+		t.Fatalf("limits = %v, want the kill switch left alone", l)
+	}
+	// A limit the caller applies is where the next move starts from.
+	cur.Revision++
+	cur.MaxConcurrent = 5
+	if _, err := b.ApplyLimits(cur); err != nil {
+		t.Fatal(err)
+	}
+	clk.Add(time.Second)
+	if err := b.Feedback(bulkhead.Feedback{Outcome: bulkhead.OutcomeTimeout}); err != nil {
+		t.Fatal(err)
+	}
+	if l := b.Limits(); l.MaxConcurrent != 3 || l.Revision != cur.Revision+1 {
+		t.Fatalf("limits = %v, want 3 (half of the caller's 5, at the minimum) at the next revision", l)
+	}
+}
+
+func TestFeedbackInvalid(t *testing.T) {
+	b := newBulkhead(t, adaptiveConfig(clock.NewMock(), bulkhead.Adaptive{}))
+	for _, f := range []bulkhead.Feedback{
+		{Outcome: 9},
+		{Latency: -1},
+		{Outcome: bulkhead.OutcomeRateLimited, RetryAfter: -time.Second},
+		{Outcome: bulkhead.OutcomeRateLimited, RetryAfter: bulkhead.MaxRetryAfter + 1},
+		{Outcome: bulkhead.OutcomeSuccess, RetryAfter: time.Second},
+	} {
+		err := b.Feedback(f)
+		var ce *bulkhead.ConfigError
+		if !errors.As(err, &ce) || !errors.Is(err, bulkhead.ErrInvalid) {
+			t.Fatalf("Feedback(%+v) = %v, want a *ConfigError", f, err)
+		}
+	}
+	var nilPermit *bulkhead.Permit
+	if err := nilPermit.Feedback(bulkhead.OutcomeSuccess, 0); !errors.Is(err, bulkhead.ErrInvalid) {
+		t.Fatalf("nil Permit.Feedback = %v", err)
+	}
+	p := mustAcquire(t, b, req("hi", 1))
+	defer p.Release(nil)
+	if err := p.Feedback(bulkhead.OutcomeTimeout, time.Second); !errors.Is(err, bulkhead.ErrInvalid) {
+		t.Fatalf("Permit.Feedback with a retry-after on a timeout = %v", err)
+	}
+	if st := b.Stats(); st.Limits.Revision != 0 || st.Adaptive.Samples != 0 || st.Cooldown.Active != nil {
+		t.Fatalf("invalid feedback changed something: %+v %+v", st.Adaptive, st.Cooldown)
+	}
+}
+
+func TestNewAdaptiveInvalid(t *testing.T) {
+	for _, tt := range []struct {
+		a     bulkhead.Adaptive
+		field string
+	}{
+		{bulkhead.Adaptive{Rule: 7}, "Config.Adaptive.Rule"},
+		{bulkhead.Adaptive{Cooldown: 7}, "Config.Adaptive.Cooldown"},
+		{bulkhead.Adaptive{MinConcurrent: -1}, "Config.Adaptive.MinConcurrent"},
+		{bulkhead.Adaptive{MinConcurrent: 9}, "Config.Adaptive.MaxConcurrent"},
+		{bulkhead.Adaptive{Backoff: 1}, "Config.Adaptive.Backoff"},
+		{bulkhead.Adaptive{Tolerance: 0.5}, "Config.Adaptive.Tolerance"},
+		{bulkhead.Adaptive{Smoothing: 1.5}, "Config.Adaptive.Smoothing"},
+		{bulkhead.Adaptive{Increase: -1}, "Config.Adaptive.Increase"},
+		{bulkhead.Adaptive{Window: -1}, "Config.Adaptive.Window"},
+		{bulkhead.Adaptive{MinBudget: -1}, "Config.Adaptive.MinBudget"},
+		{bulkhead.Adaptive{MinBudget: 9000}, "Config.Adaptive.MinBudget"},
+	} {
+		_, err := bulkhead.New(adaptiveConfig(nil, tt.a))
+		var ce *bulkhead.ConfigError
+		if !errors.As(err, &ce) || ce.Field != tt.field {
+			t.Fatalf("New with %+v = %v, want a *ConfigError on %s", tt.a, err, tt.field)
+		}
+	}
+	_, err := bulkhead.New(bulkhead.Config{MaxConcurrent: 2, Adaptive: &bulkhead.Adaptive{MaxBudget: 5}})
+	if !errors.Is(err, bulkhead.ErrInvalid) {
+		t.Fatalf("a budget bound without a budget = %v", err)
+	}
+}
+
+func TestCooldownShed(t *testing.T) {
+	clk := clock.NewMock()
+	b := newBulkhead(t, adaptiveConfig(clk, bulkhead.Adaptive{Cooldown: bulkhead.ShedCooldown}))
+	if err := b.Feedback(bulkhead.Feedback{Outcome: bulkhead.OutcomeRateLimited, RetryAfter: 5 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := b.Acquire(context.Background(), req("hi", 1))
+	rej := wantReason(t, err, bulkhead.Cooldown)
+	if d, ok := rej.RetryAfter(); !ok || d != 5*time.Second {
+		t.Fatalf("RetryAfter = %v, %v, want 5s", d, ok)
+	}
+	if d, err := b.WouldAdmit(req("hi", 1), bulkhead.WithDetail()); err != nil || d.Admit || d.Reason != bulkhead.Cooldown || d.Detail.Cooldown.RetryAfter != 5*time.Second {
+		t.Fatalf("WouldAdmit = %+v, %v", d, err)
+	}
+	// Another model is not cooling down.
+	other := req("hi", 1)
+	other.Model = "gpt-4.1"
+	mustAcquire(t, b, other).Release(nil)
+
+	clk.Add(2 * time.Second)
+	_, err = b.Acquire(context.Background(), req("hi", 1))
+	if d, _ := wantReason(t, err, bulkhead.Cooldown).RetryAfter(); d != 3*time.Second {
+		t.Fatalf("RetryAfter = %v, want the 3s left", d)
+	}
+	st := b.Stats()
+	if st.Calls.RejectedByReason[bulkhead.Cooldown] != 2 || !st.Cooldown.Active["gpt-4o"].Equal(clk.Now().Add(3*time.Second)) {
+		t.Fatalf("stats: %v, %+v", st.Calls.RejectedByReason, st.Cooldown)
+	}
+	clk.Add(3 * time.Second)
+	mustAcquire(t, b, req("hi", 1)).Release(nil)
+	if st := b.Stats(); st.Cooldown.Active != nil {
+		t.Fatalf("cool-down still active: %+v", st.Cooldown)
+	}
+}
+
+func TestCooldownHold(t *testing.T) {
+	clk := clock.NewMock()
+	cfg := adaptiveConfig(clk, bulkhead.Adaptive{})
+	cfg.Adaptive = nil // cool-downs work without adaptive limits
+	cfg.QueueTimeout = 10 * time.Second
+	b := newBulkhead(t, cfg)
+	p := mustAcquire(t, b, req("hi", 1))
+	if err := p.Feedback(bulkhead.OutcomeRateLimited, 4*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	_ = p.Release(nil)
+	if b.Stats().Adaptive != nil || b.Limits().Revision != 0 {
+		t.Fatal("limits moved without Config.Adaptive")
+	}
+	held := acquireAsync(context.Background(), b, req("hi", 1))
+	testutil.WaitFor(t, "the call to hold", holding(b))
+	clk.Add(3 * time.Second)
+	select {
+	case r := <-held:
+		t.Fatalf("admitted during the cool-down: %v", r.err)
+	default:
+	}
+	clk.Add(time.Second)
+	r := <-held
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	_ = r.tok.Release(nil)
+	if st := b.Stats().Cooldown; st.Held != 1 || st.Holding != 0 || st.Started != 1 {
+		t.Fatalf("cool-down stats %+v", st)
+	}
+
+	// A cool-down longer than the queue timeout rejects at once.
+	if err := b.Feedback(bulkhead.Feedback{Outcome: bulkhead.OutcomeOverloaded, RetryAfter: 10 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := b.Acquire(context.Background(), req("hi", 1))
+	if d, _ := wantReason(t, err, bulkhead.Cooldown).RetryAfter(); d != 10*time.Second {
+		t.Fatalf("RetryAfter = %v, want 10s", d)
+	}
+	// A shorter per-call queue timeout too.
+	clk.Add(5 * time.Second)
+	_, err = b.Acquire(context.Background(), req("hi", 1), bulkhead.WithQueueTimeout(time.Second))
+	wantReason(t, err, bulkhead.Cooldown)
+
+	// Cancelling a held call ends its wait, and it is rejected Aborted.
+	ctx, cancel := context.WithCancel(context.Background())
+	held = acquireAsync(ctx, b, req("hi", 1))
+	testutil.WaitFor(t, "the call to hold", holding(b))
+	cancel()
+	wantReason(t, (<-held).err, bulkhead.Aborted)
+
+	// Close ends a hold: Shutdown.
+	held = acquireAsync(context.Background(), b, req("hi", 1))
+	testutil.WaitFor(t, "the call to hold", holding(b))
+	b.Close()
+	wantReason(t, (<-held).err, bulkhead.Shutdown)
+	if st := b.Stats(); st.Cooldown.Holding != 0 || st.Gate.InFlight != 0 {
+		t.Fatalf("after the holds: %+v, %d in flight", st.Cooldown, st.Gate.InFlight)
+	}
+}
+
+// A later 429 with a longer Retry-After extends a cool-down that a call
+// is waiting out.
+func TestCooldownExtended(t *testing.T) {
+	clk := clock.NewMock()
+	cfg := adaptiveConfig(clk, bulkhead.Adaptive{})
+	b := newBulkhead(t, cfg)
+	_ = b.Feedback(bulkhead.Feedback{Outcome: bulkhead.OutcomeRateLimited, RetryAfter: 2 * time.Second})
+	held := acquireAsync(context.Background(), b, req("hi", 1))
+	testutil.WaitFor(t, "the call to hold", holding(b))
+	_ = b.Feedback(bulkhead.Feedback{Outcome: bulkhead.OutcomeRateLimited, RetryAfter: 5 * time.Second})
+	clk.Add(2 * time.Second)
+	testutil.WaitFor(t, "the call to hold again", func() bool { st := b.Stats().Cooldown; return st.Holding == 1 && st.Held == 1 })
+	clk.Add(3 * time.Second)
+	r := <-held
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	_ = r.tok.Release(nil)
+}
+
+// A change that loses the race with the caller's own ApplyLimits is made
+// again on the caller's limits.
+func TestAdaptiveStaleRevisionRetried(t *testing.T) {
+	clk := clock.NewMock()
+	b := newBulkhead(t, adaptiveConfig(clk, bulkhead.Adaptive{Backoff: 0.5}))
+	raced := false
+	bulkhead.SetAdaptiveApplyHook(func() {
+		if raced {
+			return
+		}
+		raced = true
+		l := b.Limits()
+		l.Revision = 10
+		l.MaxConcurrent = 6
+		l.MaxQueue = 2
+		if res, err := b.ApplyLimits(l); err != nil || !res.Applied {
+			t.Errorf("the caller's ApplyLimits: %+v, %v", res, err)
+		}
+	})
+	defer bulkhead.SetAdaptiveApplyHook(nil)
+	clk.Add(time.Second)
+	if err := b.Feedback(bulkhead.Feedback{Outcome: bulkhead.OutcomeRateLimited}); err != nil {
+		t.Fatal(err)
+	}
+	// Half of the caller's 6, with the caller's queue, at the revision after
+	// theirs.
+	if l := b.Limits(); l.Revision != 11 || l.MaxConcurrent != 3 || l.MaxQueue != 2 || l.TokenBudget.Budget != 3000 {
+		t.Fatalf("limits = %v", l)
+	}
+	if a := b.Stats().Adaptive; a.Decreases != 1 || a.Samples != 1 {
+		t.Fatalf("adaptive stats %+v", a)
+	}
+}
+
+// holding reports whether a call is waiting out a cool-down.
+func holding(b *bulkhead.Bulkhead) func() bool {
+	return func() bool { return b.Stats().Cooldown.Holding == 1 }
+}
+
+// With the Gradient rule, Permit.Feedback measures each call's latency on
+// the bulkhead's clock: steady latency raises the limit, rising latency
+// lowers it.
+func TestAdaptiveGradientMeasuresLatency(t *testing.T) {
+	clk := clock.NewMock()
+	b := newBulkhead(t, adaptiveConfig(clk, bulkhead.Adaptive{Rule: bulkhead.Gradient, MaxConcurrent: 16}))
+	round := func(lat time.Duration) int {
+		n := b.Limits().MaxConcurrent
+		ps := acquireN(t, b, n)
+		clk.Add(lat)
+		for _, p := range ps {
+			if err := p.Feedback(bulkhead.OutcomeSuccess, 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		releaseAll(ps)
+		return b.Limits().MaxConcurrent
+	}
+	var got []int
+	for range 3 {
+		got = append(got, round(100*time.Millisecond))
+	}
+	for range 3 {
+		got = append(got, round(time.Second))
+	}
+	// Up to the bound at 100ms; down when latency jumps tenfold, then up
+	// again slowly as the long-term latency learns the new level.
+	if want := []int{10, 15, 16, 10, 10, 11}; !slices.Equal(got, want) {
+		t.Fatalf("limits by round = %v, want %v", got, want)
+	}
+	if a := b.Stats().Adaptive; a.Rule != bulkhead.Gradient || a.Decreases == 0 || a.Increases == 0 {
+		t.Fatalf("adaptive stats %+v", a)
+	}
+}
+
+// At most 1024 models cool down at once: a new one makes room by dropping
+// the cool-down that ends first.
+func TestCooldownBounded(t *testing.T) {
+	clk := clock.NewMock()
+	b := newBulkhead(t, adaptiveConfig(clk, bulkhead.Adaptive{}))
+	for i := range 1025 {
+		f := bulkhead.Feedback{Model: fmt.Sprintf("m%d", i), Outcome: bulkhead.OutcomeRateLimited, RetryAfter: time.Duration(i+1) * time.Second}
+		if i == 1024 {
+			f.RetryAfter = 5000 * time.Second
+		}
+		if err := b.Feedback(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	active := b.Stats().Cooldown.Active
+	if _, ok := active["m0"]; len(active) != 1024 || ok || active["m1024"].IsZero() {
+		t.Fatalf("%d active, m0 %v, m1024 %v", len(active), active["m0"], active["m1024"])
+	}
+	clk.Add(2000 * time.Second) // m1..m1023 end
+	if active := b.Stats().Cooldown.Active; len(active) != 1 {
+		t.Fatalf("%d active after most ended, want 1", len(active))
+	}
+}

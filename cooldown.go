@@ -1,0 +1,250 @@
+package bulkhead
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/llmbulkhead/bulkhead/clock"
+	"github.com/llmbulkhead/bulkhead/internal/actor"
+	"github.com/llmbulkhead/bulkhead/internal/admission"
+)
+
+// CooldownMode says what a call does while its model is cooling down: the
+// provider answered a call for that model with a 429 and a Retry-After
+// that has not passed yet (see Bulkhead.Feedback).
+type CooldownMode uint8
+
+// The cool-down modes.
+const (
+	// HoldCooldown makes the call wait until the cool-down ends, bounded
+	// by its context and its queue timeout (which also bounds its wait for
+	// a slot after that). A call whose cool-down ends after its queue
+	// timeout or its context's deadline is rejected Cooldown at once.
+	HoldCooldown CooldownMode = iota
+	// ShedCooldown rejects the call Cooldown at once, with the time left
+	// as its retry-after.
+	ShedCooldown
+)
+
+// String returns "hold" or "shed".
+func (m CooldownMode) String() string {
+	switch m {
+	case HoldCooldown:
+		return "hold"
+	case ShedCooldown:
+		return "shed"
+	}
+	return "cooldown_mode(" + itoa(int64(m)) + ")"
+}
+
+// MarshalText encodes the mode as "hold" or "shed".
+func (m CooldownMode) MarshalText() ([]byte, error) { return []byte(m.String()), nil }
+
+// CooldownDetail describes the cool-down that decided a Cooldown rejection.
+type CooldownDetail struct {
+	// Model is the model cooling down.
+	Model string
+	// Until is when the cool-down ends, on the bulkhead's clock.
+	Until time.Time
+	// RetryAfter is the time that was left of it at the decision.
+	RetryAfter time.Duration
+}
+
+func (d *CooldownDetail) explain() string {
+	return fmt.Sprintf("model %q is cooling down after the provider's 429, retry after %v", d.Model, d.RetryAfter)
+}
+
+// CooldownStats is the state of the cool-downs.
+type CooldownStats struct {
+	// Active maps each model cooling down to the end of its cool-down;
+	// nil when none is.
+	Active map[string]time.Time
+	// Started counts the cool-downs started or extended by feedback.
+	Started int64
+	// Holding is the calls waiting for a cool-down to end now, and Held
+	// counts those that waited (HoldCooldown). The calls turned away are in
+	// Calls.RejectedByReason, as Cooldown.
+	Holding int64
+	Held    int64
+}
+
+// MaxRetryAfter is the longest cool-down a Feedback may start.
+const MaxRetryAfter = 24 * time.Hour
+
+// maxCooldowns bounds the models cooling down at once: beyond it, the
+// cool-down that ends first makes room.
+const maxCooldowns = 1024
+
+// cooldowns is a bulkhead's cool-downs, by model.
+type cooldowns struct {
+	// armed is set while some cool-down may be running: the one thing a
+	// call reads when none is.
+	armed atomic.Bool
+	clk   clock.Clock
+	shed  bool
+
+	mu    sync.Mutex
+	until map[string]time.Time
+	// first is no later than the earliest end in until, so a lookup
+	// purges only once something may have ended.
+	first time.Time
+
+	started, holding, held atomic.Int64
+
+	// closing is closed by Close: held calls stop waiting, and the engine
+	// rejects them Shutdown.
+	closing   chan struct{}
+	closeOnce sync.Once
+}
+
+func newCooldowns(clk clock.Clock, mode CooldownMode) *cooldowns {
+	return &cooldowns{clk: clk, shed: mode == ShedCooldown, until: map[string]time.Time{}, closing: make(chan struct{})}
+}
+
+func (c *cooldowns) close() { c.closeOnce.Do(func() { close(c.closing) }) }
+
+// hold counts a call that starts waiting out a cool-down.
+func (c *cooldowns) hold(time.Duration) { c.holding.Add(1) }
+
+// start cools model down until end, or longer when it already is.
+func (c *cooldowns) start(model string, end time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.started.Add(1)
+	if prev, ok := c.until[model]; ok {
+		if end.After(prev) {
+			c.until[model] = end
+		}
+		return
+	}
+	if len(c.until) >= maxCooldowns {
+		c.purge(c.clk.Now())
+	}
+	if len(c.until) >= maxCooldowns {
+		// Make room: the cool-down that ends first has the least to say.
+		first := ""
+		for m, u := range c.until {
+			if first == "" || u.Before(c.until[first]) {
+				first = m
+			}
+		}
+		delete(c.until, first)
+	}
+	c.until[model] = end
+	if len(c.until) == 1 || end.Before(c.first) {
+		c.first = end
+	}
+	c.armed.Store(true)
+}
+
+// purge drops the cool-downs that have ended by now and disarms when none
+// is left; it reads the whole table only once the earliest end has come.
+// c.mu is held.
+func (c *cooldowns) purge(now time.Time) {
+	if now.Before(c.first) {
+		return
+	}
+	c.first = time.Time{}
+	for m, u := range c.until {
+		switch {
+		case !u.After(now):
+			delete(c.until, m)
+		case c.first.IsZero() || u.Before(c.first):
+			c.first = u
+		}
+	}
+	if len(c.until) == 0 {
+		c.armed.Store(false)
+	}
+}
+
+// left returns the end of model's cool-down and the time left of it, ok
+// false when it is not cooling down.
+func (c *cooldowns) left(model string) (until time.Time, left time.Duration, ok bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.clk.Now()
+	c.purge(now)
+	until, ok = c.until[model]
+	if !ok {
+		return time.Time{}, 0, false
+	}
+	return until, until.Sub(now), true
+}
+
+// stats returns the cool-downs' state.
+func (c *cooldowns) stats() CooldownStats {
+	st := CooldownStats{Started: c.started.Load(), Holding: c.holding.Load(), Held: c.held.Load()}
+	if !c.armed.Load() {
+		return st
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.purge(c.clk.Now())
+	if len(c.until) > 0 {
+		st.Active = maps.Clone(c.until)
+	}
+	return st
+}
+
+// cooldown holds a call whose model is cooling down until the cool-down
+// ends, leaving r with what is left of its queue timeout; or, when the
+// call may not wait (ShedCooldown, or a cool-down that outlasts its queue
+// timeout or its context's deadline), sets r's refusal. Either way r is
+// then sent for admission (a call whose context ended or whose bulkhead
+// closed meanwhile is rejected Aborted or Shutdown there).
+func (b *Bulkhead) cooldown(ctx context.Context, r *actor.AcquireRequest) {
+	c := b.cool
+	req, _ := callOf(r.Request)
+	model := b.modelOf(req.model())
+	for {
+		until, left, ok := c.left(model)
+		if !ok || ctx.Err() != nil {
+			return
+		}
+		late := c.shed || (r.QueueTimeout > 0 && left >= r.QueueTimeout)
+		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < left {
+			late = true // context deadlines are on the wall clock
+		}
+		if late {
+			r.Refuse = admission.Cooldown
+			r.RefuseExt = &admission.External{Cooldown: &admission.CooldownDetail{Model: model, Until: until, RetryAfter: left}}
+			return
+		}
+		ended := b.wait(ctx, left, c.closing, c.hold)
+		c.holding.Add(-1)
+		if !ended {
+			return
+		}
+		c.held.Add(1)
+		b.waited(r, left) // the end came within the queue timeout
+		// Check again: a later 429 may have extended the cool-down.
+	}
+}
+
+// modelOf is the model of a call naming model m: m, or Config.Model for
+// "".
+func (b *Bulkhead) modelOf(m string) string {
+	if m != "" {
+		return m
+	}
+	return b.model
+}
+
+// wouldAdmitCooldown completes d, an advisory decision to admit, with the
+// cool-down's answer for a call of req.
+func (b *Bulkhead) wouldAdmitCooldown(req *Request, d *admission.Decision) {
+	model := b.modelOf(req.model())
+	until, left, ok := b.cool.left(model)
+	if !ok || (!b.cool.shed && (b.timeout == 0 || left < b.timeout)) {
+		return
+	}
+	d.Admit, d.Reason = false, admission.Cooldown
+	if d.Detail != nil {
+		d.Detail.Cooldown = &admission.CooldownDetail{Model: model, Until: until, RetryAfter: left}
+	}
+}
