@@ -425,3 +425,42 @@ func TestCooldownBounded(t *testing.T) {
 		t.Fatalf("%d active after most ended, want 1", len(active))
 	}
 }
+
+// TestAcquireAsyncAdaptiveAndShed checks AcquireAsync with the controller:
+// a shed cool-down is decided before AcquireAsync returns, and an
+// admission made through it counts as in flight for AIMD (a success of a
+// call admitted with the limit in use raises it).
+func TestAcquireAsyncAdaptiveAndShed(t *testing.T) {
+	clk := clock.NewMock()
+	b := newBulkhead(t, adaptiveConfig(clk, bulkhead.Adaptive{Cooldown: bulkhead.ShedCooldown, MaxConcurrent: 16}))
+	var ps []*bulkhead.Permit
+	for range 6 {
+		f := b.AcquireAsync(context.Background(), req("hi", 10))
+		if !isDone(f) {
+			t.Fatal("AcquireAsync did not decide before it returned")
+		}
+		p, err := f.Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ps = append(ps, p)
+	}
+	if err := ps[5].Feedback(bulkhead.OutcomeSuccess, 0); err != nil { // admitted with 6 of 8 in flight
+		t.Fatal(err)
+	}
+	if got := b.Limits().MaxConcurrent; got != 9 {
+		t.Fatalf("MaxConcurrent = %d after a success with the limit in use, want 9", got)
+	}
+	releaseAll(ps)
+	if err := b.Feedback(bulkhead.Feedback{Outcome: bulkhead.OutcomeRateLimited, RetryAfter: 2 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	f := b.AcquireAsync(context.Background(), req("hi", 10))
+	if !isDone(f) {
+		t.Fatal("a shed cool-down was not decided before AcquireAsync returned")
+	}
+	_, err := f.Result()
+	if d, ok := wantReason(t, err, bulkhead.Cooldown).RetryAfter(); !ok || d != 2*time.Second {
+		t.Fatalf("RetryAfter = %v, %v; want 2s", d, ok)
+	}
+}

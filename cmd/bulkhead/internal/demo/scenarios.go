@@ -196,16 +196,23 @@ func adaptiveFair() *strategy {
 			if cfg.ProviderConcurrency > 0 {
 				n = min(n, max(cfg.ProviderConcurrency*9/10, 1))
 			}
-			k := len(sc.tenants)
-			bc := bulkhead.Config{Model: cfg.Model, MaxConcurrent: max(n/k, 1), MaxQueue: provisionalQueue, QueueTimeout: provisionalQueueTimeout}
-			cfgs, route := make([]bulkhead.Config, k), make([]int, k)
-			for i := range k {
-				cfgs[i], route[i] = bc, i
+			bc := bulkhead.Config{Model: cfg.Model, MaxConcurrent: n, MaxQueue: provisionalQueue, QueueTimeout: provisionalQueueTimeout}
+			if len(sc.tenants) > 1 {
+				// A class per tenant, served fairly from one queue.
+				bc.Classes = &bulkhead.Classes{Default: sc.tenants[0].name, Limits: map[string]bulkhead.ClassLimits{}}
+				for _, t := range sc.tenants {
+					bc.Classes.Limits[t.name] = bulkhead.ClassLimits{}
+				}
+				bc.Queue = bulkhead.QueuePolicy{Fair: true, WaitForCapacity: true}
 			}
-			return cfgs, route
+			return one(bc, sc)
 		},
-		// No options (one bulkhead per tenant needs no class) and no
-		// feedback until Permit.Feedback exists.
+		options: func(tenant string) []bulkhead.Option {
+			if tenant == "" {
+				return nil
+			}
+			return []bulkhead.Option{bulkhead.WithClass(tenant)}
+		},
 	}
 }
 
