@@ -464,3 +464,35 @@ func TestAcquireAsyncAdaptiveAndShed(t *testing.T) {
 		t.Fatalf("RetryAfter = %v, %v; want 2s", d, ok)
 	}
 }
+
+// TestCooldownTurnsAwayQueuedCalls checks that a call waiting in the queue
+// when a cool-down begins is not sent into another 429 when a slot frees:
+// it is turned away with the time left (and the slot goes to no one).
+func TestCooldownTurnsAwayQueuedCalls(t *testing.T) {
+	for _, mode := range []bulkhead.CooldownMode{bulkhead.HoldCooldown, bulkhead.ShedCooldown} {
+		t.Run(mode.String(), func(t *testing.T) {
+			clk := clock.NewMock()
+			cfg := adaptiveConfig(clk, bulkhead.Adaptive{Cooldown: mode})
+			cfg.MaxConcurrent = 1
+			b := newBulkhead(t, cfg)
+			p := mustAcquire(t, b, req("hi", 10))
+			f := b.AcquireAsync(context.Background(), req("hi", 10))
+			if isDone(f) {
+				t.Fatal("the second call did not queue")
+			}
+			if err := p.Feedback(bulkhead.OutcomeRateLimited, 4*time.Second); err != nil {
+				t.Fatal(err)
+			}
+			if err := p.Release(nil); err != nil {
+				t.Fatal(err)
+			}
+			_, err := f.Result()
+			if d, ok := wantReason(t, err, bulkhead.Cooldown).RetryAfter(); !ok || d != 4*time.Second {
+				t.Fatalf("RetryAfter = %v, %v; want 4s", d, ok)
+			}
+			if st := b.Stats(); st.Gate.InFlight != 0 || st.Gate.Pending != 0 {
+				t.Fatalf("gate %+v", st.Gate)
+			}
+		})
+	}
+}

@@ -48,7 +48,7 @@ func (b *Bulkhead) admitChecked(ctx context.Context, r *actor.AcquireRequest, p 
 	case set != nil && b.rate.pace && r.Refuse == admission.NoReason:
 		b.pace(ctx, r, set)
 	case set != nil && b.rate.local && b.fleet == nil:
-		r.Check, r.CheckArg = b.rate, set
+		r.CheckArg = set
 	case set != nil:
 		postRate = true
 	}

@@ -33,6 +33,8 @@ type Bulkhead struct {
 	// without Config.Adaptive.
 	cool  *cooldowns
 	adapt *adaptiveLimits
+	// grant is the check the engine makes as it grants a call its slot.
+	grant actor.Checker
 }
 
 // New validates cfg and starts a Bulkhead.
@@ -54,6 +56,7 @@ func New(cfg Config) (*Bulkhead, error) {
 		mode = cfg.Adaptive.Cooldown
 	}
 	b.cool = newCooldowns(b.clk, mode)
+	b.grant = grantCheck{b}
 	if cfg.Fleet != nil {
 		b.fleet = &fleetPool{Pool: cfg.Fleet}
 	}
@@ -127,6 +130,7 @@ func (b *Bulkhead) acquire(ctx context.Context, req *Request, o *callOptions, me
 // send sends r, prepared with its permit p, to the engine and returns the
 // admission or the rejection, tagged with tag. r goes back to the pool.
 func (b *Bulkhead) send(r *actor.AcquireRequest, p *Permit, tag string) (*Permit, error) {
+	r.Check = b.grant
 	err := b.eng.Acquire(r)
 	switch {
 	case err == nil:

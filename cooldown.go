@@ -248,3 +248,26 @@ func (b *Bulkhead) wouldAdmitCooldown(req *Request, d *admission.Decision) {
 		d.Detail.Cooldown = &admission.CooldownDetail{Model: model, Until: until, RetryAfter: left}
 	}
 }
+
+// grantCheck is the check the engine makes as it grants a call its slot,
+// on the engine's goroutine: the call's model must not be cooling down (a
+// call that was waiting in the queue when the cool-down began is turned
+// away when its turn comes, with the time left, rather than sent into
+// another 429), and then, when CheckArg carries them, its rate limits on
+// the in-process store.
+type grantCheck struct{ b *Bulkhead }
+
+func (g grantCheck) Check(r *actor.AcquireRequest) (admission.Reason, *admission.External) {
+	b := g.b
+	if b.cool.armed.Load() {
+		req, _ := callOf(r.Request)
+		model := b.modelOf(req.model())
+		if until, left, ok := b.cool.left(model); ok {
+			return admission.Cooldown, &admission.External{Cooldown: &admission.CooldownDetail{Model: model, Until: until, RetryAfter: left}}
+		}
+	}
+	if r.CheckArg != nil {
+		return b.rate.Check(r)
+	}
+	return admission.NoReason, nil
+}

@@ -97,12 +97,13 @@ func (b *Bulkhead) AcquireAsync(ctx context.Context, req *Request, opts ...Optio
 			return &AcquireFuture{done: closedChan, err: publicError(err)}
 		}
 		if set != nil {
-			r.Check, r.CheckArg = b.rate, set
+			r.CheckArg = set
 		}
 	}
 	if cooling {
 		b.cooldown(ctx, r) // Shed mode: refuses at once, never waits
 	}
+	r.Check = b.grant
 	done, stop := b.eng.AcquireAsync(r)
 	return &AcquireFuture{done: done, r: r, p: p, stop: stop}
 }

@@ -53,7 +53,7 @@ func scenarios(cfg *Config) []*scenario {
 		return []*scenario{burst(cfg.Calls, cfg.Ramp)}
 	}
 	halves := &scenario{key: "capacity-halves", name: "capacity halves at 1m",
-		tenants: []tenantLoad{{calls: 180, every: time.Second}},
+		tenants: []tenantLoad{{calls: 300, every: 650 * time.Millisecond}},
 		change:  &simprovider.CapacityChange{After: time.Minute, Factor: 0.5}}
 	twoTenants := func(burstCalls int) *scenario {
 		return &scenario{key: "two-tenants", name: "two tenants",
@@ -196,7 +196,8 @@ func adaptiveFair() *strategy {
 			if cfg.ProviderConcurrency > 0 {
 				n = min(n, max(cfg.ProviderConcurrency*9/10, 1))
 			}
-			bc := bulkhead.Config{Model: cfg.Model, MaxConcurrent: n, MaxQueue: provisionalQueue, QueueTimeout: provisionalQueueTimeout}
+			bc := bulkhead.Config{Model: cfg.Model, MaxConcurrent: n, MaxQueue: provisionalQueue, QueueTimeout: provisionalQueueTimeout,
+				Adaptive: &bulkhead.Adaptive{Cooldown: bulkhead.ShedCooldown}}
 			if len(sc.tenants) > 1 {
 				// A class per tenant, served fairly from one queue.
 				bc.Classes = &bulkhead.Classes{Default: sc.tenants[0].name, Limits: map[string]bulkhead.ClassLimits{}}
@@ -212,6 +213,13 @@ func adaptiveFair() *strategy {
 				return nil
 			}
 			return []bulkhead.Option{bulkhead.WithClass(tenant)}
+		},
+		feedback: func(p *bulkhead.Permit, o providerOutcome, retryAfter time.Duration) {
+			out := bulkhead.OutcomeSuccess
+			if o == outcomeRateLimited {
+				out = bulkhead.OutcomeRateLimited
+			}
+			_ = p.Feedback(out, retryAfter)
 		},
 	}
 }
