@@ -160,30 +160,16 @@ func strategies() []*strategy {
 	return []*strategy{bare, static, adaptiveFair()}
 }
 
-// adaptiveFair is the third column, the adaptive + fair bulkhead.
-//
-// PROVISIONAL. The adaptive limit controller (Config.Adaptive, fed by
-// Permit.Feedback), fair queuing across classes, and the option that lets
-// budget- and class-limited calls wait in the queue instead of failing fast
-// are not in the library yet. Until they land this is the best the current
-// library allows: a static bulkhead sized from the account by Little's law
-// (the calls in flight that spend 90% of its tokens per minute at the
-// workload's average cost and an unloaded latency of about 5 s, never more
-// than 90% of its concurrency limit), with a deep queue and a long queue
-// timeout, so the excess waits instead of burning the clients' attempts;
-// no token budget, since a budget-limited call fails fast today. With
-// several tenants, each gets a bulkhead of its own with an equal share:
-// today's classes turn a class-limited call away at once instead of
-// queueing it, which would burn the bursting tenant's attempts.
-//
-// When the real features land, change only this function: return one
-// bulkhead for all tenants, sized from the account as a starting point,
-// with Config.Adaptive set, a class per tenant, fair queuing across classes
-// and class- and budget-limited calls waiting in the queue (routing each
-// tenant to it with WithClass in options), and set
-// feedback to call p.Feedback (providerOutcome maps one to one onto
-// bulkhead.Outcome: outcomeSuccess to OutcomeSuccess, outcomeRateLimited
-// to OutcomeRateLimited, with the provider's Retry-After).
+// adaptiveFair is the third column, the adaptive + fair bulkhead: one
+// bulkhead sized from the account as a starting point by Little's law (the
+// calls in flight that spend 90% of its tokens per minute at the workload's
+// average cost and an unloaded latency of about 5 s, never more than 90% of
+// its concurrency limit), with a deep queue and a long queue timeout so the
+// excess waits instead of burning the clients' attempts, and adaptive
+// limits fed every provider answer: a 429 lowers the limit and its
+// Retry-After cools the model down (calls are shed with the time left, and
+// the clients come back then). With several tenants each is a class, served
+// by the fair queue, and a call its class's share holds back waits for it.
 func adaptiveFair() *strategy {
 	return &strategy{
 		name: "adaptive + fair",

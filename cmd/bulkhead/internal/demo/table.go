@@ -97,6 +97,18 @@ func describe(cfgs []bulkhead.Config, route []int) string {
 	} else {
 		s += ", no token budget"
 	}
+	if a := bc.Adaptive; a != nil {
+		s += fmt.Sprintf(", adaptive (%v, cool-down %v)", a.Rule, a.Cooldown)
+	}
+	if bc.Classes != nil {
+		s += ", a class per tenant"
+		if bc.Queue.Fair {
+			s += ", fair queue"
+		}
+		if bc.Queue.WaitForCapacity {
+			s += ", waits for capacity"
+		}
+	}
 	return s
 }
 
