@@ -112,11 +112,11 @@ type QueuePolicy struct {
 	// fewest tokens, divided by its weight, so one class's burst cannot
 	// starve another's waiters. Within a class, High priority calls go
 	// first, then the others in arrival order. A class's count starts
-	// where the other waiting classes are when it begins to wait, so a
-	// class that was idle has saved up no credit. Every admission counts
-	// its reservation, and a call without one counts as one token. The
-	// result: two classes with equal weights that both keep calls waiting
-	// are admitted within twice the largest reservation of each other.
+	// level with the class served last when it begins to wait, so a class
+	// that was idle has saved up no credit. Every admission counts its
+	// reservation, and a call without one counts as one token. The result:
+	// two classes with equal weights that both keep calls waiting are
+	// admitted within twice the largest reservation of each other.
 	// False serves the whole queue in arrival order.
 	Fair bool
 
@@ -130,13 +130,17 @@ type QueuePolicy struct {
 	// class limit (a ceiling, another class's floor) wait in the queue for
 	// that capacity, as it would for a slot, bounded by its queue timeout
 	// and context, and be checked again whenever capacity frees (a release,
-	// a usage report that lowers a hold, new limits). Within a class the
-	// waiters keep their order: a call waits behind the calls of its class
-	// that are already waiting, even if it would fit now, and a waiter that
-	// does not fit holds back the ones behind it. Calls of other classes
-	// go ahead. A call that can never fit the current limits (see
-	// RejectedError.NeverFits) is rejected at once, and so is a call that
-	// finds the queue full (for the capacity it lacked). False, the
+	// a usage report that lowers a hold, new limits, a waiter leaving).
+	// Within a class the waiters keep their order: a call waits behind the
+	// calls of its class that are already waiting, even if it would fit
+	// now. A waiter short of its class's own room (a ceiling, or the shared
+	// pool the floors leave) holds back only its class: the other classes
+	// go ahead. A waiter short of the token budget, which every class
+	// shares, holds back the whole queue until the tokens come, so smaller
+	// calls cannot starve it. A call that can never fit the current limits
+	// (see RejectedError.NeverFits) is rejected at once, a waiter that new
+	// limits make unfittable is rejected then, and a call that finds the
+	// queue full is rejected for the capacity it lacked. False, the
 	// default, rejects such calls at once: only a slot is waited for.
 	WaitForCapacity bool
 }

@@ -102,6 +102,52 @@ func BenchmarkQueued(b *testing.B) {
 	}
 }
 
+// BenchmarkMassCancel is 4,000 waiters whose shared context ends at once
+// (a client gone, a common deadline), each withdrawn by its own cancel
+// message: with waiting for capacity, only the waiter that held the others
+// back makes the engine look at the queue again, so it stays linear.
+func BenchmarkMassCancel(b *testing.B) {
+	for _, q := range []struct {
+		name   string
+		policy bulkhead.QueuePolicy
+	}{
+		{"fifo", bulkhead.QueuePolicy{}},
+		{"wait", bulkhead.QueuePolicy{WaitForCapacity: true}},
+		{"fair-wait", bulkhead.QueuePolicy{Fair: true, WaitForCapacity: true}},
+	} {
+		b.Run(q.name, func(b *testing.B) {
+			const n = 4000
+			cfg := twoClasses(q.policy)
+			cfg.Classes.Limits = map[string]bulkhead.ClassLimits{"interactive": {}, "batch": {MaxConcurrent: bulkhead.Ceiling(1)}}
+			cfg.MaxQueue = n
+			if !q.policy.WaitForCapacity {
+				cfg.MaxConcurrent = 1 // the same waiters, waiting for a slot
+			}
+			bh := newBench(b, cfg)
+			class := bulkhead.WithClass("batch")
+			holder, err := bh.Acquire(context.Background(), benchRequest, class)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer holder.Release(nil)
+			b.ReportAllocs()
+			for b.Loop() {
+				ctx, cancel := context.WithCancel(context.Background())
+				fs := make([]*bulkhead.AcquireFuture, n)
+				for i := range fs {
+					fs[i] = bh.AcquireAsync(ctx, benchRequest, class)
+				}
+				cancel()
+				for _, f := range fs {
+					if _, err := f.Result(); err == nil {
+						b.Fatal("a cancelled waiter was admitted")
+					}
+				}
+			}
+		})
+	}
+}
+
 // BenchmarkAcquireRelease is one goroutine acquiring and releasing.
 func BenchmarkAcquireRelease(b *testing.B) {
 	b.Run("concurrency", func(b *testing.B) {

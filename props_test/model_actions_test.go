@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"reflect"
 	"slices"
-	"strings"
 	"time"
 
 	"pgregory.net/rapid"
@@ -665,7 +664,7 @@ func (m *machine) applyLimits(t *rapid.T) {
 		}
 		m.seen["apply valid"]++
 		m.installed(want)
-		m.awaitAll(t, m.pump())
+		m.awaitAll(t, append(m.rejectUnfittable(), m.pump()...))
 	case 3: // stale: not above the current revision, valid or not
 		next := m.drawLimits(t, max(0, cur-int64(rapid.IntRange(0, 2).Draw(t, "staleBy"))))
 		broken := ""
@@ -725,7 +724,7 @@ func (m *machine) setBudget(t *rapid.T) {
 	}
 	m.seen["set budget"]++
 	m.installed(next)
-	m.awaitAll(t, m.pump())
+	m.awaitAll(t, append(m.rejectUnfittable(), m.pump()...))
 }
 
 // wouldAdmit checks the advisory decision and its detail; it changes
@@ -886,17 +885,7 @@ func (m *machine) close(t *rapid.T) {
 	m.tokensFrozen = true
 	var es []expect
 	if !m.closed {
-		order := slices.Clone(m.queue)
-		if m.fair {
-			// Class by class, High priority first, each in arrival order.
-			slices.SortStableFunc(order, func(a, b *waiter) int {
-				if c := strings.Compare(a.class, b.class); c != 0 {
-					return c
-				}
-				return cmpHighFirst(a.prio, b.prio)
-			})
-		}
-		for _, w := range order {
+		for _, w := range m.queueOrder() {
 			m.queue = slices.DeleteFunc(m.queue, func(x *waiter) bool { return x == w })
 			es = append(es, m.reject(w, bulkhead.Shutdown, "", true))
 		}

@@ -180,8 +180,12 @@ func (m *machine) check(t *rapid.T) {
 		blocked := map[string]bool{}
 		for i := m.nextWaiter(blocked); i >= 0; i = m.nextWaiter(blocked) {
 			w := m.queue[i]
-			if why, _ := m.capacity(w.class, w.prio, w.res.Reserved); why == noReason {
+			why, cons := m.capacity(w.class, w.prio, w.res.Reserved)
+			if why == noReason {
 				t.Fatalf("X4: after %s, %v waits with %d of %d slots in use, and it fits", m.descr, w, g.InFlight, g.MaxConcurrent)
+			}
+			if globalBlock(cons) {
+				break // it holds back the whole queue
 			}
 			blocked[w.class] = true
 		}

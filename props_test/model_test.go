@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"reflect"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -271,8 +272,8 @@ type machine struct {
 	// of the class served last); wait lets calls wait for capacity.
 	fair, wait bool
 	weights    map[string]int
-	vtc        map[string]float64
-	last       float64
+	vtc        map[string]int64 // in millionths of a token
+	last       int64
 
 	// Rate limits, when rate is set: an oracle pacer on the same clock,
 	// deciding what the bulkhead's rate limits must (SPEC P6). The queue is
@@ -389,7 +390,7 @@ func newMachine(t *rapid.T, classes bool, seen map[string]int, rdb *redis.Client
 // classes.
 func (m *machine) drawQueuePolicy(t *rapid.T, cfg *bulkhead.Config) {
 	m.wait = rapid.IntRange(0, 2).Draw(t, "waitForCapacity") == 0
-	m.vtc = map[string]float64{}
+	m.vtc = map[string]int64{}
 	if m.hasClasses && rapid.Bool().Draw(t, "fair") {
 		m.fair = true
 		m.weights = map[string]int{}
@@ -404,9 +405,9 @@ func (m *machine) drawQueuePolicy(t *rapid.T, cfg *bulkhead.Config) {
 }
 
 // weight is class's weight in the fair queue.
-func (m *machine) weight(class string) float64 {
+func (m *machine) weight(class string) int64 {
 	if w := m.weights[class]; w > 0 {
-		return float64(w)
+		return int64(w)
 	}
 	return 1
 }
@@ -435,19 +436,53 @@ func (m *machine) ahead(class string, p bulkhead.Priority) bool {
 }
 
 // enqueue puts w at the end of the queue; with fair queuing a class that
-// starts to wait is first lifted to the lowest counter among the waiting
-// classes, or with none to the counter of the class served last.
+// starts to wait is first lifted to the counter of the class served last.
 func (m *machine) enqueue(w *waiter) {
 	if m.fair && m.waiting(w.class) == 0 {
-		floor, found := m.last, false
-		for _, name := range m.names {
-			if v := m.vtc[name]; m.waiting(name) > 0 && (!found || v < floor) {
-				floor, found = v, true
-			}
-		}
-		m.vtc[w.class] = max(m.vtc[w.class], floor)
+		m.vtc[w.class] = max(m.vtc[w.class], m.last)
 	}
 	m.queue = append(m.queue, w)
+}
+
+// globalBlock reports whether a waiter for capacity short of cons holds
+// back the whole queue (a global limit) rather than its class alone.
+func globalBlock(cons bulkhead.Constraint) bool {
+	return cons == "" || cons == bulkhead.ConstraintGlobal
+}
+
+// queueOrder is the order in which the engine goes through the whole
+// queue (Close, new limits): arrival order, or with fair queuing class by
+// class, High priority first, each in arrival order.
+func (m *machine) queueOrder() []*waiter {
+	order := slices.Clone(m.queue)
+	if m.fair {
+		slices.SortStableFunc(order, func(a, b *waiter) int {
+			if c := strings.Compare(a.class, b.class); c != 0 {
+				return c
+			}
+			return cmpHighFirst(a.prio, b.prio)
+		})
+	}
+	return order
+}
+
+// rejectUnfittable is the engine's sweep after new limits with waiting for
+// capacity: every waiter that can never fit them is rejected.
+func (m *machine) rejectUnfittable() []expect {
+	if !m.wait {
+		return nil
+	}
+	var out []expect
+	for _, w := range m.queueOrder() {
+		why, cons := m.capacity(w.class, w.prio, w.res.Reserved)
+		if why == noReason || !m.neverFits(w.class, w.prio, w.res.Reserved) {
+			continue
+		}
+		m.queue = slices.DeleteFunc(m.queue, func(x *waiter) bool { return x == w })
+		m.seen["never fits after new limits"]++
+		out = append(out, m.reject(w, why, cons, false))
+	}
+	return out
 }
 
 // nextWaiter is the index in the queue of the waiter the pump serves next,
@@ -845,7 +880,7 @@ func (m *machine) admit(w *waiter) *hold {
 	k.inFlight++
 	k.st.Admitted++
 	if m.fair {
-		m.vtc[w.class] += float64(max(r, 1)) / m.weight(w.class)
+		m.vtc[w.class] += max(r, 1) * 1_000_000 / m.weight(w.class)
 		m.last = m.vtc[w.class]
 	}
 	if m.hasBudget {
@@ -889,6 +924,9 @@ func (m *machine) pump() []expect {
 		if m.wait {
 			if why, cons := m.capacity(w.class, w.prio, w.res.Reserved); why != noReason {
 				if !m.neverFits(w.class, w.prio, w.res.Reserved) {
+					if globalBlock(cons) {
+						break // holds back the whole queue
+					}
 					blocked[w.class] = true
 					continue
 				}

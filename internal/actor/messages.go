@@ -110,6 +110,10 @@ type AcquireRequest struct {
 	// Owned by the engine while the request is queued.
 	prev, next *AcquireRequest
 	queued     bool
+	// blocking marks a waiter for capacity that held back its class (or
+	// the whole queue) the last time the pump looked at it: only its
+	// leaving can let others through.
+	blocking bool
 	enqueuedAt time.Time
 	timer      clock.Timer
 	gen        uint64

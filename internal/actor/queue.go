@@ -1,6 +1,9 @@
 package actor
 
 import (
+	"math"
+	"math/bits"
+
 	"github.com/llmbulkhead/bulkhead/internal/admission"
 	"github.com/llmbulkhead/bulkhead/internal/classes"
 )
@@ -46,10 +49,9 @@ func (q *line) remove(r *AcquireRequest) {
 // queue holds the waiting requests. Plain, it is one line in arrival order.
 // Fair, each class has two lines, High priority then Normal, and the class
 // served next is the backlogged one with the lowest virtual token counter:
-// the tokens it has been admitted, divided by its weight (a class that
-// becomes backlogged is first lifted to the lowest counter among the
-// backlogged classes, or to the counter of the class served last, so an
-// idle class cannot save up credit).
+// the tokens it has been admitted, divided by its weight, in millionths of
+// a token (a class that becomes backlogged is first lifted to the counter
+// of the class served last, so an idle class cannot save up credit).
 type queue struct {
 	plain line
 	fair  bool
@@ -61,15 +63,22 @@ type queue struct {
 	// the number waiting, the counter and the weight (fair only).
 	lanes   [][2]line
 	waiting []int
-	vtc     []float64
-	weight  []float64
+	vtc     []int64
+	weight  []int64
 	// last is the counter of the class served last.
-	last float64
+	last int64
+	// classes counts the classes with waiters.
+	classes int
 	// blocked is the pump's scratch: classes whose first waiter does not
 	// fit, skipped for the rest of the pass (first in, first out within a
-	// class).
-	blocked []bool
+	// class), and nblocked how many.
+	blocked  []bool
+	nblocked int
 }
+
+// unit is a fair queue counter's unit: a millionth of a token, so that
+// weights up to MaxWeight divide a token exactly enough.
+const unit = 1_000_000
 
 // newQueue returns the queue of a bulkhead with n classes (0 without) and
 // the policy p, whose weights are resolved through tab.
@@ -82,8 +91,8 @@ func newQueue(p QueuePolicy, n int, tab *classes.Table) (queue, error) {
 		return q, admission.Invalidf("Queue.Fair", "needs admission classes (Config.Classes): the fair queue serves class by class")
 	}
 	q.lanes = make([][2]line, n+1)
-	q.vtc = make([]float64, n+1)
-	q.weight = make([]float64, n+1)
+	q.vtc = make([]int64, n+1)
+	q.weight = make([]int64, n+1)
 	for i := range q.weight {
 		q.weight[i] = 1
 	}
@@ -95,7 +104,7 @@ func newQueue(p QueuePolicy, n int, tab *classes.Table) (queue, error) {
 		if w < 1 || w > MaxWeight {
 			return q, admission.Invalidf("Queue.Weights", "class %q: weight must be between 1 and %d, got %d", name, MaxWeight, w)
 		}
-		q.weight[c] = float64(w)
+		q.weight[c] = int64(w)
 	}
 	return q, nil
 }
@@ -128,50 +137,65 @@ func (q *queue) ahead(c classes.Class, p admission.Priority) bool {
 // push adds r at the end of its line.
 func (q *queue) push(r *AcquireRequest) {
 	c := r.Class
-	if q.fair && q.waiting[c] == 0 {
-		q.lift(c)
+	if q.waiting[c] == 0 {
+		q.classes++
+		if q.fair {
+			// An idle class starts level with the class served last: it
+			// saved up no credit while it was idle.
+			q.vtc[c] = max(q.vtc[c], q.last)
+		}
 	}
 	q.waiting[c]++
+	r.blocking = false
 	q.lane(r).push(r)
 }
 
 // remove takes r out of its line.
 func (q *queue) remove(r *AcquireRequest) {
 	q.lane(r).remove(r)
-	q.waiting[r.Class]--
+	if q.waiting[r.Class]--; q.waiting[r.Class] == 0 {
+		q.classes--
+	}
 }
 
-// lift raises the counter of class c, which is becoming backlogged, to the
-// lowest counter among the backlogged classes, or with none to the counter
-// of the class served last.
-func (q *queue) lift(c classes.Class) {
-	floor, found := 0.0, false
-	for i, n := range q.waiting {
-		if n > 0 && (!found || q.vtc[i] < floor) {
-			floor, found = q.vtc[i], true
-		}
+// charge is what an admission of class c reserving reserved tokens adds to
+// its counter: at least one token's worth (so calls without a budget are
+// shared by count), divided by the weight, saturating.
+func (q *queue) charge(c classes.Class, reserved int64) int64 {
+	hi, lo := bits.Mul64(uint64(max(reserved, 1)), unit)
+	if hi >= uint64(q.weight[c]) {
+		return math.MaxInt64
 	}
-	if !found {
-		floor = q.last
-	}
-	q.vtc[c] = max(q.vtc[c], floor)
+	v, _ := bits.Div64(hi, lo, uint64(q.weight[c]))
+	return int64(min(v, math.MaxInt64))
 }
 
-// served charges class c for an admission reserving reserved tokens (at
-// least one token's worth, so calls without a budget are shared by count).
+// served charges class c for an admission reserving reserved tokens. Only
+// differences between counters matter, so when they grow large every
+// counter moves down by the smallest.
 func (q *queue) served(c classes.Class, reserved int64) {
 	if !q.fair {
 		return
 	}
-	q.vtc[c] += float64(max(reserved, 1)) / q.weight[c]
+	q.vtc[c] = admission.AddSat(q.vtc[c], q.charge(c, reserved))
 	q.last = q.vtc[c]
+	if q.last >= 1<<61 {
+		low := q.last
+		for _, v := range q.vtc[1:] {
+			low = min(low, v)
+		}
+		for i := range q.vtc {
+			q.vtc[i] = max(0, q.vtc[i]-low)
+		}
+		q.last -= low
+	}
 }
 
 // unserve takes back the charge of an admission turned down after all
 // (a provisional admission rolled back).
 func (q *queue) unserve(c classes.Class, reserved int64) {
 	if q.fair {
-		q.vtc[c] -= float64(max(reserved, 1)) / q.weight[c]
+		q.vtc[c] = max(0, q.vtc[c]-q.charge(c, reserved))
 	}
 }
 
@@ -206,12 +230,26 @@ func (q *queue) next() *AcquireRequest {
 		if w := q.first(classes.Class(best)); w != nil {
 			return w
 		}
-		q.blocked[best] = true // only waiters whose context ended
+		q.block(classes.Class(best)) // only waiters whose context ended
 	}
 }
 
+// block skips class c for the rest of the pump's pass.
+func (q *queue) block(c classes.Class) {
+	if !q.blocked[c] {
+		q.blocked[c] = true
+		q.nblocked++
+	}
+}
+
+// allBlocked reports whether every class with waiters is blocked.
+func (q *queue) allBlocked() bool { return q.nblocked >= q.classes }
+
 // clearBlocked starts a pump's pass.
-func (q *queue) clearBlocked() { clear(q.blocked) }
+func (q *queue) clearBlocked() {
+	clear(q.blocked)
+	q.nblocked = 0
+}
 
 // each calls f for every waiter, lines in order; f may remove the waiter
 // it is given.

@@ -550,16 +550,15 @@ func (s *state) pump() {
 	if s.q.fair {
 		for s.inFlight < s.limits.MaxConcurrent {
 			w := s.q.next()
-			if w == nil {
+			if w == nil || !s.serve(w) {
 				break
 			}
-			s.serve(w)
 		}
 	} else {
-		for w := s.q.plain.head; w != nil && s.inFlight < s.limits.MaxConcurrent; {
+		for w := s.q.plain.head; w != nil && s.inFlight < s.limits.MaxConcurrent && !s.q.allBlocked(); {
 			next := w.next
-			if !w.ctxEnded() && !s.q.blocked[w.Class] {
-				s.serve(w)
+			if !w.ctxEnded() && !s.q.blocked[w.Class] && !s.serve(w) {
+				break
 			}
 			w = next
 		}
@@ -568,20 +567,27 @@ func (s *state) pump() {
 }
 
 // serve gives waiter w a free slot. A waiter that waits for capacity which
-// has not come stays, and blocks its class for the rest of the pump (first
-// in, first out within a class), unless the limits changed so that it can
-// never fit: then it is rejected. Otherwise capacity is postchecked with
-// the slot held, as it may have changed while w waited.
-func (s *state) serve(w *AcquireRequest) {
+// has not come stays: short of its class's own room (a ceiling, the shared
+// pool the floors leave), it holds back its class for the rest of the pump
+// (first in, first out within a class); short of a global limit (the token
+// budget), it holds back the whole queue, so that no later call, of any
+// class, takes the capacity it waits for (serve then returns false). A
+// waiter the limits now make unfittable is rejected. Otherwise capacity is
+// postchecked with the slot held, as it may have changed while w waited.
+func (s *state) serve(w *AcquireRequest) bool {
 	if s.q.wait {
 		if why, cons := s.checkCapacity(w.Priority, w.Reservation.Reserved, w.Class, false); why != admission.NoReason {
 			if !s.unfittable(w.Priority, w.Reservation.Reserved, w.Class) {
-				s.q.blocked[w.Class] = true
-				return
+				w.blocking = true
+				if cons == "" || cons == admission.ConstraintGlobal {
+					return false
+				}
+				s.q.block(w.Class)
+				return true
 			}
 			s.dequeue(w)
 			s.reject(w, why, false, nil, cons)
-			return
+			return true
 		}
 	}
 	s.dequeue(w)
@@ -592,6 +598,7 @@ func (s *state) serve(w *AcquireRequest) {
 	} else if s.passes(w) {
 		s.admit(w)
 	}
+	return true
 }
 
 // cancel withdraws a waiter whose context ended. A request that was already
@@ -603,13 +610,13 @@ func (s *state) cancel(m *cancelMsg) {
 	}
 	s.dequeue(r)
 	s.reject(r, admission.Aborted, true, m.cause, "")
-	s.unblocked()
+	s.unblocked(r)
 }
 
-// unblocked runs after a waiter left the queue other than by admission: a
-// waiter for capacity may have held back the ones of its class behind it.
-func (s *state) unblocked() {
-	if s.q.wait {
+// unblocked runs after waiter r left the queue other than by admission: a
+// waiter for capacity may have held back the ones behind it.
+func (s *state) unblocked(r *AcquireRequest) {
+	if r.blocking {
 		s.pump()
 		return
 	}
@@ -623,7 +630,7 @@ func (s *state) timeout(m *timeoutMsg) {
 	}
 	s.dequeue(m.r)
 	s.reject(m.r, admission.Timeout, true, nil, s.globalConstraint())
-	s.unblocked()
+	s.unblocked(m.r)
 }
 
 // release settles a lease.
@@ -925,8 +932,27 @@ func (s *state) applyLimits(q *applyRequest) (admission.ApplyResult, error) {
 	if s.listeners[KindReconfigure] > 0 {
 		s.fx.emit(&admission.ReconfigureEvent{Previous: prev, Current: s.limits.Clone()})
 	}
+	s.rejectUnfittable()
 	s.pump()
 	return admission.ApplyResult{Applied: true, Previous: prev, Current: s.limits.Clone()}, nil
+}
+
+// rejectUnfittable rejects, after new limits, each waiter for capacity
+// that can never fit them, wherever it is in the queue.
+func (s *state) rejectUnfittable() {
+	if !s.q.wait {
+		return
+	}
+	s.q.each(func(w *AcquireRequest) {
+		if w.ctxEnded() {
+			return // its cancel message is on its way
+		}
+		why, cons := s.checkCapacity(w.Priority, w.Reservation.Reserved, w.Class, false)
+		if why != admission.NoReason && s.unfittable(w.Priority, w.Reservation.Reserved, w.Class) {
+			s.dequeue(w)
+			s.reject(w, why, false, nil, cons)
+		}
+	})
 }
 
 // abandon gives back the borrowed slot of a live admission early (F19): the
