@@ -113,7 +113,7 @@ type AcquireRequest struct {
 	// blocking marks a waiter for capacity that held back its class (or
 	// the whole queue) the last time the pump looked at it: only its
 	// leaving can let others through.
-	blocking bool
+	blocking   bool
 	enqueuedAt time.Time
 	timer      clock.Timer
 	gen        uint64
