@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"sync"
 
 	"github.com/llmbulkhead/bulkhead"
 	"github.com/llmbulkhead/bulkhead/stream"
@@ -42,9 +43,12 @@ type Route struct {
 	// from its request, such as a tenant header. Nil means none.
 	Options func(req *http.Request, call *stream.Call) []bulkhead.Option
 
-	// Transport sends the admitted requests. Nil means
-	// http.DefaultTransport. Set its timeouts (ResponseHeaderTimeout) for
-	// an upstream that may hang.
+	// Transport sends the admitted requests. Nil means a clone of
+	// http.DefaultTransport that keeps DefaultMaxIdleConnsPerHost idle
+	// connections to each upstream (the default's 2 would make most calls
+	// at a few hundred a second open a new one). Set its timeouts
+	// (ResponseHeaderTimeout) for an upstream that may hang, and its
+	// MaxIdleConnsPerHost to about the calls in flight at once.
 	Transport http.RoundTripper
 
 	// MaxBodyBytes bounds request bodies; zero means
@@ -120,6 +124,10 @@ func bodyLimit(n int64) int64 {
 // proxy is the reverse proxy of route r.
 func proxy(r Route) *routeProxy {
 	format, upstream, key := r.Format, r.Upstream, r.APIKey
+	base := r.Transport
+	if base == nil {
+		base = defaultTransport
+	}
 	return &routeProxy{ReverseProxy: httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(upstream)
@@ -130,11 +138,14 @@ func proxy(r Route) *routeProxy {
 		},
 		Transport: &stream.Transport{
 			Bulkhead:     r.Bulkhead,
-			Base:         r.Transport,
+			Base:         base,
 			Options:      r.Options,
 			MaxBodyBytes: r.MaxBodyBytes,
 		},
-		FlushInterval: -1, // streams go to the client event by event
+		// No FlushInterval: the proxy flushes every write of an event
+		// stream and of a body of unknown length by itself (streams go to
+		// the client event by event), and writes a plain response whole.
+		BufferPool: copyBuffers,
 		ErrorHandler: func(w http.ResponseWriter, req *http.Request, err error) {
 			if ctxErr := req.Context().Err(); ctxErr != nil && errors.Is(err, ctxErr) {
 				err = ctxErr // the client went away
@@ -142,6 +153,35 @@ func proxy(r Route) *routeProxy {
 			WriteError(w, format, err)
 		},
 	}}
+}
+
+// defaultTransport sends the calls of a route without a Transport: it is
+// http.DefaultTransport's, but keeps up to 256 idle connections to each
+// upstream where the default keeps 2, so that calls in flight at once do
+// not each open a new connection.
+var defaultTransport = func() *http.Transport {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConns, t.MaxIdleConnsPerHost = 0, DefaultMaxIdleConnsPerHost
+	return t
+}()
+
+// DefaultMaxIdleConnsPerHost is the idle connections to each upstream that
+// the transport of a route without a Transport keeps (and a gateway Build
+// makes, for an upstream with header_timeout).
+const DefaultMaxIdleConnsPerHost = 256
+
+// copyBuffers are the proxies' buffers for copying response bodies.
+var copyBuffers = &bufferPool{pool: sync.Pool{New: func() any { return new([32 << 10]byte) }}}
+
+// bufferPool is an httputil.BufferPool over a sync.Pool.
+type bufferPool struct{ pool sync.Pool }
+
+func (p *bufferPool) Get() []byte { return p.pool.Get().(*[32 << 10]byte)[:] }
+
+func (p *bufferPool) Put(b []byte) {
+	if len(b) == 32<<10 {
+		p.pool.Put((*[32 << 10]byte)(b))
+	}
 }
 
 // routeProxy is one route's reverse proxy.

@@ -420,3 +420,43 @@ func TestHandlerSlowClientAndBigBody(t *testing.T) {
 		t.Fatalf("stats: %v", st)
 	}
 }
+
+// A stream the gateway strips the usage chunk from reaches the client event
+// by event: the first event arrives while the upstream still holds the
+// second, and every byte but the usage chunk's arrives, settled once.
+func TestHandlerStrippedStreamIsPrompt(t *testing.T) {
+	up := newFakeOpenAI(t)
+	gw, b := newGateway(t, up.srv.URL, budgetConfig(4))
+	res := post(t, context.Background(), gw.URL, `{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"hold"}],"max_tokens":50}`)
+	defer res.Body.Close()
+	<-up.auth
+	first := "data: {\"id\":\"c1\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hel\"}}]}\n\n"
+	got := make([]byte, len(first))
+	if _, err := io.ReadFull(res.Body, got); err != nil || string(got) != first {
+		t.Fatalf("first event %q, %v; want %q before the upstream sends the second", got, err, first)
+	}
+	close(up.release)
+	rest, err := io.ReadAll(res.Body)
+	want := "data: {\"id\":\"c1\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"lo\"},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n"
+	if err != nil || string(rest) != want {
+		t.Fatalf("rest %q, %v; want %q", rest, err, want)
+	}
+	testutil.WaitFor(t, "the stream's release", idle(b))
+	if st := b.Stats(); st.Calls.Released != 1 || st.TokenBudget.TotalConsumed != 11 {
+		t.Fatalf("settlement: %v", st)
+	}
+}
+
+// A plain response goes to the client whole, with its length.
+func TestHandlerPlainKeepsLength(t *testing.T) {
+	up := newFakeOpenAI(t)
+	gw, b := newGateway(t, up.srv.URL, budgetConfig(4))
+	res := post(t, context.Background(), gw.URL, `{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}],"max_tokens":50}`)
+	body, err := io.ReadAll(res.Body)
+	res.Body.Close()
+	<-up.auth
+	if err != nil || res.StatusCode != 200 || res.ContentLength != int64(len(body)) || len(body) == 0 {
+		t.Fatalf("plain: %d, length %d, %d bytes, %v", res.StatusCode, res.ContentLength, len(body), err)
+	}
+	testutil.WaitFor(t, "the call's release", idle(b))
+}
