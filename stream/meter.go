@@ -356,7 +356,7 @@ func (m *Meter) readStripped(p []byte) (int, error) {
 			return 0, nil
 		}
 		if m.rbuf == nil {
-			m.rbuf = make([]byte, 32<<10)
+			m.rbuf = readBuffers.Get().(*[readBufferSize]byte)[:]
 		}
 		n, err := m.body.Read(m.rbuf)
 		m.mu.Lock()
@@ -376,6 +376,9 @@ func (m *Meter) readStripped(p []byte) (int, error) {
 			m.rerr = m.ended(err)
 			m.out = append(m.out, m.hold...)
 			m.hold = nil
+			// The body is done with: no Read uses the buffer again.
+			readBuffers.Put((*[readBufferSize]byte)(m.rbuf))
+			m.rbuf = nil
 		}
 		m.mu.Unlock()
 		if n == 0 && err == nil {
@@ -383,6 +386,13 @@ func (m *Meter) readStripped(p []byte) (int, error) {
 		}
 	}
 }
+
+// readBufferSize is the size of the buffer readStripped reads the body
+// into; readBuffers keeps them between streams, so a stream costs the
+// garbage collector nothing for it.
+const readBufferSize = 32 << 10
+
+var readBuffers = sync.Pool{New: func() any { return new([readBufferSize]byte) }}
 
 // blockEnd is the sseSink's: in stripMode a block's bytes go out, or are
 // dropped. mu is held.
