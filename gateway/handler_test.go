@@ -460,3 +460,31 @@ func TestHandlerPlainKeepsLength(t *testing.T) {
 	}
 	testutil.WaitFor(t, "the call's release", idle(b))
 }
+
+// An upstream that sends a whole stream at once has it sent with a
+// Content-Length; the gateway strips the usage chunk, so the client must
+// get the shorter body framed as it is, not the upstream's length (which
+// would cut the client off, and close its connection).
+func TestHandlerStrippedStreamWithLength(t *testing.T) {
+	events := "data: {\"id\":\"c1\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hello\"},\"finish_reason\":\"stop\"}]}\n\n"
+	usage := "data: {\"id\":\"c1\",\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":2,\"total_tokens\":11}}\n\n"
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.Header().Set("Content-Length", fmt.Sprint(len(events+usage+"data: [DONE]\n\n")))
+		fmt.Fprint(w, events+usage+"data: [DONE]\n\n")
+	}))
+	defer up.Close()
+	gw, b := newGateway(t, up.URL, budgetConfig(4))
+	for i := 0; i < 2; i++ {
+		res := post(t, context.Background(), gw.URL, `{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"hi"}],"max_tokens":50}`)
+		body, err := io.ReadAll(res.Body)
+		res.Body.Close()
+		if err != nil || string(body) != events+"data: [DONE]\n\n" || res.ContentLength != -1 && res.ContentLength != int64(len(body)) {
+			t.Fatalf("stream %d: length %d, %q, %v", i, res.ContentLength, body, err)
+		}
+	}
+	testutil.WaitFor(t, "the streams' release", idle(b))
+	if st := b.Stats(); st.Calls.Released != 2 || st.TokenBudget.TotalConsumed != 22 {
+		t.Fatalf("settlement: %v", st)
+	}
+}

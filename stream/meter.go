@@ -189,7 +189,9 @@ func NewMeter(body io.ReadCloser, a Admission, opts MeterOptions) (*Meter, error
 
 // MeterResponse meters resp's body, replacing resp.Body with the Meter.
 // SSE is taken from the Content-Type (text/event-stream), the format from
-// opts.Format; StripUsageChunk applies only when the body is SSE. For a
+// opts.Format; StripUsageChunk applies only when the body is SSE, and then
+// resp's length is unknown (ContentLength -1, no Content-Length header),
+// since the body the caller reads is shorter than the provider's. For a
 // response whose status is not 2xx the meter reads nothing and settles
 // with zero usage (the provider did no work) when the body ends or is
 // closed. Invalid options are a *bulkhead.ConfigError and leave resp as it
@@ -203,6 +205,10 @@ func MeterResponse(resp *http.Response, a Admission, opts MeterOptions) (*Meter,
 	}
 	opts.SSE = isEventStream(resp.Header.Get("Content-Type"))
 	opts.StripUsageChunk = opts.StripUsageChunk && opts.SSE
+	if opts.StripUsageChunk { // the body the caller reads is shorter
+		resp.ContentLength = -1
+		resp.Header.Del("Content-Length")
+	}
 	body := resp.Body
 	if body == nil {
 		body = http.NoBody
