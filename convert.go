@@ -110,7 +110,7 @@ func rejectDetailFor(d *admission.RejectDetail, why Reason) *RejectDetail {
 	}
 	if r := d.Rate; r != nil {
 		out.Rate = &RateDetail{Scope: r.Scope, Key: r.Key, Limit: r.Limit, PerMinute: r.PerMinute, Burst: r.Burst,
-			Weight: r.Weight, RetryAfter: r.RetryAfter, Fallback: r.Fallback}
+			Weight: r.Weight, Remaining: r.Remaining, RetryAfter: r.RetryAfter, Fallback: r.Fallback}
 	}
 	if b := d.TokenBudget; b != nil {
 		out.TokenBudget = &BudgetDetail{Budget: b.Budget, EffectiveBudget: b.EffectiveBudget, InFlightTokens: b.InFlightTokens, Available: b.Available, Reserved: b.Requested}
