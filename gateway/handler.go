@@ -1,8 +1,11 @@
 package gateway
 
 import (
+	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
@@ -146,10 +149,17 @@ func proxy(r Route) *routeProxy {
 		// stream and of a body of unknown length by itself (streams go to
 		// the client event by event), and writes a plain response whole.
 		BufferPool: copyBuffers,
+		ModifyResponse: func(resp *http.Response) error {
+			if resp.Header.Get(RequestIDHeader) == "" { // the provider's own ID stands
+				resp.Header.Set(RequestIDHeader, resp.Request.Header.Get(RequestIDHeader))
+			}
+			return nil
+		},
 		ErrorHandler: func(w http.ResponseWriter, req *http.Request, err error) {
 			if ctxErr := req.Context().Err(); ctxErr != nil && errors.Is(err, ctxErr) {
 				err = ctxErr // the client went away
 			}
+			w.Header().Set(RequestIDHeader, req.Header.Get(RequestIDHeader))
 			WriteError(w, format, err)
 		},
 	}}
@@ -191,6 +201,7 @@ type routeProxy struct{ httputil.ReverseProxy }
 // nil).
 func (p *routeProxy) serve(w http.ResponseWriter, req *http.Request, format stream.Format, why string) {
 	if p == nil {
+		w.Header().Set(RequestIDHeader, req.Header.Get(RequestIDHeader))
 		writeNotFound(w, format, why)
 		return
 	}
@@ -213,11 +224,34 @@ func setKey(h http.Header, format stream.Format, key string) {
 	}
 }
 
+// RequestIDHeader carries a call's request ID. A request without one is
+// given one by the Handler (16 random hex digits), in its headers: it is
+// sent upstream with the call, is the call's tag where the gateway's Options
+// take it from this header (as a Build gateway's do), and is logged. The
+// response carries the call's ID, the client's or the generated one, unless
+// the upstream's response has one of its own (a provider's request ID, such
+// as OpenAI's, which is kept).
+const RequestIDHeader = "X-Request-Id"
+
+// newRequestID is a request ID: 16 random hex digits.
+func newRequestID() string {
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], rand.Uint64())
+	return hex.EncodeToString(b[:])
+}
+
 // ServeHTTP proxies req to the route of its API and model, or answers 404.
+// It gives a request without an X-Request-Id one (see RequestIDHeader).
 func (h *Handler) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	id := req.Header.Get(RequestIDHeader)
+	if id == "" {
+		id = newRequestID()
+		req.Header.Set(RequestIDHeader, id)
+	}
 	format, ok := stream.FormatOf(req.URL.Path)
 	fr := h.formats[format]
 	if !ok || fr == nil {
+		w.Header().Set(RequestIDHeader, id)
 		writeNotFound(w, format, "no route for "+req.URL.Path)
 		return
 	}
@@ -229,6 +263,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	// call to the route's transport so it is not read again.
 	call, err := stream.ReadRequest(req, fr.maxBody)
 	if err != nil {
+		w.Header().Set(RequestIDHeader, id)
 		WriteError(w, format, err)
 		return
 	}

@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -28,11 +29,24 @@ type fakeOpenAI struct {
 	srv     *httptest.Server
 	release chan struct{}
 	auth    chan string
+
+	mu  sync.Mutex
+	ids []string // the X-Request-Id of each request
+}
+
+// requestIDs returns the X-Request-Id of each request so far.
+func (f *fakeOpenAI) requestIDs() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.ids...)
 }
 
 func newFakeOpenAI(t *testing.T) *fakeOpenAI {
 	f := &fakeOpenAI{release: make(chan struct{}), auth: make(chan string, 16)}
 	f.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f.mu.Lock()
+		f.ids = append(f.ids, r.Header.Get("X-Request-Id"))
+		f.mu.Unlock()
 		f.auth <- r.Header.Get("Authorization")
 		var body struct {
 			Stream   bool `json:"stream"`
@@ -487,4 +501,32 @@ func TestHandlerStrippedStreamWithLength(t *testing.T) {
 	if st := b.Stats(); st.Calls.Released != 2 || st.TokenBudget.TotalConsumed != 22 {
 		t.Fatalf("settlement: %v", st)
 	}
+}
+
+// The client's request ID goes upstream and comes back, unless the upstream
+// answers with an ID of its own (a provider's request ID), which is kept
+// alone.
+func TestHandlerRequestID(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Request-Id") != "req-1" {
+			http.Error(w, "no request ID", 400)
+			return
+		}
+		if body, _ := io.ReadAll(r.Body); strings.Contains(string(body), `"own"`) {
+			w.Header().Set("X-Request-Id", "req_provider")
+		}
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"id":"c1","object":"chat.completion","choices":[],"usage":{"prompt_tokens":9,"completion_tokens":2,"total_tokens":11}}`)
+	}))
+	defer up.Close()
+	gw, b := newGateway(t, up.URL, budgetConfig(4))
+	for _, c := range []struct{ content, want string }{{"hi", "req-1"}, {"own", "req_provider"}} {
+		res := post(t, context.Background(), gw.URL, `{"model":"gpt-4o","messages":[{"role":"user","content":"`+c.content+`"}],"max_tokens":50}`)
+		io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+		if got := res.Header.Values("X-Request-Id"); res.StatusCode != 200 || len(got) != 1 || got[0] != c.want {
+			t.Fatalf("%q: %d, X-Request-Id %q; want %q", c.content, res.StatusCode, got, c.want)
+		}
+	}
+	testutil.WaitFor(t, "the calls' release", idle(b))
 }
