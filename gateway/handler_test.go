@@ -131,6 +131,16 @@ func idle(b *bulkhead.Bulkhead) func() bool {
 	}
 }
 
+// wantSettled waits until b holds nothing, then checks that it released
+// released calls, which consumed consumed tokens in all.
+func wantSettled(t *testing.T, b *bulkhead.Bulkhead, released, consumed int64) {
+	t.Helper()
+	testutil.WaitFor(t, "the calls' release", idle(b))
+	if st := b.Stats(); st.Calls.Released != released || st.TokenBudget.TotalConsumed != consumed {
+		t.Fatalf("settlement: %v; want %d released, %d tokens", st, released, consumed)
+	}
+}
+
 func budgetConfig(maxConc int) bulkhead.Config {
 	return bulkhead.Config{Model: "gpt-4o", MaxConcurrent: maxConc, TokenBudget: &bulkhead.TokenBudget{Budget: 100_000}}
 }
@@ -141,16 +151,14 @@ func TestHandlerPlainAndStream(t *testing.T) {
 	res := post(t, context.Background(), gw.URL, `{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}],"max_tokens":50}`)
 	body, _ := io.ReadAll(res.Body)
 	res.Body.Close()
-	if res.StatusCode != 200 || !strings.Contains(string(body), `"content":"hello"`) {
-		t.Fatalf("plain: %d %s", res.StatusCode, body)
+	// A plain response goes to the client whole, with its length.
+	if res.StatusCode != 200 || !strings.Contains(string(body), `"content":"hello"`) || res.ContentLength != int64(len(body)) {
+		t.Fatalf("plain: %d, length %d, %s", res.StatusCode, res.ContentLength, body)
 	}
 	if got := <-up.auth; got != "Bearer sk-upstream" {
 		t.Fatalf("upstream saw Authorization %q; want the gateway's key", got)
 	}
-	testutil.WaitFor(t, "the plain call's release", idle(b))
-	if st := b.Stats(); st.Calls.Released != 1 || st.TokenBudget.TotalConsumed != 11 {
-		t.Fatalf("plain settlement: %v", st)
-	}
+	wantSettled(t, b, 1, 11)
 
 	// A stream: the client did not ask for usage, so the gateway asks the
 	// upstream for it and strips the extra chunk from what the client sees.
@@ -161,10 +169,7 @@ func TestHandlerPlainAndStream(t *testing.T) {
 	if res.StatusCode != 200 || strings.Contains(string(body), `"usage"`) || !strings.HasSuffix(string(body), "data: [DONE]\n\n") {
 		t.Fatalf("stream: %d %q", res.StatusCode, body)
 	}
-	testutil.WaitFor(t, "the stream's release", idle(b))
-	if st := b.Stats(); st.Calls.Released != 2 || st.TokenBudget.TotalConsumed != 22 {
-		t.Fatalf("stream settlement: %v", st)
-	}
+	wantSettled(t, b, 2, 22)
 }
 
 func TestHandlerSheds(t *testing.T) {
@@ -455,24 +460,7 @@ func TestHandlerStrippedStreamIsPrompt(t *testing.T) {
 	if err != nil || string(rest) != want {
 		t.Fatalf("rest %q, %v; want %q", rest, err, want)
 	}
-	testutil.WaitFor(t, "the stream's release", idle(b))
-	if st := b.Stats(); st.Calls.Released != 1 || st.TokenBudget.TotalConsumed != 11 {
-		t.Fatalf("settlement: %v", st)
-	}
-}
-
-// A plain response goes to the client whole, with its length.
-func TestHandlerPlainKeepsLength(t *testing.T) {
-	up := newFakeOpenAI(t)
-	gw, b := newGateway(t, up.srv.URL, budgetConfig(4))
-	res := post(t, context.Background(), gw.URL, `{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}],"max_tokens":50}`)
-	body, err := io.ReadAll(res.Body)
-	res.Body.Close()
-	<-up.auth
-	if err != nil || res.StatusCode != 200 || res.ContentLength != int64(len(body)) || len(body) == 0 {
-		t.Fatalf("plain: %d, length %d, %d bytes, %v", res.StatusCode, res.ContentLength, len(body), err)
-	}
-	testutil.WaitFor(t, "the call's release", idle(b))
+	wantSettled(t, b, 1, 11)
 }
 
 // An upstream that sends a whole stream at once has it sent with a
@@ -497,10 +485,7 @@ func TestHandlerStrippedStreamWithLength(t *testing.T) {
 			t.Fatalf("stream %d: length %d, %q, %v", i, res.ContentLength, body, err)
 		}
 	}
-	testutil.WaitFor(t, "the streams' release", idle(b))
-	if st := b.Stats(); st.Calls.Released != 2 || st.TokenBudget.TotalConsumed != 22 {
-		t.Fatalf("settlement: %v", st)
-	}
+	wantSettled(t, b, 2, 22)
 }
 
 // The client's request ID goes upstream and comes back, unless the upstream
