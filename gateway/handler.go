@@ -150,7 +150,7 @@ func proxy(r Route) *routeProxy {
 		// the client event by event), and writes a plain response whole.
 		BufferPool: copyBuffers,
 		ModifyResponse: func(resp *http.Response) error {
-			if resp.Header.Get(RequestIDHeader) == "" { // the provider's own ID stands
+			if resp.Header.Get(RequestIDHeader) == "" && resp.Request != nil { // the provider's own ID stands
 				resp.Header.Set(RequestIDHeader, resp.Request.Header.Get(RequestIDHeader))
 			}
 			return nil
