@@ -110,7 +110,7 @@ func rejectDetailFor(d *admission.RejectDetail, why Reason) *RejectDetail {
 	}
 	if r := d.Rate; r != nil {
 		out.Rate = &RateDetail{Scope: r.Scope, Key: r.Key, Limit: r.Limit, PerMinute: r.PerMinute, Burst: r.Burst,
-			Weight: r.Weight, RetryAfter: r.RetryAfter, Fallback: r.Fallback}
+			Weight: r.Weight, Remaining: r.Remaining, RetryAfter: r.RetryAfter, Fallback: r.Fallback}
 	}
 	if c := d.Cooldown; c != nil {
 		out.Cooldown = &CooldownDetail{Model: c.Model, Until: c.Until, RetryAfter: c.RetryAfter}

@@ -106,6 +106,9 @@ func (d *RejectDetail) LogValue() slog.Value {
 		g := []any{slog.String("scope", r.Scope), slog.String("key", r.Key), slog.String("limit", r.Limit),
 			slog.Float64("per_minute", r.PerMinute), slog.Float64("burst", r.Burst), slog.Float64("weight", r.Weight),
 			slog.Duration("retry_after", r.RetryAfter)}
+		if r.Limit != "" {
+			g = append(g, slog.Float64("remaining", r.Remaining))
+		}
 		if r.Fallback != nil {
 			g = append(g, slog.String("store_error", r.Fallback.Error()))
 		}

@@ -117,6 +117,12 @@ type RateDetail struct {
 	Burst     float64
 	// Weight is what the call weighed: 1, or its reservation in tokens.
 	Weight float64
+	// Remaining is what the limit's bucket had room for when the call was
+	// decided, in requests or tokens: Burst less the level the call found
+	// (never below 0), so a rejected call's Weight is above it. It is set
+	// with Limit, by the store's decision; when Limit is empty (the store
+	// failed) it is zero and means nothing.
+	Remaining float64
 	// RetryAfter is how long after the decision the call would go: the
 	// exact time for a call over the rate; the store's FailureDelay when
 	// the store failed under the FailClosed policy; zero when the store
@@ -325,7 +331,7 @@ func (rl *rateLimiter) decide(ctx context.Context, set *rateSet, reserved int64)
 		delay, fallback = out.Delay, out.Fallback
 		if delay > 0 && fallback == nil {
 			d := m.detail
-			d.Weight, d.RetryAfter = w, delay
+			d.Weight, d.RetryAfter, d.Remaining = w, delay, remaining(out)
 			rd = &d
 		} else if delay > 0 {
 			rd = &admission.RateDetail{RetryAfter: delay, Fallback: fallback}
@@ -474,6 +480,7 @@ func (s *rateSet) detail(out pacer.CompositeOutcome) *admission.RateDetail {
 		if m.p == out.Pacer {
 			d := m.detail
 			d.Weight = out.Members[i].Weight
+			d.Remaining = remaining(out.Members[i])
 			d.RetryAfter = out.Delay
 			return &d
 		}
@@ -481,6 +488,9 @@ func (s *rateSet) detail(out pacer.CompositeOutcome) *admission.RateDetail {
 	d := &admission.RateDetail{RetryAfter: out.Delay, Fallback: out.Fallback}
 	return d
 }
+
+// remaining is the room a pacer's bucket had for the call of out.
+func remaining(out pacer.Outcome) float64 { return max(0, out.MaxBurst-out.Level) }
 
 // rateOf returns the rate set of a prepared call, nil when none applies.
 func (b *Bulkhead) rateOf(r *actor.AcquireRequest) (*rateSet, error) {

@@ -62,6 +62,11 @@ func wantRate(t *testing.T, err error, retry time.Duration, scope, key, limit st
 	if r == nil || r.Scope != scope || r.Key != key || r.Limit != limit || r.RetryAfter != retry {
 		t.Fatalf("rate detail %+v; want %s %q %s", r, scope, key, limit)
 	}
+	// A call waits its turn only once the bucket is full, and a full bucket
+	// does not drain while calls wait: the store found no room.
+	if r.Remaining != 0 || r.Remaining >= r.Weight {
+		t.Fatalf("remaining %v of weight %v; want 0", r.Remaining, r.Weight)
+	}
 	return re
 }
 

@@ -97,13 +97,14 @@ func TestConfigBuildAndServe(t *testing.T) {
 	req, _ = http.NewRequest("POST", srv.URL+"/v1/chat/completions", strings.NewReader(body))
 	req.Header.Set("X-Tenant", "batch")
 	req.Header.Set("X-Request-Id", "second")
+	req.Header.Set("X-Stainless-Retry-Count", "2")
 	res, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	io.Copy(io.Discard, res.Body)
 	res.Body.Close()
-	if res.StatusCode != 429 || res.Header.Get("X-Bulkhead-Reason") != "concurrency_limit" {
+	if res.StatusCode != 429 || res.Header.Get("X-Bulkhead-Reason") != "concurrency_limit" || res.Header.Get("X-Request-Id") != "second" {
 		t.Fatalf("second batch call: %d %v", res.StatusCode, res.Header)
 	}
 	close(up.release)
@@ -114,7 +115,13 @@ func TestConfigBuildAndServe(t *testing.T) {
 		t.Fatalf("admission ID header %q", id)
 	}
 	testutil.WaitFor(t, "both log lines", func() bool { return strings.Count(logs.String(), "msg=request") == 2 })
-	for _, want := range []string{"status=429", "tag=second", "shed=concurrency_limit", "admission_id=" + id} {
+	// The first call had no request ID: the gateway gave it one, sent it
+	// upstream, returned it and logged it as the call's tag.
+	gen := held.Header.Get("X-Request-Id")
+	if ids := up.requestIDs(); len(gen) != 16 || strings.Trim(gen, "0123456789abcdef") != "" || len(ids) != 1 || ids[0] != gen {
+		t.Fatalf("generated request ID %q; upstream saw %q", gen, ids)
+	}
+	for _, want := range []string{"status=429", "tag=second", "shed=concurrency_limit", "admission_id=" + id, "tag=" + gen, "retry=2"} {
 		if !strings.Contains(logs.String(), want) {
 			t.Fatalf("log lacks %s:\n%s", want, logs.String())
 		}

@@ -151,7 +151,7 @@ func Build(cfg *Config, file string, getenv func(string) string, logger *slog.Lo
 		}
 		r := Route{Format: apis[rc.API], Models: rc.Models, Upstream: u, APIKey: key, Bulkhead: g.Bulkheads[rc.Bulkhead], Options: opts}
 		if up.HeaderTimeout > 0 {
-			t := http.DefaultTransport.(*http.Transport).Clone()
+			t := defaultTransport.Clone()
 			t.ResponseHeaderTimeout = time.Duration(up.HeaderTimeout)
 			r.Transport = t
 		}

@@ -1,11 +1,15 @@
 package gateway
 
 import (
+	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"sync"
 
 	"github.com/llmbulkhead/bulkhead"
 	"github.com/llmbulkhead/bulkhead/stream"
@@ -42,9 +46,12 @@ type Route struct {
 	// from its request, such as a tenant header. Nil means none.
 	Options func(req *http.Request, call *stream.Call) []bulkhead.Option
 
-	// Transport sends the admitted requests. Nil means
-	// http.DefaultTransport. Set its timeouts (ResponseHeaderTimeout) for
-	// an upstream that may hang.
+	// Transport sends the admitted requests. Nil means a clone of
+	// http.DefaultTransport that keeps DefaultMaxIdleConnsPerHost idle
+	// connections to each upstream (the default's 2 would make most calls
+	// at a few hundred a second open a new one). Set its timeouts
+	// (ResponseHeaderTimeout) for an upstream that may hang, and its
+	// MaxIdleConnsPerHost to about the calls in flight at once.
 	Transport http.RoundTripper
 
 	// MaxBodyBytes bounds request bodies; zero means
@@ -120,6 +127,10 @@ func bodyLimit(n int64) int64 {
 // proxy is the reverse proxy of route r.
 func proxy(r Route) *routeProxy {
 	format, upstream, key := r.Format, r.Upstream, r.APIKey
+	base := r.Transport
+	if base == nil {
+		base = defaultTransport
+	}
 	return &routeProxy{ReverseProxy: httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(upstream)
@@ -130,18 +141,57 @@ func proxy(r Route) *routeProxy {
 		},
 		Transport: &stream.Transport{
 			Bulkhead:     r.Bulkhead,
-			Base:         r.Transport,
+			Base:         base,
 			Options:      r.Options,
 			MaxBodyBytes: r.MaxBodyBytes,
 		},
-		FlushInterval: -1, // streams go to the client event by event
+		// No FlushInterval: the proxy flushes every write of an event
+		// stream and of a body of unknown length by itself (streams go to
+		// the client event by event), and writes a plain response whole.
+		BufferPool: copyBuffers,
+		ModifyResponse: func(resp *http.Response) error {
+			if resp.Header.Get(RequestIDHeader) == "" && resp.Request != nil { // the provider's own ID stands
+				resp.Header.Set(RequestIDHeader, resp.Request.Header.Get(RequestIDHeader))
+			}
+			return nil
+		},
 		ErrorHandler: func(w http.ResponseWriter, req *http.Request, err error) {
 			if ctxErr := req.Context().Err(); ctxErr != nil && errors.Is(err, ctxErr) {
 				err = ctxErr // the client went away
 			}
+			w.Header().Set(RequestIDHeader, req.Header.Get(RequestIDHeader))
 			WriteError(w, format, err)
 		},
 	}}
+}
+
+// defaultTransport sends the calls of a route without a Transport: it is
+// http.DefaultTransport's, but keeps up to 256 idle connections to each
+// upstream where the default keeps 2, so that calls in flight at once do
+// not each open a new connection.
+var defaultTransport = func() *http.Transport {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConns, t.MaxIdleConnsPerHost = 0, DefaultMaxIdleConnsPerHost
+	return t
+}()
+
+// DefaultMaxIdleConnsPerHost is the idle connections to each upstream that
+// the transport of a route without a Transport keeps (and a gateway Build
+// makes, for an upstream with header_timeout).
+const DefaultMaxIdleConnsPerHost = 256
+
+// copyBuffers are the proxies' buffers for copying response bodies.
+var copyBuffers = &bufferPool{pool: sync.Pool{New: func() any { return new([32 << 10]byte) }}}
+
+// bufferPool is an httputil.BufferPool over a sync.Pool.
+type bufferPool struct{ pool sync.Pool }
+
+func (p *bufferPool) Get() []byte { return p.pool.Get().(*[32 << 10]byte)[:] }
+
+func (p *bufferPool) Put(b []byte) {
+	if len(b) == 32<<10 {
+		p.pool.Put((*[32 << 10]byte)(b))
+	}
 }
 
 // routeProxy is one route's reverse proxy.
@@ -151,6 +201,7 @@ type routeProxy struct{ httputil.ReverseProxy }
 // nil).
 func (p *routeProxy) serve(w http.ResponseWriter, req *http.Request, format stream.Format, why string) {
 	if p == nil {
+		w.Header().Set(RequestIDHeader, req.Header.Get(RequestIDHeader))
 		writeNotFound(w, format, why)
 		return
 	}
@@ -173,11 +224,34 @@ func setKey(h http.Header, format stream.Format, key string) {
 	}
 }
 
+// RequestIDHeader carries a call's request ID. A request without one is
+// given one by the Handler (16 random hex digits), in its headers: it is
+// sent upstream with the call, is the call's tag where the gateway's Options
+// take it from this header (as a Build gateway's do), and is logged. The
+// response carries the call's ID, the client's or the generated one, unless
+// the upstream's response has one of its own (a provider's request ID, such
+// as OpenAI's, which is kept).
+const RequestIDHeader = "X-Request-Id"
+
+// newRequestID is a request ID: 16 random hex digits.
+func newRequestID() string {
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], rand.Uint64())
+	return hex.EncodeToString(b[:])
+}
+
 // ServeHTTP proxies req to the route of its API and model, or answers 404.
+// It gives a request without an X-Request-Id one (see RequestIDHeader).
 func (h *Handler) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	id := req.Header.Get(RequestIDHeader)
+	if id == "" {
+		id = newRequestID()
+		req.Header.Set(RequestIDHeader, id)
+	}
 	format, ok := stream.FormatOf(req.URL.Path)
 	fr := h.formats[format]
 	if !ok || fr == nil {
+		w.Header().Set(RequestIDHeader, id)
 		writeNotFound(w, format, "no route for "+req.URL.Path)
 		return
 	}
@@ -189,6 +263,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	// call to the route's transport so it is not read again.
 	call, err := stream.ReadRequest(req, fr.maxBody)
 	if err != nil {
+		w.Header().Set(RequestIDHeader, id)
 		WriteError(w, format, err)
 		return
 	}

@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -28,11 +29,24 @@ type fakeOpenAI struct {
 	srv     *httptest.Server
 	release chan struct{}
 	auth    chan string
+
+	mu  sync.Mutex
+	ids []string // the X-Request-Id of each request
+}
+
+// requestIDs returns the X-Request-Id of each request so far.
+func (f *fakeOpenAI) requestIDs() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.ids...)
 }
 
 func newFakeOpenAI(t *testing.T) *fakeOpenAI {
 	f := &fakeOpenAI{release: make(chan struct{}), auth: make(chan string, 16)}
 	f.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f.mu.Lock()
+		f.ids = append(f.ids, r.Header.Get("X-Request-Id"))
+		f.mu.Unlock()
 		f.auth <- r.Header.Get("Authorization")
 		var body struct {
 			Stream   bool `json:"stream"`
@@ -117,6 +131,16 @@ func idle(b *bulkhead.Bulkhead) func() bool {
 	}
 }
 
+// wantSettled waits until b holds nothing, then checks that it released
+// released calls, which consumed consumed tokens in all.
+func wantSettled(t *testing.T, b *bulkhead.Bulkhead, released, consumed int64) {
+	t.Helper()
+	testutil.WaitFor(t, "the calls' release", idle(b))
+	if st := b.Stats(); st.Calls.Released != released || st.TokenBudget.TotalConsumed != consumed {
+		t.Fatalf("settlement: %v; want %d released, %d tokens", st, released, consumed)
+	}
+}
+
 func budgetConfig(maxConc int) bulkhead.Config {
 	return bulkhead.Config{Model: "gpt-4o", MaxConcurrent: maxConc, TokenBudget: &bulkhead.TokenBudget{Budget: 100_000}}
 }
@@ -127,16 +151,14 @@ func TestHandlerPlainAndStream(t *testing.T) {
 	res := post(t, context.Background(), gw.URL, `{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}],"max_tokens":50}`)
 	body, _ := io.ReadAll(res.Body)
 	res.Body.Close()
-	if res.StatusCode != 200 || !strings.Contains(string(body), `"content":"hello"`) {
-		t.Fatalf("plain: %d %s", res.StatusCode, body)
+	// A plain response goes to the client whole, with its length.
+	if res.StatusCode != 200 || !strings.Contains(string(body), `"content":"hello"`) || res.ContentLength != int64(len(body)) {
+		t.Fatalf("plain: %d, length %d, %s", res.StatusCode, res.ContentLength, body)
 	}
 	if got := <-up.auth; got != "Bearer sk-upstream" {
 		t.Fatalf("upstream saw Authorization %q; want the gateway's key", got)
 	}
-	testutil.WaitFor(t, "the plain call's release", idle(b))
-	if st := b.Stats(); st.Calls.Released != 1 || st.TokenBudget.TotalConsumed != 11 {
-		t.Fatalf("plain settlement: %v", st)
-	}
+	wantSettled(t, b, 1, 11)
 
 	// A stream: the client did not ask for usage, so the gateway asks the
 	// upstream for it and strips the extra chunk from what the client sees.
@@ -147,10 +169,7 @@ func TestHandlerPlainAndStream(t *testing.T) {
 	if res.StatusCode != 200 || strings.Contains(string(body), `"usage"`) || !strings.HasSuffix(string(body), "data: [DONE]\n\n") {
 		t.Fatalf("stream: %d %q", res.StatusCode, body)
 	}
-	testutil.WaitFor(t, "the stream's release", idle(b))
-	if st := b.Stats(); st.Calls.Released != 2 || st.TokenBudget.TotalConsumed != 22 {
-		t.Fatalf("stream settlement: %v", st)
-	}
+	wantSettled(t, b, 2, 22)
 }
 
 func TestHandlerSheds(t *testing.T) {
@@ -419,4 +438,80 @@ func TestHandlerSlowClientAndBigBody(t *testing.T) {
 	if st := b.Stats(); st.Calls.Admitted != 1 || st.Calls.Rejected != 0 {
 		t.Fatalf("stats: %v", st)
 	}
+}
+
+// A stream the gateway strips the usage chunk from reaches the client event
+// by event: the first event arrives while the upstream still holds the
+// second, and every byte but the usage chunk's arrives, settled once.
+func TestHandlerStrippedStreamIsPrompt(t *testing.T) {
+	up := newFakeOpenAI(t)
+	gw, b := newGateway(t, up.srv.URL, budgetConfig(4))
+	res := post(t, context.Background(), gw.URL, `{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"hold"}],"max_tokens":50}`)
+	defer res.Body.Close()
+	<-up.auth
+	first := "data: {\"id\":\"c1\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hel\"}}]}\n\n"
+	got := make([]byte, len(first))
+	if _, err := io.ReadFull(res.Body, got); err != nil || string(got) != first {
+		t.Fatalf("first event %q, %v; want %q before the upstream sends the second", got, err, first)
+	}
+	close(up.release)
+	rest, err := io.ReadAll(res.Body)
+	want := "data: {\"id\":\"c1\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"lo\"},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n"
+	if err != nil || string(rest) != want {
+		t.Fatalf("rest %q, %v; want %q", rest, err, want)
+	}
+	wantSettled(t, b, 1, 11)
+}
+
+// An upstream that sends a whole stream at once has it sent with a
+// Content-Length; the gateway strips the usage chunk, so the client must
+// get the shorter body framed as it is, not the upstream's length (which
+// would cut the client off, and close its connection).
+func TestHandlerStrippedStreamWithLength(t *testing.T) {
+	events := "data: {\"id\":\"c1\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hello\"},\"finish_reason\":\"stop\"}]}\n\n"
+	usage := "data: {\"id\":\"c1\",\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":2,\"total_tokens\":11}}\n\n"
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.Header().Set("Content-Length", fmt.Sprint(len(events+usage+"data: [DONE]\n\n")))
+		fmt.Fprint(w, events+usage+"data: [DONE]\n\n")
+	}))
+	defer up.Close()
+	gw, b := newGateway(t, up.URL, budgetConfig(4))
+	for i := 0; i < 2; i++ {
+		res := post(t, context.Background(), gw.URL, `{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"hi"}],"max_tokens":50}`)
+		body, err := io.ReadAll(res.Body)
+		res.Body.Close()
+		if err != nil || string(body) != events+"data: [DONE]\n\n" || res.ContentLength != -1 && res.ContentLength != int64(len(body)) {
+			t.Fatalf("stream %d: length %d, %q, %v", i, res.ContentLength, body, err)
+		}
+	}
+	wantSettled(t, b, 2, 22)
+}
+
+// The client's request ID goes upstream and comes back, unless the upstream
+// answers with an ID of its own (a provider's request ID), which is kept
+// alone.
+func TestHandlerRequestID(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Request-Id") != "req-1" {
+			http.Error(w, "no request ID", 400)
+			return
+		}
+		if body, _ := io.ReadAll(r.Body); strings.Contains(string(body), `"own"`) {
+			w.Header().Set("X-Request-Id", "req_provider")
+		}
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"id":"c1","object":"chat.completion","choices":[],"usage":{"prompt_tokens":9,"completion_tokens":2,"total_tokens":11}}`)
+	}))
+	defer up.Close()
+	gw, b := newGateway(t, up.URL, budgetConfig(4))
+	for _, c := range []struct{ content, want string }{{"hi", "req-1"}, {"own", "req_provider"}} {
+		res := post(t, context.Background(), gw.URL, `{"model":"gpt-4o","messages":[{"role":"user","content":"`+c.content+`"}],"max_tokens":50}`)
+		io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+		if got := res.Header.Values("X-Request-Id"); res.StatusCode != 200 || len(got) != 1 || got[0] != c.want {
+			t.Fatalf("%q: %d, X-Request-Id %q; want %q", c.content, res.StatusCode, got, c.want)
+		}
+	}
+	testutil.WaitFor(t, "the calls' release", idle(b))
 }

@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"strconv"
 	"time"
 
 	"github.com/llmbulkhead/bulkhead/stream"
@@ -19,24 +20,39 @@ func newLogger(format string) *slog.Logger {
 }
 
 // logged logs one line per request h serves: method, path, status, bytes,
-// duration, the client's request ID (the call's tag), the admission ID of
-// an admitted call and the reason of a shed one.
+// duration, the request ID (the client's or the one the Handler gave it:
+// the call's tag), the admission ID of an admitted call, the reason of a
+// shed one, and the SDK's retry count (x-stainless-retry-count, which the
+// OpenAI and Anthropic SDKs send) when the client sent one.
 func logged(h http.Handler, logger *slog.Logger) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		rec := &recorder{ResponseWriter: w, status: http.StatusOK}
+		retry := r.Header.Get("X-Stainless-Retry-Count")
 		h.ServeHTTP(rec, r)
 		level := slog.LevelInfo
 		if rec.status >= 500 && rec.status != 503 && rec.status != 529 {
 			level = slog.LevelWarn
 		}
-		logger.LogAttrs(r.Context(), level, "request",
+		attrs := [...]slog.Attr{
 			slog.String("method", r.Method), slog.String("path", r.URL.Path),
 			slog.Int("status", rec.status), slog.Int64("bytes", rec.bytes),
 			slog.Duration("duration", time.Since(start)),
-			slog.String("tag", r.Header.Get("X-Request-Id")),
+			slog.String("tag", r.Header.Get(RequestIDHeader)),
 			slog.String("admission_id", rec.Header().Get(stream.AdmissionIDHeader)),
-			slog.String("shed", rec.Header().Get("X-Bulkhead-Reason")))
+			slog.String("shed", rec.Header().Get("X-Bulkhead-Reason")),
+			{},
+		}
+		n := len(attrs) - 1
+		if retry != "" {
+			if count, err := strconv.Atoi(retry); err == nil {
+				attrs[n] = slog.Int("retry", count)
+			} else {
+				attrs[n] = slog.String("retry", retry)
+			}
+			n++
+		}
+		logger.LogAttrs(r.Context(), level, "request", attrs[:n]...)
 	})
 }
 

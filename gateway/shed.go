@@ -87,15 +87,18 @@ type ClassDetail struct {
 	InFlightTokens int64  `json:"in_flight_tokens"`
 }
 
-// RateDetail is the rate limit that decided the call.
+// RateDetail is the rate limit that decided the call. Remaining is what
+// the limit had room for at the decision (bulkhead.RateDetail.Remaining),
+// absent when the store could not decide.
 type RateDetail struct {
-	Scope     string  `json:"scope,omitempty"`
-	Key       string  `json:"key,omitempty"`
-	Limit     string  `json:"limit,omitempty"`
-	PerMinute float64 `json:"per_minute,omitempty"`
-	Burst     float64 `json:"burst,omitempty"`
-	Weight    float64 `json:"weight,omitempty"`
-	Error     string  `json:"error,omitempty"`
+	Scope     string   `json:"scope,omitempty"`
+	Key       string   `json:"key,omitempty"`
+	Limit     string   `json:"limit,omitempty"`
+	PerMinute float64  `json:"per_minute,omitempty"`
+	Burst     float64  `json:"burst,omitempty"`
+	Weight    float64  `json:"weight,omitempty"`
+	Remaining *float64 `json:"remaining,omitempty"`
+	Error     string   `json:"error,omitempty"`
 }
 
 // FleetDetail is the fleet pool that decided the call.
@@ -187,10 +190,15 @@ func write(w http.ResponseWriter, format stream.Format, r Rejection) {
 	if r.Detail != nil {
 		h.Set("X-Bulkhead-Reason", r.Detail.Reason)
 	}
-	if r.Detail != nil && r.Detail.Rate != nil && format != stream.AnthropicMessages && format != stream.Gemini {
-		// OpenAI-style rate headers, with only the numbers that are real.
+	if r.Detail != nil && r.Detail.Rate != nil && r.Detail.Rate.Limit != "" && format != stream.AnthropicMessages && format != stream.Gemini {
+		// OpenAI-style rate headers, with only the numbers that are real:
+		// the limit that decided, when it frees up, and the whole requests
+		// or tokens it had room for at the decision.
 		rd := r.Detail.Rate
 		h.Set("X-Ratelimit-Limit-"+rd.Limit, strconv.FormatFloat(rd.PerMinute, 'f', -1, 64))
+		if rd.Remaining != nil {
+			h.Set("X-Ratelimit-Remaining-"+rd.Limit, strconv.FormatFloat(math.Floor(*rd.Remaining), 'f', -1, 64))
+		}
 		h.Set("X-Ratelimit-Reset-"+rd.Limit, r.RetryAfter.String())
 	}
 	w.WriteHeader(r.Status)
@@ -298,6 +306,10 @@ func detailOf(rej *bulkhead.RejectedError) *Detail {
 	}
 	if r := d.Rate; r != nil {
 		out.Rate = &RateDetail{Scope: r.Scope, Key: r.Key, Limit: r.Limit, PerMinute: r.PerMinute, Burst: r.Burst, Weight: r.Weight, Error: errText(r.Fallback)}
+		if r.Limit != "" {
+			rem := r.Remaining
+			out.Rate.Remaining = &rem
+		}
 	}
 	if c := d.Cooldown; c != nil {
 		out.Cooldown = &CooldownDetail{Model: c.Model, Until: c.Until}

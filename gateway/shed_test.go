@@ -155,6 +155,17 @@ func TestWriteErrorOpenAI(t *testing.T) {
 	if d.Reason != "rate_limit" || d.RetryAfterMs != 1010 || d.Rate == nil || d.Rate.Limit != "tokens" || d.Rate.PerMinute != 6000 || d.Rate.Weight != 101 {
 		t.Fatalf("detail %+v rate %+v", d, d.Rate)
 	}
+	// The bucket that turned the call away had no room left: 0 remains (the
+	// pacer's level at the decision), as the header says.
+	if d.Rate.Remaining == nil || *d.Rate.Remaining != 0 || rec.Header().Get("X-Ratelimit-Remaining-Tokens") != "0" {
+		t.Fatalf("remaining %v, header %q", d.Rate.Remaining, rec.Header().Get("X-Ratelimit-Remaining-Tokens"))
+	}
+	// The Anthropic and Gemini dialects send no OpenAI headers.
+	rec = httptest.NewRecorder()
+	gateway.WriteError(rec, stream.AnthropicMessages, errs["rate"])
+	if got := rec.Header().Get("X-Ratelimit-Remaining-Tokens"); got != "" {
+		t.Fatalf("anthropic remaining header %q", got)
+	}
 	// The cool-down: the provider's own time, exact in milliseconds.
 	s := write(t, stream.OpenAIChat, errs["cooldown"])
 	if s.retryAfterMs != "2500" || field(s.body, "error.bulkhead.retry_after_ms") != 2500.0 ||

@@ -189,7 +189,9 @@ func NewMeter(body io.ReadCloser, a Admission, opts MeterOptions) (*Meter, error
 
 // MeterResponse meters resp's body, replacing resp.Body with the Meter.
 // SSE is taken from the Content-Type (text/event-stream), the format from
-// opts.Format; StripUsageChunk applies only when the body is SSE. For a
+// opts.Format; StripUsageChunk applies only when the body is SSE, and then
+// resp's length is unknown (ContentLength -1, no Content-Length header),
+// since the body the caller reads is shorter than the provider's. For a
 // response whose status is not 2xx the meter reads nothing and settles
 // with zero usage (the provider did no work) when the body ends or is
 // closed. Invalid options are a *bulkhead.ConfigError and leave resp as it
@@ -203,6 +205,10 @@ func MeterResponse(resp *http.Response, a Admission, opts MeterOptions) (*Meter,
 	}
 	opts.SSE = isEventStream(resp.Header.Get("Content-Type"))
 	opts.StripUsageChunk = opts.StripUsageChunk && opts.SSE
+	if opts.StripUsageChunk { // the body the caller reads is shorter
+		resp.ContentLength = -1
+		resp.Header.Del("Content-Length")
+	}
 	body := resp.Body
 	if body == nil {
 		body = http.NoBody
@@ -356,7 +362,7 @@ func (m *Meter) readStripped(p []byte) (int, error) {
 			return 0, nil
 		}
 		if m.rbuf == nil {
-			m.rbuf = make([]byte, 32<<10)
+			m.rbuf = readBuffers.Get().(*[readBufferSize]byte)[:]
 		}
 		n, err := m.body.Read(m.rbuf)
 		m.mu.Lock()
@@ -376,6 +382,9 @@ func (m *Meter) readStripped(p []byte) (int, error) {
 			m.rerr = m.ended(err)
 			m.out = append(m.out, m.hold...)
 			m.hold = nil
+			// The body is done with: no Read uses the buffer again.
+			readBuffers.Put((*[readBufferSize]byte)(m.rbuf))
+			m.rbuf = nil
 		}
 		m.mu.Unlock()
 		if n == 0 && err == nil {
@@ -383,6 +392,13 @@ func (m *Meter) readStripped(p []byte) (int, error) {
 		}
 	}
 }
+
+// readBufferSize is the size of the buffer readStripped reads the body
+// into; readBuffers keeps them between streams, so a stream costs the
+// garbage collector nothing for it.
+const readBufferSize = 32 << 10
+
+var readBuffers = sync.Pool{New: func() any { return new([readBufferSize]byte) }}
 
 // blockEnd is the sseSink's: in stripMode a block's bytes go out, or are
 // dropped. mu is held.

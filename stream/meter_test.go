@@ -786,6 +786,19 @@ func TestMeterOptionsInvalid(t *testing.T) {
 	if _, err := MeterResponse(resp, nil, MeterOptions{Format: Gemini, StripUsageChunk: true}); err == nil || resp.Body != body {
 		t.Errorf("strip on gemini: %v", err)
 	}
+	// A stripped stream is shorter than the provider's: its length is
+	// unknown. Without stripping, the length stands.
+	for _, strip := range []bool{true, false} {
+		resp = &http.Response{StatusCode: 200, ContentLength: 42, Body: http.NoBody,
+			Header: http.Header{"Content-Type": {"text/event-stream"}, "Content-Length": {"42"}}}
+		if _, err := MeterResponse(resp, nil, MeterOptions{Format: OpenAIChat, StripUsageChunk: strip}); err != nil {
+			t.Fatal(err)
+		}
+		if kept := resp.ContentLength == 42 && resp.Header.Get("Content-Length") == "42"; kept == strip ||
+			strip && (resp.ContentLength != -1 || resp.Header.Get("Content-Length") != "") {
+			t.Errorf("strip %v: length %d, header %q", strip, resp.ContentLength, resp.Header.Get("Content-Length"))
+		}
+	}
 }
 
 func TestMeterTypedNilAdmission(t *testing.T) {

@@ -122,6 +122,7 @@ type RateDetail struct {
 	PerMinute  float64
 	Burst      float64
 	Weight     float64
+	Remaining  float64
 	RetryAfter time.Duration
 	Fallback   error
 }
