@@ -213,6 +213,7 @@ func normalize(st bulkhead.Stats) bulkhead.Stats {
 	st.Calls.AbandonedByCause = nonZero(st.Calls.AbandonedByCause)
 	st.Observe.BypassedByReason = nonZero(st.Observe.BypassedByReason)
 	st.Events.Backlog = 0 // a gauge of the event goroutine's progress, not of admission
+	st.Adaptive = nil     // the controller's counters; its limits are pinned (Stats.Limits shows them)
 	if st.Classes != nil {
 		c := *st.Classes
 		for name, cs := range c.Classes {

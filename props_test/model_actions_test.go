@@ -194,6 +194,9 @@ func (m *machine) floorProbe(t *rapid.T) {
 	if m.rate != nil {
 		t.Skip("the rate limits may turn the probe away")
 	}
+	if m.coolingNow() {
+		t.Skip("the model is cooling down")
+	}
 	if m.wait && m.ahead(name, bulkhead.High) {
 		// First in, first out within the class: the probe would wait
 		// behind its class's waiters for capacity.
@@ -741,10 +744,14 @@ func (m *machine) wouldAdmit(t *rapid.T) {
 	if err != nil {
 		t.Fatalf("%s: %v", m.descr, err)
 	}
-	// F23: closed, capacity, free slot, would queue, else the gate reason.
-	dec, why, cons, _ := m.decide(c)
+	// F23: closed, capacity, free slot, would queue, else the gate reason;
+	// then a cool-down turns away a call the engine would take.
+	dec, why, cons, _ := m.decideEngine(c)
 	if dec != rejectNow {
 		why, cons = noReason, ""
+		if m.coolingNow() {
+			why = bulkhead.Cooldown
+		}
 	}
 	var rd *bulkhead.RateDetail
 	if why == noReason {
@@ -757,6 +764,9 @@ func (m *machine) wouldAdmit(t *rapid.T) {
 	}
 	want := m.detailFor(c.class, c.prio, c.res.Reserved, cons, why)
 	want.Rate = rd
+	if why == bulkhead.Cooldown {
+		want.Cooldown = m.coolDetail()
+	}
 	if detail != (d.Detail != nil) || (detail && !reflect.DeepEqual(*d.Detail, want)) {
 		t.Fatalf("%s: detail (asked: %v)\n got %s\nwant %s", m.descr, detail, fmtDetail(d.Detail), fmtDetail(&want))
 	}
@@ -904,4 +914,27 @@ func cmpHighFirst(a, b bulkhead.Priority) int {
 		return -1
 	}
 	return 1
+}
+
+// feedback reports a provider answer: a 429 with a Retry-After, which
+// cools the model down until then (a longer cool-down running stands), or
+// a success, which changes nothing the model sees (the limits are
+// pinned).
+func (m *machine) feedback(t *rapid.T) {
+	f := bulkhead.Feedback{Outcome: bulkhead.OutcomeSuccess}
+	if rapid.IntRange(0, 3).Draw(t, "feedback429") > 0 {
+		f = bulkhead.Feedback{Outcome: bulkhead.OutcomeRateLimited, RetryAfter: time.Duration(rapid.IntRange(1, 8).Draw(t, "retryAfterHalfUnits")) * unit / 2}
+	}
+	m.descr = fmt.Sprintf("Feedback %v retry-after %v", f.Outcome, f.RetryAfter)
+	m.tokensFrozen = true
+	if err := m.b.Feedback(f); err != nil {
+		t.Fatalf("%s: %v", m.descr, err)
+	}
+	if f.RetryAfter > 0 {
+		m.coolStarted++
+		if end := m.clk.Now().Add(f.RetryAfter); end.After(m.coolUntil) {
+			m.coolUntil = end
+		}
+		m.seen["feedback 429"]++
+	}
 }

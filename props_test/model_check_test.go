@@ -5,6 +5,7 @@ import (
 	"maps"
 	"reflect"
 	"slices"
+	"time"
 
 	"pgregory.net/rapid"
 
@@ -23,6 +24,10 @@ func (m *machine) wantStats() bulkhead.Stats {
 	st.Gate.MaxQueue = m.limits.MaxQueue
 	st.Gate.Closed = m.closed
 	st.Calls.InFlight = m.calls.Admitted - m.calls.Released
+	st.Cooldown.Started = m.coolStarted
+	if m.coolingNow() {
+		st.Cooldown.Active = map[string]time.Time{"gpt-4o": m.coolUntil}
+	}
 	st.Observe = m.observe
 	st.Observe.BypassedByReason = maps.Clone(m.observe.BypassedByReason)
 	if m.hasDedup {

@@ -38,6 +38,11 @@ import (
 // half the runs deduplication is on: Runs leading a key of their own,
 // followers joining them (queued or running), cancelled or timed out on
 // their own, and sharing the leader's outcome however it ends (I9).
+// The queue policy is drawn too: fair queuing across classes (with random
+// weights) and waiting for capacity, each in some of the runs (X3, X4). In
+// a third of the runs a cool-down is in play: Feedback steps report 429s
+// with a Retry-After, and the model predicts every call shed with the time
+// left and every queued call turned away at its grant while it lasts (X2).
 //
 // Everything that blocks runs on its own goroutine and is tracked as a
 // waiter; every step waits until the outcomes it causes have arrived, so
@@ -98,6 +103,7 @@ func (m *machine) actions() map[string]func(*rapid.T) {
 		{"DedupLead", 2, 2, m.dedupLead},
 		{"DedupFollow", 5, 5, m.dedupFollow},
 		{"DedupCancel", 2, 2, m.dedupCancel},
+		{"Feedback", 2, 2, m.feedback},
 	}
 	actions := map[string]func(*rapid.T){"": m.check}
 	for _, a := range weighted {
@@ -107,6 +113,16 @@ func (m *machine) actions() map[string]func(*rapid.T) {
 		}
 		if !m.hasDedup && len(a.name) > 5 && a.name[:5] == "Dedup" {
 			n = 0
+		}
+		switch a.name {
+		case "Feedback":
+			if !m.cooling {
+				n = 0
+			}
+		case "ApplyLimits", "SetBudget":
+			if m.cooling {
+				n = 0 // the limits stay pinned (see machine.cooling)
+			}
 		}
 		for range n {
 			actions[fmt.Sprintf("%02d %s", len(actions), a.name)] = func(t *rapid.T) {
@@ -275,6 +291,15 @@ type machine struct {
 	vtc        map[string]int64 // in millionths of a token
 	last       int64
 
+	// Cool-downs, when cooling: the bulkhead sheds the calls of a model
+	// cooling down after a 429 (Feedback with a RetryAfter), with limits
+	// pinned (Adaptive bounds equal to the starting limits, and no
+	// ApplyLimits steps) so the controller never moves them; coolUntil is
+	// when the cool-down ends and coolStarted counts the feedbacks.
+	cooling     bool
+	coolUntil   time.Time
+	coolStarted int64
+
 	// Rate limits, when rate is set: an oracle pacer on the same clock,
 	// deciding what the bulkhead's rate limits must (SPEC P6). The queue is
 	// kept at 0 with rates, so each check is made by the one call a step
@@ -363,6 +388,9 @@ func newMachine(t *rapid.T, classes bool, seen map[string]int, rdb *redis.Client
 		m.cls[name] = &classModel{}
 	}
 	m.drawQueuePolicy(t, &cfg)
+	if m.cooling = rapid.IntRange(0, 2).Draw(t, "cooldowns") == 0; m.cooling {
+		cfg.Adaptive = &bulkhead.Adaptive{Cooldown: bulkhead.ShedCooldown, MinConcurrent: cfg.MaxConcurrent, MaxConcurrent: cfg.MaxConcurrent}
+	}
 	if rapid.IntRange(0, 2).Draw(t, "rateLimits") == 0 {
 		cfg.MaxQueue, m.limits.MaxQueue = 0, 0
 		m.rate = newRateOracle(t, m.clk, m.hasBudget && budget > 0, rdb)
@@ -805,6 +833,25 @@ func (m *machine) decide(c call) (d decision, why bulkhead.Reason, cons bulkhead
 		return rejectNow, bulkhead.Shutdown, "", true
 	case c.ctxDone:
 		return rejectNow, bulkhead.Aborted, "", true
+	case m.coolingNow():
+		return rejectNow, bulkhead.Cooldown, "", false
+	}
+	return m.decideEngine(c)
+}
+
+// coolingNow reports whether the model is cooling down.
+func (m *machine) coolingNow() bool { return m.clk.Now().Before(m.coolUntil) }
+
+// coolDetail is the detail of a Cooldown rejection now.
+func (m *machine) coolDetail() *bulkhead.CooldownDetail {
+	return &bulkhead.CooldownDetail{Model: "gpt-4o", Until: m.coolUntil, RetryAfter: m.coolUntil.Sub(m.clk.Now())}
+}
+
+// decideEngine is decide past the facade's checks: the engine's capacity
+// and gate.
+func (m *machine) decideEngine(c call) (d decision, why bulkhead.Reason, cons bulkhead.Constraint, atGate bool) {
+	if m.closed {
+		return rejectNow, bulkhead.Shutdown, "", true
 	}
 	gateFull := m.limits.MaxConcurrent == 0 || m.limits.MaxQueue == 0 || len(m.queue) >= m.limits.MaxQueue
 	if why, cons := m.capacity(c.class, c.prio, c.res.Reserved); why != noReason {
@@ -829,6 +876,9 @@ func (m *machine) decide(c call) (d decision, why bulkhead.Reason, cons bulkhead
 // outcome to expect, with the detail of the state now.
 func (m *machine) reject(w *waiter, why bulkhead.Reason, cons bulkhead.Constraint, atGate bool) expect {
 	d := m.detailFor(w.class, w.prio, w.res.Reserved, cons, why)
+	if why == bulkhead.Cooldown {
+		d.Cooldown = m.coolDetail()
+	}
 	if atGate {
 		m.gate.Rejected++
 		inc(&m.gate.RejectedByReason, why)
@@ -941,6 +991,14 @@ func (m *machine) pump() []expect {
 		if why, cons := m.capacity(w.class, w.prio, w.res.Reserved); why != noReason {
 			m.gate.Released++
 			out = append(out, m.reject(w, why, cons, false))
+			continue
+		}
+		if m.coolingNow() {
+			// Checked again as it is granted its slot: turned away, with
+			// the time left, instead of being sent into another 429.
+			m.gate.Released++
+			m.seen["queued call cooled down at its grant"]++
+			out = append(out, m.reject(w, bulkhead.Cooldown, "", false))
 			continue
 		}
 		out = append(out, expect{w: w, h: m.admit(w)})
