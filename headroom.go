@@ -73,7 +73,8 @@ func (h *Headroom) validate() error {
 // HeadroomStats is what is known of one model's provider headroom now.
 type HeadroomStats struct {
 	// Tokens and Requests are what is left now, after the refill since the
-	// report and the admissions' spending; negative when not said.
+	// report and the admissions' spending; negative when not said (or
+	// when that window is full again).
 	Tokens, Requests int64
 	// TokensLimit and RequestsLimit are the windows' sizes as reported;
 	// zero when not said.
