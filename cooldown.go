@@ -203,9 +203,6 @@ func (c *cooldowns) left(model string, reserved int64, book bool) (until time.Ti
 	if u, cooling := c.until[model]; cooling {
 		until, left, ok = u, u.Sub(now), true
 	}
-	if ok && !book {
-		return until, left, false, 0, true
-	}
 	wait, gen := c.headroomWait(model, reserved, now, !ok && book)
 	if wait > left {
 		return now.Add(wait), wait, true, 0, true

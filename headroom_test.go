@@ -251,3 +251,29 @@ func TestHeadroomBounded(t *testing.T) {
 		t.Fatalf("%d kept after most windows are full, want 1", len(hr))
 	}
 }
+
+// A 429's cool-down and the headroom together: the call waits for the
+// later of the two.
+func TestHeadroomWithCooldown(t *testing.T) {
+	clk := clock.NewMock()
+	b := newBulkhead(t, adaptiveConfig(clk, bulkhead.Adaptive{Cooldown: bulkhead.ShedCooldown}))
+	h := bulkhead.Headroom{Tokens: 0, TokensReset: 5 * time.Second, Requests: -1}
+	if err := b.Feedback(bulkhead.Feedback{Outcome: bulkhead.OutcomeRateLimited, RetryAfter: 2 * time.Second, Headroom: &h}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := b.Acquire(context.Background(), req("hi", 1))
+	wantHeadroomShed(t, err, 5*time.Second)
+	if err := b.Feedback(bulkhead.Feedback{Outcome: bulkhead.OutcomeRateLimited, RetryAfter: 8 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = b.Acquire(context.Background(), req("hi", 1))
+	rej := wantReason(t, err, bulkhead.Cooldown)
+	if d, _ := rej.RetryAfter(); d != 8*time.Second || rej.Detail.Cooldown.Headroom {
+		t.Fatalf("RetryAfter %v, detail %+v; want the 429's 8s", d, rej.Detail.Cooldown)
+	}
+	clk.Add(8 * time.Second)
+	mustAcquire(t, b, req("hi", 1)).Release(nil)
+	if st := b.Stats().Cooldown; st.Active != nil || st.Headroom != nil || st.HeadroomReports != 1 || st.Started != 2 {
+		t.Fatalf("cooldown stats %+v", st)
+	}
+}
