@@ -163,16 +163,22 @@ type Feedback struct {
 	// when positive, the model cools down until that much time from now
 	// (a longer cool-down already running stands). At most MaxRetryAfter.
 	RetryAfter time.Duration
+	// Headroom is what the provider said is left of its rate limits with
+	// this answer, of any outcome; nil says nothing. It replaces the
+	// model's earlier report (see Headroom).
+	Headroom *Headroom
 }
 
 // Feedback reports what the provider answered a call. A positive
 // RetryAfter starts its model's cool-down, with or without Config.Adaptive:
 // until it ends, calls for that model are held or shed (Adaptive.Cooldown)
 // instead of being sent into another 429. With Config.Adaptive, the
-// feedback also moves the limits (see Adaptive). Invalid feedback (an
-// unknown Outcome, a negative Latency or RetryAfter, a RetryAfter above
-// MaxRetryAfter or on an outcome other than OutcomeRateLimited or
-// OutcomeOverloaded) is a *ConfigError and changes nothing.
+// feedback also moves the limits (see Adaptive). A Headroom becomes the
+// model's latest report of the provider's rate limits, from which calls
+// then spend (see Headroom). Invalid feedback (an unknown Outcome, a
+// negative Latency or RetryAfter, a RetryAfter above MaxRetryAfter or on
+// an outcome other than OutcomeRateLimited or OutcomeOverloaded, an
+// invalid Headroom) is a *ConfigError and changes nothing.
 //
 // Feedback does not know how many calls were in flight when the reported
 // one was admitted, so for AIMD every success counts as finding the limit
@@ -190,6 +196,9 @@ func (b *Bulkhead) feedback(f Feedback, inFlight int, epoch uint64) error {
 	now := b.clk.Now()
 	if f.RetryAfter > 0 {
 		b.cool.start(b.modelOf(f.Model), now.Add(f.RetryAfter))
+	}
+	if f.Headroom != nil {
+		b.cool.report(b.modelOf(f.Model), f.Headroom)
 	}
 	if b.adapt == nil {
 		return nil
@@ -210,6 +219,8 @@ func (f *Feedback) validate() error {
 		return invalidf("Feedback.RetryAfter", "must be in [0, %v], got %v", MaxRetryAfter, f.RetryAfter)
 	case f.RetryAfter > 0 && f.Outcome != OutcomeRateLimited && f.Outcome != OutcomeOverloaded:
 		return invalidf("Feedback.RetryAfter", "applies only to OutcomeRateLimited and OutcomeOverloaded, not %v", f.Outcome)
+	case f.Headroom != nil:
+		return f.Headroom.validate()
 	}
 	return nil
 }
@@ -222,11 +233,19 @@ func (f *Feedback) validate() error {
 // change nothing and return nil. It may be called before or after Release.
 // A nil *Permit returns a *ConfigError.
 func (p *Permit) Feedback(o Outcome, retryAfter time.Duration) error {
+	return p.FeedbackHeadroom(o, retryAfter, nil)
+}
+
+// FeedbackHeadroom is Feedback with what the provider said is left of its
+// rate limits with this answer, h (nil says nothing): it becomes the
+// model's latest report, from which later calls for the model spend (see
+// Headroom). An invalid h is a *ConfigError and changes nothing.
+func (p *Permit) FeedbackHeadroom(o Outcome, retryAfter time.Duration, h *Headroom) error {
 	if p == nil {
 		return invalidf("Permit", "must not be nil")
 	}
 	req, _ := callOf(p.l.Request)
-	f := Feedback{Model: req.model(), Outcome: o, RetryAfter: retryAfter}
+	f := Feedback{Model: req.model(), Outcome: o, RetryAfter: retryAfter, Headroom: h}
 	if err := f.validate(); err != nil {
 		return err
 	}

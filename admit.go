@@ -94,5 +94,6 @@ func (b *Bulkhead) admitChecked(ctx context.Context, r *actor.AcquireRequest, p 
 	if err = b.eng.Rollback(&p.l, why, ext, cause); err == nil {
 		return p, nil // observe mode: bypassed, as the call's mode shadows why
 	}
+	b.cool.refund(p.headModel, p.l.Reservation.Reserved, p.headGen)
 	return nil, withTag(publicError(err), o.tag)
 }

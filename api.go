@@ -169,6 +169,8 @@ func (b *Bulkhead) prepare(ctx context.Context, req *Request, o *callOptions, me
 	if p == nil {
 		p = &Permit{b: b}
 	}
+	p.headGen, p.headModel = 0, ""
+	r.Spare = p // for the engine's grant check to note the headroom spent
 	r.Ctx = ctx
 	r.Request = call(req, o.tag)
 	r.Priority = admission.Priority(o.priority)
@@ -227,7 +229,7 @@ func (b *Bulkhead) WouldAdmit(req *Request, opts ...Option) (Decision, error) {
 	}
 	d := b.eng.WouldAdmit(class, admission.Priority(o.priority), admission.Reservation(res), o.detail)
 	if d.Admit && b.cool.armed.Load() {
-		b.wouldAdmitCooldown(req, &d)
+		b.wouldAdmitCooldown(req, res.Reserved, &d)
 	}
 	if d.Admit && b.rate != nil {
 		b.wouldAdmitRate(req, class, res, &d)

@@ -113,7 +113,7 @@ func rejectDetailFor(d *admission.RejectDetail, why Reason) *RejectDetail {
 			Weight: r.Weight, Remaining: r.Remaining, RetryAfter: r.RetryAfter, Fallback: r.Fallback}
 	}
 	if c := d.Cooldown; c != nil {
-		out.Cooldown = &CooldownDetail{Model: c.Model, Until: c.Until, RetryAfter: c.RetryAfter}
+		out.Cooldown = &CooldownDetail{Model: c.Model, Until: c.Until, RetryAfter: c.RetryAfter, Headroom: c.Headroom}
 	}
 	if b := d.TokenBudget; b != nil {
 		out.TokenBudget = &BudgetDetail{Budget: b.Budget, EffectiveBudget: b.EffectiveBudget, InFlightTokens: b.InFlightTokens, Available: b.Available, Reserved: b.Requested}

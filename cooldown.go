@@ -52,9 +52,16 @@ type CooldownDetail struct {
 	Until time.Time
 	// RetryAfter is the time that was left of it at the decision.
 	RetryAfter time.Duration
+	// Headroom is set when the provider's reported headroom decided it
+	// (the call did not fit what the provider said was left, see
+	// Headroom) rather than a 429's Retry-After.
+	Headroom bool
 }
 
 func (d *CooldownDetail) explain() string {
+	if d.Headroom {
+		return fmt.Sprintf("model %q has no headroom left at the provider for this call, retry after %v", d.Model, d.RetryAfter)
+	}
 	return fmt.Sprintf("model %q is cooling down after the provider's 429, retry after %v", d.Model, d.RetryAfter)
 }
 
@@ -70,6 +77,13 @@ type CooldownStats struct {
 	// Calls.RejectedByReason, as Cooldown.
 	Holding int64
 	Held    int64
+	// Headroom maps each model with a provider headroom report in force
+	// to what is left of it now (see Headroom); nil when none is. The
+	// calls it held are in Holding and Held, and those it turned away in
+	// Calls.RejectedByReason, as Cooldown.
+	Headroom map[string]HeadroomStats
+	// HeadroomReports counts the headroom reports received.
+	HeadroomReports int64
 }
 
 // MaxRetryAfter is the longest cool-down a Feedback may start.
@@ -81,8 +95,8 @@ const maxCooldowns = 1024
 
 // cooldowns is a bulkhead's cool-downs, by model.
 type cooldowns struct {
-	// armed is set while some cool-down may be running: the one thing a
-	// call reads when none is.
+	// armed is set while some cool-down may be running or some headroom
+	// report is in force: the one thing a call reads when none is.
 	armed atomic.Bool
 	clk   clock.Clock
 	shed  bool
@@ -92,8 +106,14 @@ type cooldowns struct {
 	// first is no later than the earliest end in until, so a lookup
 	// purges only once something may have ended.
 	first time.Time
+	// head is the latest headroom report per model; headFirst is no later
+	// than the earliest time one of them is forgotten; gen numbers the
+	// reports.
+	head      map[string]*headroom
+	headFirst time.Time
+	gen       uint64
 
-	started, holding, held atomic.Int64
+	started, holding, held, reports atomic.Int64
 
 	// closing is closed by Close: held calls stop waiting, and the engine
 	// rejects them Shutdown.
@@ -102,7 +122,7 @@ type cooldowns struct {
 }
 
 func newCooldowns(clk clock.Clock, mode CooldownMode) *cooldowns {
-	return &cooldowns{clk: clk, shed: mode == ShedCooldown, until: map[string]time.Time{}, closing: make(chan struct{})}
+	return &cooldowns{clk: clk, shed: mode == ShedCooldown, until: map[string]time.Time{}, head: map[string]*headroom{}, closing: make(chan struct{})}
 }
 
 func (c *cooldowns) close() { c.closeOnce.Do(func() { close(c.closing) }) }
@@ -141,53 +161,69 @@ func (c *cooldowns) start(model string, end time.Time) {
 	c.armed.Store(true)
 }
 
-// purge drops the cool-downs that have ended by now and disarms when none
-// is left; it reads the whole table only once the earliest end has come.
-// c.mu is held.
+// purge drops the cool-downs that have ended by now and the headroom
+// reports whose windows are full again, and disarms when none is left; it
+// reads a whole table only once its earliest end has come. c.mu is held.
 func (c *cooldowns) purge(now time.Time) {
-	if now.Before(c.first) {
-		return
-	}
-	c.first = time.Time{}
-	for m, u := range c.until {
-		switch {
-		case !u.After(now):
-			delete(c.until, m)
-		case c.first.IsZero() || u.Before(c.first):
-			c.first = u
+	if !now.Before(c.first) {
+		c.first = time.Time{}
+		for m, u := range c.until {
+			switch {
+			case !u.After(now):
+				delete(c.until, m)
+			case c.first.IsZero() || u.Before(c.first):
+				c.first = u
+			}
 		}
 	}
-	if len(c.until) == 0 {
-		c.armed.Store(false)
+	if !c.headFirst.IsZero() && !now.Before(c.headFirst) {
+		c.headFirst = time.Time{}
+		for m, h := range c.head {
+			switch {
+			case !h.full.After(now):
+				delete(c.head, m)
+			case c.headFirst.IsZero() || h.full.Before(c.headFirst):
+				c.headFirst = h.full
+			}
+		}
 	}
+	c.rearm()
 }
 
 // left returns the end of model's cool-down and the time left of it, ok
-// false when it is not cooling down.
-func (c *cooldowns) left(model string) (until time.Time, left time.Duration, ok bool) {
+// false when it is not cooling down; for a call reserving reserved
+// tokens, a headroom that does not fit it counts as a cool-down until it
+// would (head set). With book, a call that fits books its spending, and
+// gen is the report it was booked against (0: none).
+func (c *cooldowns) left(model string, reserved int64, book bool) (until time.Time, left time.Duration, head bool, gen uint64, ok bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	now := c.clk.Now()
 	c.purge(now)
-	until, ok = c.until[model]
-	if !ok {
-		return time.Time{}, 0, false
+	if u, cooling := c.until[model]; cooling {
+		until, left, ok = u, u.Sub(now), true
 	}
-	return until, until.Sub(now), true
+	wait, gen := c.headroomWait(model, reserved, now, !ok && book)
+	if wait > left {
+		return now.Add(wait), wait, true, 0, true
+	}
+	return until, left, false, gen, ok
 }
 
 // stats returns the cool-downs' state.
 func (c *cooldowns) stats() CooldownStats {
-	st := CooldownStats{Started: c.started.Load(), Holding: c.holding.Load(), Held: c.held.Load()}
+	st := CooldownStats{Started: c.started.Load(), Holding: c.holding.Load(), Held: c.held.Load(), HeadroomReports: c.reports.Load()}
 	if !c.armed.Load() {
 		return st
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.purge(c.clk.Now())
+	now := c.clk.Now()
+	c.purge(now)
 	if len(c.until) > 0 {
 		st.Active = maps.Clone(c.until)
 	}
+	st.Headroom = c.headroomStats(now)
 	return st
 }
 
@@ -202,7 +238,7 @@ func (b *Bulkhead) cooldown(ctx context.Context, r *actor.AcquireRequest) {
 	req, _ := callOf(r.Request)
 	model := b.modelOf(req.model())
 	for {
-		until, left, ok := c.left(model)
+		until, left, head, _, ok := c.left(model, r.Reservation.Reserved, false)
 		if !ok || ctx.Err() != nil {
 			return
 		}
@@ -212,7 +248,7 @@ func (b *Bulkhead) cooldown(ctx context.Context, r *actor.AcquireRequest) {
 		}
 		if late {
 			r.Refuse = admission.Cooldown
-			r.RefuseExt = &admission.External{Cooldown: &admission.CooldownDetail{Model: model, Until: until, RetryAfter: left}}
+			r.RefuseExt = &admission.External{Cooldown: &admission.CooldownDetail{Model: model, Until: until, RetryAfter: left, Headroom: head}}
 			return
 		}
 		ended := b.wait(ctx, left, c.closing, c.hold)
@@ -222,7 +258,8 @@ func (b *Bulkhead) cooldown(ctx context.Context, r *actor.AcquireRequest) {
 		}
 		c.held.Add(1)
 		b.waited(r, left) // the end came within the queue timeout
-		// Check again: a later 429 may have extended the cool-down.
+		// Check again: a later 429 may have extended the cool-down, or
+		// other calls spent the headroom.
 	}
 }
 
@@ -237,15 +274,15 @@ func (b *Bulkhead) modelOf(m string) string {
 
 // wouldAdmitCooldown completes d, an advisory decision to admit, with the
 // cool-down's answer for a call of req.
-func (b *Bulkhead) wouldAdmitCooldown(req *Request, d *admission.Decision) {
+func (b *Bulkhead) wouldAdmitCooldown(req *Request, reserved int64, d *admission.Decision) {
 	model := b.modelOf(req.model())
-	until, left, ok := b.cool.left(model)
+	until, left, head, _, ok := b.cool.left(model, reserved, false)
 	if !ok || (!b.cool.shed && (b.timeout == 0 || left < b.timeout)) {
 		return
 	}
 	d.Admit, d.Reason = false, admission.Cooldown
 	if d.Detail != nil {
-		d.Detail.Cooldown = &admission.CooldownDetail{Model: model, Until: until, RetryAfter: left}
+		d.Detail.Cooldown = &admission.CooldownDetail{Model: model, Until: until, RetryAfter: left, Headroom: head}
 	}
 }
 
@@ -253,21 +290,35 @@ func (b *Bulkhead) wouldAdmitCooldown(req *Request, d *admission.Decision) {
 // on the engine's goroutine: the call's model must not be cooling down (a
 // call that was waiting in the queue when the cool-down began is turned
 // away when its turn comes, with the time left, rather than sent into
-// another 429), and then, when CheckArg carries them, its rate limits on
-// the in-process store.
+// another 429), the call must fit the model's reported headroom, which it
+// then spends, and then, when CheckArg carries them, its rate limits on
+// the in-process store (a call they turn down gives its headroom back).
+// The permit the call will be admitted on is r.Spare; it notes the
+// headroom report the call spent from, for a rollback to give it back.
 type grantCheck struct{ b *Bulkhead }
 
 func (g grantCheck) Check(r *actor.AcquireRequest) (admission.Reason, *admission.External) {
 	b := g.b
+	var model string
+	var gen uint64
 	if b.cool.armed.Load() {
 		req, _ := callOf(r.Request)
-		model := b.modelOf(req.model())
-		if until, left, ok := b.cool.left(model); ok {
-			return admission.Cooldown, &admission.External{Cooldown: &admission.CooldownDetail{Model: model, Until: until, RetryAfter: left}}
+		model = b.modelOf(req.model())
+		until, left, head, g, ok := b.cool.left(model, r.Reservation.Reserved, true)
+		if ok {
+			return admission.Cooldown, &admission.External{Cooldown: &admission.CooldownDetail{Model: model, Until: until, RetryAfter: left, Headroom: head}}
+		}
+		gen = g
+		if p, _ := r.Spare.(*Permit); p != nil {
+			p.headGen, p.headModel = gen, model
 		}
 	}
 	if r.CheckArg != nil {
-		return b.rate.Check(r)
+		why, ext := b.rate.Check(r)
+		if why != admission.NoReason {
+			b.cool.refund(model, r.Reservation.Reserved, gen)
+		}
+		return why, ext
 	}
 	return admission.NoReason, nil
 }

@@ -116,7 +116,7 @@ func (d *RejectDetail) LogValue() slog.Value {
 	}
 	if c := d.Cooldown; c != nil {
 		attrs = append(attrs, slog.Group("cooldown", slog.String("model", c.Model),
-			slog.Time("until", c.Until), slog.Duration("retry_after", c.RetryAfter)))
+			slog.Time("until", c.Until), slog.Duration("retry_after", c.RetryAfter), slog.Bool("headroom", c.Headroom)))
 	}
 	return slog.GroupValue(attrs...)
 }

@@ -18,8 +18,10 @@
 // share its result instead of each calling the provider (see DedupConfig).
 //
 // Report what the provider answered with Permit.Feedback (a stream.Transport
-// does it for you): a 429 with a Retry-After cools its model down, and with
-// Config.Adaptive the answers move the limits (see Adaptive).
+// does it for you): a 429 with a Retry-After cools its model down, what the
+// provider says is left of its rate limits stops calls before they would
+// meet a 429 (see Headroom), and with Config.Adaptive the answers move the
+// limits (see Adaptive).
 //
 // Shutdown (or Close, then Drain) ends a Bulkhead: no goroutine of it
 // remains afterwards.

@@ -300,3 +300,26 @@ func TestFleetTokensNeedABudget(t *testing.T) {
 	b := newBulkhead(t, bulkhead.Config{MaxConcurrent: 4, Fleet: slotsOnly})
 	_ = mustAcquire(t, b, req("a", 1)).Release(nil)
 }
+
+// TestFleetRollbackRefundsHeadroom checks that a call the fleet turns away
+// after its grant gives back what it spent of the provider's headroom.
+func TestFleetRollbackRefundsHeadroom(t *testing.T) {
+	_, client := fleetRedis(t)
+	other := newBulkhead(t, fleetConfig(newFleetPool(t, client, "headroom", -1, 100, fleet.FailClosed), 4))
+	b := newBulkhead(t, fleetConfig(newFleetPool(t, client, "headroom", -1, 100, fleet.FailClosed), 4))
+	theirs := mustAcquire(t, other, req("theirs", 59)) // 60 of the fleet's 100 tokens
+	defer theirs.Release(nil)
+	h := bulkhead.Headroom{Tokens: 1000, TokensReset: time.Hour, Requests: 10, RequestsReset: time.Hour}
+	if err := b.Feedback(bulkhead.Feedback{Outcome: bulkhead.OutcomeSuccess, Headroom: &h}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := b.Acquire(context.Background(), req("big", 49)) // 50 tokens: not beside theirs
+	wantFleetReject(t, err, bulkhead.BudgetLimit, 1)
+	if hr := b.Stats().Cooldown.Headroom["gpt-4o"]; hr.Tokens != 1000 || hr.Requests != 10 {
+		t.Fatalf("headroom %+v after a rollback, want it all back", hr)
+	}
+	mustAcquire(t, b, req("small", 19)).Release(nil)
+	if hr := b.Stats().Cooldown.Headroom["gpt-4o"]; hr.Tokens != 980 || hr.Requests != 9 {
+		t.Fatalf("headroom %+v after an admission", hr)
+	}
+}

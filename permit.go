@@ -38,6 +38,10 @@ type Permit struct {
 	admittedAt time.Time
 	// fed is set by the first Feedback.
 	fed atomic.Bool
+	// headGen is the headroom report of headModel the admission spent
+	// from, 0 for none (set by the engine's grant check).
+	headGen   uint64
+	headModel string
 }
 
 // fleetReport sends the hold a usage report left the admission with to the

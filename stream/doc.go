@@ -18,6 +18,7 @@
 //     it passes, and the admission is settled exactly once.
 //   - Transport is an http.RoundTripper that admits every recognised request
 //     before it is sent, meters its response, and reports the answer (a 429
-//     and its Retry-After, an overload, a timeout, a success) to the
-//     bulkhead's cool-downs and adaptive limits (OutcomeOf, RetryAfter).
+//     and its Retry-After, an overload, a timeout, a success, and the
+//     rate-limit headroom its headers report) to the bulkhead's cool-downs
+//     and adaptive limits (OutcomeOf, RetryAfter, HeadroomOf).
 package stream

@@ -83,9 +83,14 @@ func clampRetry(ns float64) time.Duration {
 	return time.Duration(min(ns, float64(bulkhead.MaxRetryAfter)))
 }
 
-// feedback reports what the provider answered permit's call.
+// feedback reports what the provider answered permit's call, with the
+// headroom its rate-limit headers say is left (see HeadroomOf).
 func feedback(permit *bulkhead.Permit, resp *http.Response, err error) {
 	if o, retry, ok := OutcomeOf(resp, err); ok {
-		_ = permit.Feedback(o, retry) // valid by construction
+		var h *bulkhead.Headroom
+		if resp != nil {
+			h = HeadroomOf(resp.Header, time.Now())
+		}
+		_ = permit.FeedbackHeadroom(o, retry, h) // valid by construction
 	}
 }

@@ -41,8 +41,11 @@ import (
 //
 // Every call it sends is reported to the bulkhead (Permit.Feedback, see
 // OutcomeOf) as soon as the response headers arrive or sending fails: a
-// 429's Retry-After starts its model's cool-down, and with
-// Config.Adaptive the answers move the limits, without code of the caller's.
+// 429's Retry-After starts its model's cool-down, the rate-limit headers
+// of every answer tell the bulkhead how much of the provider's limits is
+// left (see HeadroomOf and bulkhead.Headroom), so that calls stop before
+// the provider's window is exhausted, and with Config.Adaptive the answers
+// move the limits, without code of the caller's.
 //
 // A Transport is safe for concurrent use. Its fields must not change once it
 // is in use.

@@ -111,6 +111,7 @@ type CooldownDetail struct {
 	Model      string
 	Until      time.Time
 	RetryAfter time.Duration
+	Headroom   bool
 }
 
 // RateDetail is the engine's form of bulkhead.RateDetail; the facade

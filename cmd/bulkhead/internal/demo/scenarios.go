@@ -138,7 +138,8 @@ type strategy struct {
 	options func(tenant string) []bulkhead.Option
 	// feedback, when not nil, is told how the provider answered each
 	// admitted call, just before its permit is released.
-	feedback func(p *bulkhead.Permit, o providerOutcome, retryAfter time.Duration)
+	// The provider's headroom with the answer is h, nil when it says none.
+	feedback func(p *bulkhead.Permit, o providerOutcome, retryAfter time.Duration, h *bulkhead.Headroom)
 }
 
 // one routes every tenant of sc to the one bulkhead bc.
@@ -184,6 +185,13 @@ func adaptiveFair() *strategy {
 			}
 			bc := bulkhead.Config{Model: cfg.Model, MaxConcurrent: n, MaxQueue: provisionalQueue, QueueTimeout: provisionalQueueTimeout,
 				Adaptive: &bulkhead.Adaptive{Cooldown: bulkhead.ShedCooldown}}
+			if cfg.ProviderTPM > 0 {
+				// A token budget as large as the account's TPM limit: it
+				// holds back nothing the limit would not, and gives each
+				// call a reservation (input estimate + max_tokens) to spend
+				// from the provider's reported headroom.
+				bc.TokenBudget = &bulkhead.TokenBudget{Budget: cfg.ProviderTPM}
+			}
 			if len(sc.tenants) > 1 {
 				// A class per tenant, served fairly from one queue.
 				bc.Classes = &bulkhead.Classes{Default: sc.tenants[0].name, Limits: map[string]bulkhead.ClassLimits{}}
@@ -200,12 +208,12 @@ func adaptiveFair() *strategy {
 			}
 			return []bulkhead.Option{bulkhead.WithClass(tenant)}
 		},
-		feedback: func(p *bulkhead.Permit, o providerOutcome, retryAfter time.Duration) {
+		feedback: func(p *bulkhead.Permit, o providerOutcome, retryAfter time.Duration, h *bulkhead.Headroom) {
 			out := bulkhead.OutcomeSuccess
 			if o == outcomeRateLimited {
 				out = bulkhead.OutcomeRateLimited
 			}
-			_ = p.Feedback(out, retryAfter)
+			_ = p.FeedbackHeadroom(out, retryAfter, h)
 		},
 	}
 }

@@ -331,7 +331,15 @@ func (r *runner) settle(c *simCall, o providerOutcome, retryAfter time.Duration,
 		return
 	}
 	if r.st.feedback != nil && o != 0 {
-		r.st.feedback(c.permit, o, retryAfter)
+		// What the provider's rate-limit headers would say with this
+		// answer: the TPM window as it stands now (requests unsaid: the
+		// account limits concurrency, not a request rate).
+		h := r.prov.Headroom(r.s.Now())
+		var hr *bulkhead.Headroom
+		if h.TokensLimit > 0 {
+			hr = &bulkhead.Headroom{Tokens: h.Tokens, TokensLimit: h.TokensLimit, TokensReset: h.TokensReset, Requests: -1}
+		}
+		r.st.feedback(c.permit, o, retryAfter, hr)
 	}
 	_ = c.permit.Release(usage)
 	c.permit = nil

@@ -370,6 +370,36 @@ func (p *Provider) Limits(t time.Time) (maxConcurrent int, tokensPerMinute int64
 	return maxConcurrent, tokensPerMinute
 }
 
+// Headroom is what the account says is left of its tokens-per-minute
+// limit, as a real provider's rate-limit headers do with every answer.
+type Headroom struct {
+	// Tokens is what is left of the TPM window now, and TokensLimit the
+	// limit; both zero without a TPM limit.
+	Tokens, TokensLimit int64
+	// TokensReset is how long until the window is full again: until every
+	// entry now in it has left (the newest one's time + the window − now);
+	// zero when the window is empty.
+	TokensReset time.Duration
+}
+
+// Headroom returns what is left of the TPM window at now, after every
+// request accepted by then. The account limits concurrency, not a request
+// rate, so it says nothing of requests.
+func (p *Provider) Headroom(now time.Time) Headroom {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_, tpm := p.Limits(now)
+	if tpm <= 0 {
+		return Headroom{}
+	}
+	p.prune(now)
+	h := Headroom{Tokens: max(0, tpm-p.stats.WindowTokens), TokensLimit: tpm}
+	if n := len(p.entries); n > 0 {
+		h.TokensReset = max(0, p.entries[n-1].at.Add(p.window).Sub(now))
+	}
+	return h
+}
+
 // Config returns the provider's configuration, defaults filled in.
 func (p *Provider) Config() Config { return p.cfg }
 

@@ -507,3 +507,38 @@ func TestEnterLeave(t *testing.T) {
 		t.Fatal("New accepted a capacity factor of 2")
 	}
 }
+
+// TestHeadroom checks what the account says is left of its TPM window:
+// the tokens left after every accepted request, and the time until the
+// newest entry leaves the window (so it is full again), through a
+// capacity change.
+func TestHeadroom(t *testing.T) {
+	clk := clock.NewMock()
+	start := clk.Now()
+	p := newProvider(t, simprovider.Config{TokensPerMinute: 10_000, OutputMedian: 10, Clock: clk,
+		CapacityChange: &simprovider.CapacityChange{After: 30 * time.Second, Factor: 0.5}})
+	if h := p.Headroom(start); h != (simprovider.Headroom{Tokens: 10_000, TokensLimit: 10_000}) {
+		t.Fatalf("empty window: %+v", h)
+	}
+	for i, at := range []time.Duration{0, 10 * time.Second} {
+		if _, err := p.Enter(simprovider.Request{ID: uint64(i), InputTokens: 1_000, MaxTokens: 2_000}, start.Add(at)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if h := p.Headroom(start.Add(20 * time.Second)); h != (simprovider.Headroom{Tokens: 4_000, TokensLimit: 10_000, TokensReset: 50 * time.Second}) {
+		t.Fatalf("two entries: %+v", h)
+	}
+	// Halved at 30s: 6,000 tokens in a window of 5,000.
+	if h := p.Headroom(start.Add(40 * time.Second)); h != (simprovider.Headroom{Tokens: 0, TokensLimit: 5_000, TokensReset: 30 * time.Second}) {
+		t.Fatalf("over the halved limit: %+v", h)
+	}
+	if h := p.Headroom(start.Add(65 * time.Second)); h != (simprovider.Headroom{Tokens: 2_000, TokensLimit: 5_000, TokensReset: 5 * time.Second}) {
+		t.Fatalf("after the first entry left: %+v", h)
+	}
+	if h := p.Headroom(start.Add(70 * time.Second)); h != (simprovider.Headroom{Tokens: 5_000, TokensLimit: 5_000}) {
+		t.Fatalf("full again: %+v", h)
+	}
+	if h := newProvider(t, simprovider.Config{OutputMedian: 10, Clock: clk}).Headroom(start); h != (simprovider.Headroom{}) {
+		t.Fatalf("no TPM limit: %+v", h)
+	}
+}
