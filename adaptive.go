@@ -401,11 +401,19 @@ func (a *adaptiveLimits) admitted(p *Permit) {
 		return
 	}
 	p.inFlight = int(min(a.inFlight.Add(1), math.MaxInt32))
+	if !p.granted {
+		a.grant(p)
+	}
+	p.counted = true
+}
+
+// grant notes the controller's epoch and, for the Gradient rule, the time,
+// as admission p is granted its slot.
+func (a *adaptiveLimits) grant(p *Permit) {
 	p.epoch = a.epoch.Load()
 	if a.rule == Gradient {
 		p.admittedAt = p.b.clk.Now()
 	}
-	p.counted = true
 }
 
 // maxApplies bounds the retries of a change that keeps losing races with

@@ -71,6 +71,7 @@ func (b *Bulkhead) admitChecked(ctx context.Context, r *actor.AcquireRequest, p 
 		if held {
 			b.fleet.Release(fleetID(p))
 		}
+		b.cool.refund(p.headModel, p.l.Reservation.Reserved, p.headGen)
 		_ = b.eng.Rollback(&p.l, admission.Aborted, nil, fmt.Errorf("bulkhead: panic during the admission's checks: %v", pv))
 		if pv != nil {
 			panic(pv)

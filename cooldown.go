@@ -237,6 +237,7 @@ func (b *Bulkhead) cooldown(ctx context.Context, r *actor.AcquireRequest) {
 	c := b.cool
 	req, _ := callOf(r.Request)
 	model := b.modelOf(req.model())
+	waited := false
 	for {
 		until, left, head, _, ok := c.left(model, r.Reservation.Reserved, false)
 		if !ok || ctx.Err() != nil {
@@ -256,7 +257,10 @@ func (b *Bulkhead) cooldown(ctx context.Context, r *actor.AcquireRequest) {
 		if !ended {
 			return
 		}
-		c.held.Add(1)
+		if !waited {
+			c.held.Add(1) // a call, however many times it waits
+			waited = true
+		}
 		b.waited(r, left) // the end came within the queue timeout
 		// Check again: a later 429 may have extended the cool-down, or
 		// other calls spent the headroom.
@@ -299,6 +303,12 @@ type grantCheck struct{ b *Bulkhead }
 
 func (g grantCheck) Check(r *actor.AcquireRequest) (admission.Reason, *admission.External) {
 	b := g.b
+	if b.adapt != nil {
+		if p, _ := r.Spare.(*Permit); p != nil {
+			b.adapt.grant(p)
+			p.granted = true
+		}
+	}
 	var model string
 	var gen uint64
 	if b.cool.armed.Load() {

@@ -20,9 +20,10 @@ import (
 //
 // A window refills from its report: with its limit and its reset known,
 // linearly, what is left at time t being min(limit, left + (limit-left) ×
-// (t-reported)/reset) minus what admissions spent since the report; with
-// no limit, all at once, at the reset. Once every window it said is full
-// again, the report is forgotten; a window whose reset is not said is not
+// (t-reported)/reset) minus what admissions spent since the report (past
+// its reset a window is full: its limit, less that spending); with no
+// limit, all at once, at the reset, after which nothing is known of it.
+// Once every window it said is full again, the report is forgotten; a window whose reset is not said is not
 // tracked (nothing says when it refills). A newer report replaces the
 // state, and what was spent against it.
 //
@@ -74,7 +75,7 @@ func (h *Headroom) validate() error {
 type HeadroomStats struct {
 	// Tokens and Requests are what is left now, after the refill since the
 	// report and the admissions' spending; negative when not said (or
-	// when that window is full again).
+	// when that window, of a limit not said, is past its reset).
 	Tokens, Requests int64
 	// TokensLimit and RequestsLimit are the windows' sizes as reported;
 	// zero when not said.
@@ -106,10 +107,11 @@ func newWindow(left, limit int64, reset time.Duration) hrWindow {
 }
 
 // avail returns what is left at elapsed since the report, before the
-// spending; ok false once the window is full again.
+// spending: past the reset, the whole limit; ok false past the reset of a
+// window whose limit was not said (nothing is known of it then).
 func (w *hrWindow) avail(elapsed time.Duration) (int64, bool) {
 	if elapsed >= w.reset {
-		return 0, false
+		return w.limit, w.limit > 0
 	}
 	if w.limit == 0 || elapsed <= 0 {
 		return w.left, true
@@ -129,6 +131,9 @@ func (w *hrWindow) wait(elapsed time.Duration, need int64) time.Duration {
 	if !admission.Exceeds(w.spent, need, a) {
 		return 0
 	}
+	if elapsed >= w.reset {
+		return w.reset // full, and spent: another window's worth (the caller caps it)
+	}
 	toFull := w.reset - elapsed
 	k, ok := admission.Add(w.spent, need)
 	if w.limit == 0 || !ok || k > w.limit {
@@ -143,8 +148,15 @@ func (w *hrWindow) wait(elapsed time.Duration, need int64) time.Duration {
 	return min(toFull, max(time.Duration(e)-elapsed, 1))
 }
 
+// tracked reports whether the window bounds admissions at elapsed: it was
+// said, and it is before its reset or its limit is known (past its reset it
+// is full, and what admissions spent still counts against its limit).
+func (w *hrWindow) tracked(elapsed time.Duration) bool {
+	return w.on && (elapsed < w.reset || w.limit > 0)
+}
+
 // remaining returns what is left at elapsed, for the stats: -1 when the
-// window is off or full again (unknown, or full).
+// window is off, or past its reset with no limit said (unknown).
 func (w *hrWindow) remaining(elapsed time.Duration) int64 {
 	if !w.on {
 		return -1
@@ -220,12 +232,13 @@ func (c *cooldowns) headroomWait(model string, reserved int64, now time.Time, bo
 	}
 	el := now.Sub(h.at)
 	var wait time.Duration
-	if h.tokens.on && el < h.tokens.reset {
+	if h.tokens.tracked(el) {
 		wait = h.tokens.wait(el, max(reserved, 1))
 	}
-	if h.reqs.on && el < h.reqs.reset {
+	if h.reqs.tracked(el) {
 		wait = max(wait, h.reqs.wait(el, 1))
 	}
+	wait = min(wait, h.full.Sub(now)) // then the report is forgotten
 	if wait > 0 || !book {
 		return wait, 0
 	}

@@ -36,6 +36,10 @@ type Permit struct {
 	inFlight   int
 	epoch      uint64
 	admittedAt time.Time
+	// granted is set when the engine's grant check noted epoch (and
+	// admittedAt) as it granted the slot: the moment of admission, which an
+	// AcquireAsync caller may read much later.
+	granted bool
 	// fed is set by the first Feedback.
 	fed atomic.Bool
 	// headGen is the headroom report of headModel the admission spent

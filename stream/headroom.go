@@ -91,10 +91,35 @@ func headerDuration(v string) time.Duration {
 	if d, err := time.ParseDuration(v); err == nil {
 		return clampRetry(float64(d))
 	}
+	if !plainNumber(v) {
+		return 0 // not a count of seconds: "inf", "NaN", "0x1p20"
+	}
 	if s, err := strconv.ParseFloat(v, 64); err == nil {
 		return clampRetry(s * float64(time.Second))
 	}
 	return 0
+}
+
+// plainNumber reports whether v is a plain decimal number: digits, at most
+// one point, an optional exponent.
+func plainNumber(v string) bool {
+	digits, point, exp := false, false, false
+	for i := 0; i < len(v); i++ {
+		switch c := v[i]; {
+		case c >= '0' && c <= '9':
+			digits = true
+		case c == '.' && !point && !exp:
+			point = true
+		case (c == 'e' || c == 'E') && digits && !exp:
+			exp = true
+			if i+1 < len(v) && (v[i+1] == '+' || v[i+1] == '-') {
+				i++
+			}
+		default:
+			return false
+		}
+	}
+	return digits
 }
 
 // headerTime reads a reset given as an RFC 3339 time, as the time from now to
