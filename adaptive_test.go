@@ -274,7 +274,7 @@ func TestCooldownHold(t *testing.T) {
 		t.Fatal(r.err)
 	}
 	_ = r.tok.Release(nil)
-	if st := b.Stats().Cooldown; st.Held != 1 || st.Holding != 0 || st.Started != 1 {
+	if st := b.Stats().Cooldown; st.Held != 1 || st.Started != 1 {
 		t.Fatalf("cool-down stats %+v", st)
 	}
 
@@ -303,7 +303,7 @@ func TestCooldownHold(t *testing.T) {
 	testutil.WaitFor(t, "the call to hold", holding(b))
 	b.Close()
 	wantReason(t, (<-held).err, bulkhead.Shutdown)
-	if st := b.Stats(); st.Cooldown.Holding != 0 || st.Gate.InFlight != 0 {
+	if st := b.Stats(); st.Gate.Pending != 0 || st.Gate.InFlight != 0 {
 		t.Fatalf("after the holds: %+v, %d in flight", st.Cooldown, st.Gate.InFlight)
 	}
 }
@@ -319,7 +319,7 @@ func TestCooldownExtended(t *testing.T) {
 	testutil.WaitFor(t, "the call to hold", holding(b))
 	_ = b.Feedback(bulkhead.Feedback{Outcome: bulkhead.OutcomeRateLimited, RetryAfter: 5 * time.Second})
 	clk.Add(2 * time.Second)
-	testutil.WaitFor(t, "the call to hold again", func() bool { st := b.Stats().Cooldown; return st.Holding == 1 && st.Held == 1 })
+	testutil.WaitFor(t, "the call to hold again", func() bool { st := b.Stats(); return st.Gate.Pending == 1 && st.Cooldown.Held == 1 })
 	clk.Add(3 * time.Second)
 	r := <-held
 	if r.err != nil {
@@ -364,7 +364,7 @@ func TestAdaptiveStaleRevisionRetried(t *testing.T) {
 
 // holding reports whether a call is waiting out a cool-down.
 func holding(b *bulkhead.Bulkhead) func() bool {
-	return func() bool { return b.Stats().Cooldown.Holding == 1 }
+	return func() bool { return b.Stats().Gate.Pending == 1 } // held calls wait in the queue
 }
 
 // With the Gradient rule, Permit.Feedback measures each call's latency on
@@ -465,10 +465,12 @@ func TestAcquireAsyncAdaptiveAndShed(t *testing.T) {
 	}
 }
 
-// TestCooldownTurnsAwayQueuedCalls checks that a call waiting in the queue
-// when a cool-down begins is not sent into another 429 when a slot frees:
-// it is turned away with the time left (and the slot goes to no one).
-func TestCooldownTurnsAwayQueuedCalls(t *testing.T) {
+// TestCooldownQueuedCalls checks that a call waiting in the queue when a
+// cool-down begins is not sent into another 429 when a slot frees: shed,
+// it is turned away with the time left (and the slot goes to no one);
+// held, it stays in the queue until the cool-down ends, and is admitted
+// then.
+func TestCooldownQueuedCalls(t *testing.T) {
 	for _, mode := range []bulkhead.CooldownMode{bulkhead.HoldCooldown, bulkhead.ShedCooldown} {
 		t.Run(mode.String(), func(t *testing.T) {
 			clk := clock.NewMock()
@@ -486,13 +488,29 @@ func TestCooldownTurnsAwayQueuedCalls(t *testing.T) {
 			if err := p.Release(nil); err != nil {
 				t.Fatal(err)
 			}
-			_, err := f.Result()
-			if d, ok := wantReason(t, err, bulkhead.Cooldown).RetryAfter(); !ok || d != 4*time.Second {
-				t.Fatalf("RetryAfter = %v, %v; want 4s", d, ok)
+			if mode == bulkhead.ShedCooldown {
+				_, err := f.Result()
+				if d, ok := wantReason(t, err, bulkhead.Cooldown).RetryAfter(); !ok || d != 4*time.Second {
+					t.Fatalf("RetryAfter = %v, %v; want 4s", d, ok)
+				}
+				if st := b.Stats(); st.Gate.InFlight != 0 || st.Gate.Pending != 0 {
+					t.Fatalf("gate %+v", st.Gate)
+				}
+				return
 			}
-			if st := b.Stats(); st.Gate.InFlight != 0 || st.Gate.Pending != 0 {
-				t.Fatalf("gate %+v", st.Gate)
+			if isDone(f) {
+				_, err := f.Result()
+				t.Fatalf("a held call ended during the cool-down: %v", err)
 			}
+			if st := b.Stats(); st.Gate.InFlight != 0 || st.Gate.Pending != 1 || st.Cooldown.Held != 1 {
+				t.Fatalf("during the cool-down: gate %+v, held %d", st.Gate, st.Cooldown.Held)
+			}
+			clk.Add(4 * time.Second) // the engine looks at the queue again then
+			q, err := f.Result()
+			if err != nil {
+				t.Fatalf("after the cool-down: %v", err)
+			}
+			_ = q.Release(nil)
 		})
 	}
 }

@@ -169,7 +169,7 @@ func (b *Bulkhead) prepare(ctx context.Context, req *Request, o *callOptions, me
 	if p == nil {
 		p = &Permit{b: b}
 	}
-	p.headGen, p.headModel, p.granted = 0, "", false
+	p.headGen, p.headModel, p.granted, p.held = 0, "", false, false
 	r.Spare = p // for the engine's grant check to note the headroom spent
 	r.Ctx = ctx
 	r.Request = call(req, o.tag)

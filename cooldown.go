@@ -20,10 +20,14 @@ type CooldownMode uint8
 
 // The cool-down modes.
 const (
-	// HoldCooldown makes the call wait until the cool-down ends, bounded
-	// by its context and its queue timeout (which also bounds its wait for
-	// a slot after that). A call whose cool-down ends after its queue
-	// timeout or its context's deadline is rejected Cooldown at once.
+	// HoldCooldown makes the call wait in the queue until the cool-down
+	// ends, bounded by its context and its queue timeout, holding back the
+	// queue behind it; then the queue is served in its order again (class
+	// by class with a fair queue). A call already waiting for a slot when
+	// the cool-down begins is held the same way. Holding needs room in the
+	// queue: a call that finds none (MaxQueue 0, or a full queue), or whose
+	// cool-down ends after its queue timeout or its context's deadline, is
+	// rejected Cooldown at once, as with ShedCooldown.
 	HoldCooldown CooldownMode = iota
 	// ShedCooldown rejects the call Cooldown at once, with the time left
 	// as its retry-after.
@@ -72,14 +76,13 @@ type CooldownStats struct {
 	Active map[string]time.Time
 	// Started counts the cool-downs started or extended by feedback.
 	Started int64
-	// Holding is the calls waiting for a cool-down to end now, and Held
-	// counts those that waited (HoldCooldown). The calls turned away are in
-	// Calls.RejectedByReason, as Cooldown.
-	Holding int64
-	Held    int64
+	// Held counts the calls held back in the queue for a cool-down to end
+	// (HoldCooldown), each once; they wait there as Gate.Pending. The calls
+	// turned away are in Calls.RejectedByReason, as Cooldown.
+	Held int64
 	// Headroom maps each model with a provider headroom report in force
 	// to what is left of it now (see Headroom); nil when none is. The
-	// calls it held are in Holding and Held, and those it turned away in
+	// calls it held are in Held, and those it turned away in
 	// Calls.RejectedByReason, as Cooldown.
 	Headroom map[string]HeadroomStats
 	// HeadroomReports counts the headroom reports received.
@@ -113,7 +116,7 @@ type cooldowns struct {
 	headFirst time.Time
 	gen       uint64
 
-	started, holding, held, reports atomic.Int64
+	started, held, reports atomic.Int64
 
 	// closing is closed by Close: held calls stop waiting, and the engine
 	// rejects them Shutdown.
@@ -126,9 +129,6 @@ func newCooldowns(clk clock.Clock, mode CooldownMode) *cooldowns {
 }
 
 func (c *cooldowns) close() { c.closeOnce.Do(func() { close(c.closing) }) }
-
-// hold counts a call that starts waiting out a cool-down.
-func (c *cooldowns) hold(time.Duration) { c.holding.Add(1) }
 
 // start cools model down until end, or longer when it already is.
 func (c *cooldowns) start(model string, end time.Time) {
@@ -212,7 +212,7 @@ func (c *cooldowns) left(model string, reserved int64, book bool) (until time.Ti
 
 // stats returns the cool-downs' state.
 func (c *cooldowns) stats() CooldownStats {
-	st := CooldownStats{Started: c.started.Load(), Holding: c.holding.Load(), Held: c.held.Load(), HeadroomReports: c.reports.Load()}
+	st := CooldownStats{Started: c.started.Load(), Held: c.held.Load(), HeadroomReports: c.reports.Load()}
 	if !c.armed.Load() {
 		return st
 	}
@@ -227,43 +227,26 @@ func (c *cooldowns) stats() CooldownStats {
 	return st
 }
 
-// cooldown holds a call whose model is cooling down until the cool-down
-// ends, leaving r with what is left of its queue timeout; or, when the
-// call may not wait (ShedCooldown, or a cool-down that outlasts its queue
-// timeout or its context's deadline), sets r's refusal. Either way r is
-// then sent for admission (a call whose context ended or whose bulkhead
-// closed meanwhile is rejected Aborted or Shutdown there).
+// cooldown refuses a call whose model is cooling down, before it asks for
+// a slot, when the call may not wait for the cool-down: in ShedCooldown
+// mode, or when the cool-down outlasts its queue timeout or its context's
+// deadline. A call that may wait is sent on: the engine holds it in the
+// queue until the cool-down ends (grantCheck.Hold).
 func (b *Bulkhead) cooldown(ctx context.Context, r *actor.AcquireRequest) {
 	c := b.cool
 	req, _ := callOf(r.Request)
 	model := b.modelOf(req.model())
-	waited := false
-	for {
-		until, left, head, _, ok := c.left(model, r.Reservation.Reserved, false)
-		if !ok || ctx.Err() != nil {
-			return
-		}
-		late := c.shed || (r.QueueTimeout > 0 && left >= r.QueueTimeout)
-		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < left {
-			late = true // context deadlines are on the wall clock
-		}
-		if late {
-			r.Refuse = admission.Cooldown
-			r.RefuseExt = &admission.External{Cooldown: &admission.CooldownDetail{Model: model, Until: until, RetryAfter: left, Headroom: head}}
-			return
-		}
-		ended := b.wait(ctx, left, c.closing, c.hold)
-		c.holding.Add(-1)
-		if !ended {
-			return
-		}
-		if !waited {
-			c.held.Add(1) // a call, however many times it waits
-			waited = true
-		}
-		b.waited(r, left) // the end came within the queue timeout
-		// Check again: a later 429 may have extended the cool-down, or
-		// other calls spent the headroom.
+	until, left, head, _, ok := c.left(model, r.Reservation.Reserved, false)
+	if !ok || ctx.Err() != nil {
+		return
+	}
+	late := c.shed || (r.QueueTimeout > 0 && left >= r.QueueTimeout)
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < left {
+		late = true // context deadlines are on the wall clock
+	}
+	if late {
+		r.Refuse = admission.Cooldown
+		r.RefuseExt = &admission.External{Cooldown: &admission.CooldownDetail{Model: model, Until: until, RetryAfter: left, Headroom: head}}
 	}
 }
 
@@ -300,6 +283,27 @@ func (b *Bulkhead) wouldAdmitCooldown(req *Request, reserved int64, d *admission
 // The permit the call will be admitted on is r.Spare; it notes the
 // headroom report the call spent from, for a rollback to give it back.
 type grantCheck struct{ b *Bulkhead }
+
+// Hold is how long the engine holds r back in the queue, in HoldCooldown
+// mode, for its model's cool-down (or headroom) to end: 0 when it is not
+// cooling down, or when the cool-down outlasts r's queue timeout (then
+// Check turns it away).
+func (g grantCheck) Hold(r *actor.AcquireRequest) time.Duration {
+	b := g.b
+	if !b.cool.armed.Load() || b.cool.shed {
+		return 0
+	}
+	req, _ := callOf(r.Request)
+	_, left, _, _, ok := b.cool.left(b.modelOf(req.model()), r.Reservation.Reserved, false)
+	if !ok || r.QueueTimeout > 0 && left >= r.QueueTimeout {
+		return 0
+	}
+	if p, _ := r.Spare.(*Permit); p != nil && !p.held {
+		p.held = true
+		b.cool.held.Add(1) // a call, however many times it is held
+	}
+	return left
+}
 
 func (g grantCheck) Check(r *actor.AcquireRequest) (admission.Reason, *admission.External) {
 	b := g.b

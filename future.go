@@ -63,13 +63,11 @@ var closedChan = func() chan struct{} {
 // queued one when a release, a timeout or new limits let it through, on
 // the goroutine that caused it; rate limits on the in-process store are
 // checked in that same step. With a fleet pool, or rate limits kept in
-// Redis or in pace mode, or while a cool-down holds calls (see
-// Adaptive.Cooldown), the checks outside the engine run on a goroutine of
-// the call's own, so the answer may come a moment later.
+// Redis or in pace mode, the checks outside the engine run on a goroutine
+// of the call's own, so the answer may come a moment later.
 func (b *Bulkhead) AcquireAsync(ctx context.Context, req *Request, opts ...Option) *AcquireFuture {
 	o := resolve(opts)
-	cooling := b.cool.armed.Load()
-	if cooling && !b.cool.shed || b.fleet != nil || b.rate != nil && (b.rate.pace || !b.rate.local) {
+	if b.fleet != nil || b.rate != nil && (b.rate.pace || !b.rate.local) {
 		// The rate check and the fleet reserve (Redis round trips, or a
 		// Pace-mode wait) happen around the engine's answer, so the call
 		// runs on a goroutine of its own. (Rate limits on the in-process
@@ -100,8 +98,8 @@ func (b *Bulkhead) AcquireAsync(ctx context.Context, req *Request, opts ...Optio
 			r.CheckArg = set
 		}
 	}
-	if cooling {
-		b.cooldown(ctx, r) // Shed mode: refuses at once, never waits
+	if b.cool.armed.Load() {
+		b.cooldown(ctx, r) // refuses at once, or leaves the engine to hold it
 	}
 	r.Check = b.grant
 	done, stop := b.eng.AcquireAsync(r)

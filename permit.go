@@ -40,6 +40,8 @@ type Permit struct {
 	// admittedAt) as it granted the slot: the moment of admission, which an
 	// AcquireAsync caller may read much later.
 	granted bool
+	// held is set once the engine held the call back for a cool-down.
+	held bool
 	// fed is set by the first Feedback.
 	fed atomic.Bool
 	// headGen is the headroom report of headModel the admission spent

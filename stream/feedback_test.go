@@ -101,6 +101,7 @@ func limitedUpstream(t *testing.T) (*httptest.Server, *atomic.Int64) {
 
 func cooldownBulkhead(t *testing.T, clk clock.Clock, mode bulkhead.CooldownMode) *bulkhead.Bulkhead {
 	cfg := bulkhead.Interactive("gpt-4o", 8)
+	cfg.MaxQueue = 4 // held calls wait in the queue
 	cfg.Clock = clk
 	cfg.TokenBudget = &bulkhead.TokenBudget{Budget: 100_000}
 	cfg.Adaptive = &bulkhead.Adaptive{Cooldown: mode}
@@ -176,7 +177,7 @@ func TestTransportCooldownHold(t *testing.T) {
 		resp, err := postTo(context.Background(), tr, srv.URL)
 		done <- answer{resp, err}
 	}()
-	testutil.WaitFor(t, "the call to hold", func() bool { return b.Stats().Cooldown.Holding == 1 })
+	testutil.WaitFor(t, "the call to hold", func() bool { return b.Stats().Gate.Pending == 1 }) // held in the queue
 	clk.Add(2 * time.Second)
 	if n := hits.Load(); n != 1 {
 		t.Fatalf("%d upstream hits during the cool-down, want only the first", n)

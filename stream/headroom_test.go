@@ -181,7 +181,7 @@ func TestTransportHeadroom(t *testing.T) {
 				_, err := postTo(context.Background(), tr, srv.URL)
 				done <- err
 			}()
-			testutil.WaitFor(t, "the call to hold", func() bool { return b.Stats().Cooldown.Holding == 1 })
+			testutil.WaitFor(t, "the call to hold", func() bool { return b.Stats().Gate.Pending == 1 }) // held in the queue
 			if n := hits.Load(); n != 2 {
 				t.Fatalf("%d upstream hits while held, want 2", n)
 			}

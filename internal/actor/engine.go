@@ -584,6 +584,12 @@ type admissionActor struct {
 	eventsOff bool
 	// withDedup says to start the dedup actor.
 	withDedup bool
+	// holdTimer is the one timer of the calls held back (a provider's
+	// cool-down), due at holdAt; holdGen tells its message from a stopped
+	// one's.
+	holdTimer clock.Timer
+	holdAt    time.Time
+	holdGen   uint64
 }
 
 func (a *admissionActor) now() time.Time { return a.engine.clk.Now() }
@@ -603,6 +609,32 @@ func (a *admissionActor) armTimer(r *AcquireRequest) {
 	msg := &timeoutMsg{r: r, gen: r.gen}
 	e := a.engine
 	r.timer = e.clk.AfterFunc(r.QueueTimeout, func() { e.send(msg) })
+}
+
+// armHold arms the engine's one hold timer for d from now, unless it is
+// armed for sooner already.
+func (a *admissionActor) armHold(d time.Duration) {
+	e := a.engine
+	at := e.clk.Now().Add(d)
+	if a.holdTimer != nil {
+		if !at.Before(a.holdAt) {
+			return
+		}
+		a.holdTimer.Stop()
+	}
+	a.holdGen++
+	msg := &holdMsg{gen: a.holdGen}
+	a.holdAt = at
+	a.holdTimer = e.clk.AfterFunc(d, func() { e.send(msg) })
+}
+
+// holdFired handles the hold timer's message: the current timer's only.
+func (a *admissionActor) holdFired(m *holdMsg) {
+	if m.gen != a.holdGen || a.holdTimer == nil {
+		return
+	}
+	a.holdTimer = nil
+	a.state.holdEnded()
 }
 
 func (a *admissionActor) stopTimer(r *AcquireRequest) {
@@ -696,6 +728,8 @@ func (a *admissionActor) Receive(ctx actor.Context) {
 		s.cancel(m)
 	case *timeoutMsg:
 		s.timeout(m)
+	case *holdMsg:
+		a.holdFired(m)
 	case *wouldAdmitRequest:
 		m.result = s.wouldAdmit(m.class, m.priority, m.reservation, m.detail)
 		m.done <- struct{}{}

@@ -339,6 +339,20 @@ type Checker interface {
 	Check(r *AcquireRequest) (admission.Reason, *admission.External)
 }
 
+// Holder is a Checker that can also tell the engine to hold a call back
+// for a while (a provider's cool-down): Hold returns how long r should
+// wait before its Check can pass, 0 when it need not wait or may not (then
+// Check decides). The engine asks it before it grants a slot; a call it
+// holds waits in the queue, bounded by its queue timeout and context, and
+// the queue is looked at again once the time has passed. Hold must never
+// block, book anything or call user code.
+type Holder interface {
+	Hold(r *AcquireRequest) time.Duration
+}
+
+// holdMsg tells the state that a hold's time has passed.
+type holdMsg struct{ gen uint64 }
+
 // confirmMsg confirms a provisional admission. It lives inside the Lease,
 // so confirming allocates nothing.
 type confirmMsg struct {

@@ -25,6 +25,9 @@ type effects interface {
 	armTimer(r *AcquireRequest)
 	// stopTimer stops r's queue timeout, if one runs.
 	stopTimer(r *AcquireRequest)
+	// armHold makes a holdMsg come back to the state once d has passed,
+	// unless one is due sooner.
+	armHold(d time.Duration)
 	// answer hands r's answer (r.Err, and r.Lease when admitted) to its
 	// caller, who may reuse r at once.
 	answer(r *AcquireRequest)
@@ -236,6 +239,13 @@ func (s *state) acquire(r *AcquireRequest) {
 			return
 		}
 		s.refuse(r, why, false, cons)
+		return
+	}
+	if d := holdFor(r); d > 0 && s.gateReason() == admission.NoReason {
+		// Held back (a provider's cool-down): it waits in the queue.
+		r.blocking = true
+		s.enqueue(r)
+		s.fx.armHold(d)
 		return
 	}
 	if s.q.wait && s.q.ahead(r.Class, r.Priority) {
@@ -575,6 +585,13 @@ func (s *state) pump() {
 // waiter the limits now make unfittable is rejected. Otherwise capacity is
 // postchecked with the slot held, as it may have changed while w waited.
 func (s *state) serve(w *AcquireRequest) bool {
+	if d := holdFor(w); d > 0 {
+		// Held back (a provider's cool-down): so is every waiter behind it,
+		// until the time has passed.
+		w.blocking = true
+		s.fx.armHold(d)
+		return false
+	}
 	if s.q.wait {
 		if why, cons := s.checkCapacity(w.Priority, w.Reservation.Reserved, w.Class, false); why != admission.NoReason {
 			if !s.unfittable(w.Priority, w.Reservation.Reserved, w.Class) {
@@ -936,6 +953,17 @@ func (s *state) applyLimits(q *applyRequest) (admission.ApplyResult, error) {
 	s.pump()
 	return admission.ApplyResult{Applied: true, Previous: prev, Current: s.limits.Clone()}, nil
 }
+
+// holdFor is how long r's check asks it to be held back, 0 for none.
+func holdFor(r *AcquireRequest) time.Duration {
+	if h, ok := r.Check.(Holder); ok {
+		return h.Hold(r)
+	}
+	return 0
+}
+
+// holdEnded looks at the queue again once a hold's time has passed.
+func (s *state) holdEnded() { s.pump() }
 
 // rejectUnfittable rejects, after new limits, each waiter for capacity
 // that can never fit them, wherever it is in the queue.

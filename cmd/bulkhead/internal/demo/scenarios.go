@@ -169,8 +169,9 @@ func strategies() []*strategy {
 // excess waits instead of burning the clients' attempts, and adaptive
 // limits fed every provider answer: a 429 lowers the limit and its
 // Retry-After cools the model down (calls are shed with the time left, and
-// the clients come back then). With several tenants each is a class, served
-// by the fair queue, and a call its class's share holds back waits for it.
+// the clients come back then). With several tenants each is a class with
+// an equal share of the slots as its floor, served by the fair queue, and a
+// call its class's share holds back waits for it.
 func adaptiveFair() *strategy {
 	return &strategy{
 		name: "adaptive + fair",
@@ -196,7 +197,7 @@ func adaptiveFair() *strategy {
 				// A class per tenant, served fairly from one queue.
 				bc.Classes = &bulkhead.Classes{Default: sc.tenants[0].name, Limits: map[string]bulkhead.ClassLimits{}}
 				for _, t := range sc.tenants {
-					bc.Classes.Limits[t.name] = bulkhead.ClassLimits{}
+					bc.Classes.Limits[t.name] = bulkhead.ClassLimits{ProtectedConcurrent: n / len(sc.tenants)} // an equal share each, protected
 				}
 				bc.Queue = bulkhead.QueuePolicy{Fair: true, WaitForCapacity: true}
 			}

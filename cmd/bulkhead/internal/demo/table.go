@@ -102,6 +102,12 @@ func describe(cfgs []bulkhead.Config, route []int) string {
 	}
 	if bc.Classes != nil {
 		s += ", a class per tenant"
+		for _, l := range bc.Classes.Limits {
+			if l.ProtectedConcurrent > 0 {
+				s += fmt.Sprintf(" (%d slots protected each)", l.ProtectedConcurrent)
+			}
+			break
+		}
 		if bc.Queue.Fair {
 			s += ", fair queue"
 		}

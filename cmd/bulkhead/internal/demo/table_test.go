@@ -118,7 +118,7 @@ func TestOneScenario(t *testing.T) {
 	if len(rep.Table.Rows) != 1 || rep.Table.Rows[0].Key != "two-tenants" || rep.Table.Rows[0].Unloaded == nil {
 		t.Fatalf("rows %+v", rep.Table.Rows)
 	}
-	for _, want := range []string{"two tenants", "quiet tenant", "p99 alone", "Verdict:", "a class per tenant, fair queue, waits for capacity"} {
+	for _, want := range []string{"two tenants", "quiet tenant", "p99 alone", "Verdict:", "a class per tenant (3 slots protected each), fair queue, waits for capacity"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
