@@ -243,8 +243,8 @@ func (s *state) acquire(r *AcquireRequest) {
 	}
 	if d := holdFor(r); d > 0 && s.gateReason() == admission.NoReason {
 		// Held back (a provider's cool-down): it waits in the queue.
-		r.blocking = true
 		s.enqueue(r)
+		r.blocking = true
 		s.fx.armHold(d)
 		return
 	}
