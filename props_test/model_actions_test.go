@@ -122,6 +122,12 @@ func (m *machine) call(t *rapid.T, c call, run bool) *hold {
 		h := m.admit(w)
 		m.awaitAll(t, []expect{{w: w, h: h}})
 		return h
+	case coolAtGrant:
+		// Granted a slot, turned away at the grant: the slot goes back.
+		m.gate.Admitted++
+		m.gate.Released++
+		m.tokensFrozen = true
+		m.awaitAll(t, []expect{m.reject(w, bulkhead.Cooldown, "", false)})
 	case rejectNow:
 		m.tokensFrozen = true
 		if w.observe && w.shadow.has(why) {
@@ -143,9 +149,17 @@ func (m *machine) call(t *rapid.T, c call, run bool) *hold {
 			m.timers++
 		}
 		m.enqueue(w)
+		if d == queueHeld {
+			w.blocking = true
+			m.holdCall(w)
+			m.armHold()
+			m.seen["held for the cool-down"]++
+		}
 		m.waitQueued(t, w, len(m.queue))
-		if es := m.pump(); len(es) > 0 {
-			t.Fatalf("%s: the model admits %v after the call queued: the queue was not settled", m.descr, es[0].w)
+		if !(m.hold && m.coolingNow()) { // (a held queue's pump would arm the hold timer)
+			if es := m.pump(); len(es) > 0 {
+				t.Fatalf("%s: the model admits %v after the call queued: the queue was not settled", m.descr, es[0].w)
+			}
 		}
 		m.noStray(t)
 	}
@@ -450,6 +464,11 @@ func (m *machine) advance(t *rapid.T) {
 		}
 	}
 	target := now.Add(d)
+	holdFires := false
+	if m.holdPending && !m.holdAt.After(target) {
+		// The engine's hold timer fires: the clock stops there.
+		target, d, holdFires = m.holdAt, m.holdAt.Sub(now), true
+	}
 	var due []*hold
 	for _, h := range m.holds {
 		if h.deadlineLive() && !h.deadlineAt.After(target) {
@@ -492,6 +511,9 @@ func (m *machine) advance(t *rapid.T) {
 	if len(expiring) > 0 && len(due)+len(timedOut) > 0 {
 		t.Skip("a follower's wait bound with a timeout or deadline")
 	}
+	if holdFires && len(due)+len(timedOut)+len(expiring) > 0 {
+		t.Skip("the hold timer with another timer at once")
+	}
 	m.descr = fmt.Sprintf("Advance %v past %d deadline(s), %d queue timeout(s) and %d follower wait(s), %d queued", d, len(due), len(timedOut), len(expiring), queued)
 	m.waitTimers(t)
 	if len(due) == 0 {
@@ -509,8 +531,14 @@ func (m *machine) advance(t *rapid.T) {
 		h.expired = true
 		m.abandonModel(h, bulkhead.AbandonDeadline)
 	}
-	es = append(es, m.pump()...)
-	if m.wait && len(due) == 0 && len(es) > len(timedOut) {
+	if holdFires {
+		m.holdPending = false
+		m.seen["hold timer fired"]++
+	}
+	if len(due) > 0 || holdFires || slices.ContainsFunc(timedOut, func(w *waiter) bool { return w.blocking }) {
+		es = append(es, m.pump()...)
+	}
+	if (m.wait || holdFires) && len(due) == 0 && len(es) > len(timedOut) {
 		m.tokensFrozen = false // the timeout let a waiter for capacity through
 	}
 	m.seen[fmt.Sprintf("advance past %d deadlines, %d timeouts, %d queued", min(len(due), 2), min(len(timedOut), 2), min(queued, 1))]++
@@ -749,7 +777,7 @@ func (m *machine) wouldAdmit(t *rapid.T) {
 	dec, why, cons, _ := m.decideEngine(c)
 	if dec != rejectNow {
 		why, cons = noReason, ""
-		if m.coolingNow() {
+		if m.coolingNow() && (!m.hold || m.late(m.cfgTimeout)) {
 			why = bulkhead.Cooldown
 		}
 	}
@@ -782,7 +810,10 @@ func (m *machine) cancel(t *rapid.T) {
 	m.tokensFrozen = true
 	m.queue = slices.Delete(m.queue, i, i+1)
 	e := m.reject(w, bulkhead.Aborted, "", true)
-	es := append([]expect{e}, m.pump()...) // with waiting for capacity, w may have held its class back
+	es := []expect{e}
+	if w.blocking {
+		es = append(es, m.pump()...) // w held others back
+	}
 	m.tokensFrozen = len(es) == 1
 	w.cancel()
 	m.awaitAll(t, es)

@@ -164,6 +164,10 @@ type waiter struct {
 	enqueued time.Time
 	expires  time.Time // when its queue timeout fires; zero: none
 	cancel   context.CancelFunc
+	// blocking mirrors the engine's mark of a waiter that held others back
+	// the last time the pump looked at it: only its leaving re-pumps.
+	blocking bool
+	held     bool // held for a cool-down at least once
 }
 
 type outcome struct {
@@ -299,6 +303,12 @@ type machine struct {
 	cooling     bool
 	coolUntil   time.Time
 	coolStarted int64
+	// hold is HoldCooldown: a call that may wait is held in the queue; the
+	// engine's hold timer is then due at holdAt (holdPending).
+	hold        bool
+	holdPending bool
+	holdAt      time.Time
+	coolHeld    int64 // calls held, each once
 
 	// Rate limits, when rate is set: an oracle pacer on the same clock,
 	// deciding what the bulkhead's rate limits must (SPEC P6). The queue is
@@ -389,7 +399,12 @@ func newMachine(t *rapid.T, classes bool, seen map[string]int, rdb *redis.Client
 	}
 	m.drawQueuePolicy(t, &cfg)
 	if m.cooling = rapid.IntRange(0, 2).Draw(t, "cooldowns") == 0; m.cooling {
-		cfg.Adaptive = &bulkhead.Adaptive{Cooldown: bulkhead.ShedCooldown, MinConcurrent: cfg.MaxConcurrent, MaxConcurrent: cfg.MaxConcurrent}
+		mode := bulkhead.ShedCooldown
+		if m.hold = rapid.Bool().Draw(t, "holdCooldown"); m.hold {
+			mode = bulkhead.HoldCooldown
+		}
+		cfg.Adaptive = &bulkhead.Adaptive{Cooldown: mode, MinConcurrent: cfg.MaxConcurrent, MaxConcurrent: cfg.MaxConcurrent}
+		m.seen[fmt.Sprintf("cool-down %v", mode)]++
 	}
 	if rapid.IntRange(0, 2).Draw(t, "rateLimits") == 0 {
 		cfg.MaxQueue, m.limits.MaxQueue = 0, 0
@@ -469,6 +484,7 @@ func (m *machine) enqueue(w *waiter) {
 	if m.fair && m.waiting(w.class) == 0 {
 		m.vtc[w.class] = max(m.vtc[w.class], m.last)
 	}
+	w.blocking = false
 	m.queue = append(m.queue, w)
 }
 
@@ -822,6 +838,10 @@ const (
 	admitNow decision = iota
 	queueUp
 	rejectNow
+	// queueHeld: held in the queue for the cool-down (HoldCooldown).
+	queueHeld
+	// coolAtGrant: granted a slot, then turned away for the cool-down.
+	coolAtGrant
 )
 
 // decide is the decision order of F3/F4, F17 and section D: closed, done
@@ -833,10 +853,51 @@ func (m *machine) decide(c call) (d decision, why bulkhead.Reason, cons bulkhead
 		return rejectNow, bulkhead.Shutdown, "", true
 	case c.ctxDone:
 		return rejectNow, bulkhead.Aborted, "", true
-	case m.coolingNow():
+	case m.coolingNow() && (!m.hold || m.late(c.timeout)):
 		return rejectNow, bulkhead.Cooldown, "", false
+	case m.coolingNow():
+		// HoldCooldown: after the capacity checks, held in the queue when
+		// it has room; else granted a slot and turned away at the grant.
+		if why, _ := m.capacity(c.class, c.prio, c.res.Reserved); why != noReason {
+			return m.decideEngine(c)
+		}
+		if m.limits.MaxConcurrent > 0 && m.limits.MaxQueue > 0 && len(m.queue) < m.limits.MaxQueue {
+			return queueHeld, noReason, "", false
+		}
+		if m.inFlight < m.limits.MaxConcurrent && !(m.wait && m.ahead(c.class, c.prio)) {
+			return coolAtGrant, bulkhead.Cooldown, "", false
+		}
 	}
 	return m.decideEngine(c)
+}
+
+// late reports whether the cool-down outlasts a call's queue timeout: it
+// may not wait for it.
+func (m *machine) late(timeout time.Duration) bool {
+	return timeout > 0 && m.coolUntil.Sub(m.clk.Now()) >= timeout
+}
+
+// heldQueue reports whether a cool-down holds the queue back now: the
+// engine's hold timer is due, or the next waiter would be held.
+func (m *machine) heldQueue() bool {
+	return m.hold && (m.holdPending || m.coolingNow())
+}
+
+// holdCall counts w held for the cool-down, once.
+func (m *machine) holdCall(w *waiter) {
+	if !w.held {
+		w.held = true
+		m.coolHeld++
+	}
+}
+
+// armHold is the engine arming its hold timer for the end of the cool-down,
+// unless it is due by then already: a new AfterFunc timer.
+func (m *machine) armHold() {
+	if !m.holdPending || m.coolUntil.Before(m.holdAt) {
+		m.timers++
+		m.holdAt, m.holdPending = m.coolUntil, true
+	}
 }
 
 // coolingNow reports whether the model is cooling down.
@@ -971,9 +1032,17 @@ func (m *machine) pump() []expect {
 			break
 		}
 		w := m.queue[i]
+		if m.hold && m.coolingNow() && !m.late(w.timeout) {
+			w.blocking = true
+			m.holdCall(w)
+			m.armHold()
+			m.seen["waiter held for the cool-down"]++
+			break // held, and so is every waiter behind it
+		}
 		if m.wait {
 			if why, cons := m.capacity(w.class, w.prio, w.res.Reserved); why != noReason {
 				if !m.neverFits(w.class, w.prio, w.res.Reserved) {
+					w.blocking = true
 					if globalBlock(cons) {
 						break // holds back the whole queue
 					}

@@ -241,7 +241,7 @@ func (s *state) acquire(r *AcquireRequest) {
 		s.refuse(r, why, false, cons)
 		return
 	}
-	if d := holdFor(r); d > 0 && s.gateReason() == admission.NoReason {
+	if d := s.holdable(r); d > 0 {
 		// Held back (a provider's cool-down): it waits in the queue.
 		s.enqueue(r)
 		r.blocking = true
@@ -952,6 +952,15 @@ func (s *state) applyLimits(q *applyRequest) (admission.ApplyResult, error) {
 	s.rejectUnfittable()
 	s.pump()
 	return admission.ApplyResult{Applied: true, Previous: prev, Current: s.limits.Clone()}, nil
+}
+
+// holdable is how long new call r is held back in the queue, 0 when it is
+// not (or finds no room there).
+func (s *state) holdable(r *AcquireRequest) time.Duration {
+	if s.gateReason() != admission.NoReason {
+		return 0
+	}
+	return holdFor(r)
 }
 
 // holdFor is how long r's check asks it to be held back, 0 for none.
