@@ -41,8 +41,10 @@ import (
 // The queue policy is drawn too: fair queuing across classes (with random
 // weights) and waiting for capacity, each in some of the runs (X3, X4). In
 // a third of the runs a cool-down is in play: Feedback steps report 429s
-// with a Retry-After, and the model predicts every call shed with the time
-// left and every queued call turned away at its grant while it lasts (X2).
+// with a Retry-After, and the model predicts, while it lasts, every call
+// shed with the time left and every queued call turned away at its grant
+// (ShedCooldown), or held in the queue until the engine's hold timer fires
+// at its end (HoldCooldown) (X2).
 //
 // Everything that blocks runs on its own goroutine and is tracked as a
 // waiter; every step waits until the outcomes it causes have arrived, so
