@@ -20,8 +20,10 @@ import (
 // (never inside the engine: they may wait for Redis), and the admission is
 // confirmed or rolled back, which gives the slot to the next waiter.
 //
-// A call whose model is cooling down is held (or refused) first, before
-// it books a rate turn or asks for a slot.
+// A call whose model is cooling down and that may not wait for it is
+// refused first, before it books a rate turn or asks for a slot; one that
+// may wait is held by the engine in the queue (in pace mode, after it took
+// its rate turn).
 func (b *Bulkhead) admit(ctx context.Context, r *actor.AcquireRequest, p *Permit, o *callOptions) (*Permit, error) {
 	if b.cool.armed.Load() {
 		b.cooldown(ctx, r)

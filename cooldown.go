@@ -22,12 +22,14 @@ type CooldownMode uint8
 const (
 	// HoldCooldown makes the call wait in the queue until the cool-down
 	// ends, bounded by its context and its queue timeout, holding back the
-	// queue behind it; then the queue is served in its order again (class
-	// by class with a fair queue). A call already waiting for a slot when
-	// the cool-down begins is held the same way. Holding needs room in the
-	// queue: a call that finds none (MaxQueue 0, or a full queue), or whose
-	// cool-down ends after its queue timeout or its context's deadline, is
-	// rejected Cooldown at once, as with ShedCooldown.
+	// calls of its class behind it; then the queue is served in its order
+	// again (class by class with a fair queue). A call already waiting for
+	// a slot when the cool-down begins is held the same way. Holding needs
+	// room in the queue: a call that finds none (MaxQueue 0, or a full
+	// queue), or whose cool-down ends after what is left of its queue
+	// timeout or its context's deadline, is rejected Cooldown, as with
+	// ShedCooldown. In pace mode (RateLimits.Pace) a call takes its rate
+	// turn before it is held.
 	HoldCooldown CooldownMode = iota
 	// ShedCooldown rejects the call Cooldown at once, with the time left
 	// as its retry-after.
@@ -286,23 +288,27 @@ type grantCheck struct{ b *Bulkhead }
 
 // Hold is how long the engine holds r back in the queue, in HoldCooldown
 // mode, for its model's cool-down (or headroom) to end: 0 when it is not
-// cooling down, or when the cool-down outlasts r's queue timeout (then
-// Check turns it away).
-func (g grantCheck) Hold(r *actor.AcquireRequest) time.Duration {
+// cooling down, or when the cool-down outlasts limit, what is left of r's
+// queue timeout (then Check turns it away).
+func (g grantCheck) Hold(r *actor.AcquireRequest, limit time.Duration) time.Duration {
 	b := g.b
 	if !b.cool.armed.Load() || b.cool.shed {
 		return 0
 	}
 	req, _ := callOf(r.Request)
 	_, left, _, _, ok := b.cool.left(b.modelOf(req.model()), r.Reservation.Reserved, false)
-	if !ok || r.QueueTimeout > 0 && left >= r.QueueTimeout {
+	if !ok || limit > 0 && left >= limit {
 		return 0
 	}
+	return left
+}
+
+// Held counts r held back, once however many times it is.
+func (g grantCheck) Held(r *actor.AcquireRequest) {
 	if p, _ := r.Spare.(*Permit); p != nil && !p.held {
 		p.held = true
-		b.cool.held.Add(1) // a call, however many times it is held
+		g.b.cool.held.Add(1)
 	}
-	return left
 }
 
 func (g grantCheck) Check(r *actor.AcquireRequest) (admission.Reason, *admission.External) {

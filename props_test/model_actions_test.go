@@ -122,12 +122,6 @@ func (m *machine) call(t *rapid.T, c call, run bool) *hold {
 		h := m.admit(w)
 		m.awaitAll(t, []expect{{w: w, h: h}})
 		return h
-	case coolAtGrant:
-		// Granted a slot, turned away at the grant: the slot goes back.
-		m.gate.Admitted++
-		m.gate.Released++
-		m.tokensFrozen = true
-		m.awaitAll(t, []expect{m.reject(w, bulkhead.Cooldown, "", false)})
 	case rejectNow:
 		m.tokensFrozen = true
 		if w.observe && w.shadow.has(why) {

@@ -842,8 +842,6 @@ const (
 	rejectNow
 	// queueHeld: held in the queue for the cool-down (HoldCooldown).
 	queueHeld
-	// coolAtGrant: granted a slot, then turned away for the cool-down.
-	coolAtGrant
 )
 
 // decide is the decision order of F3/F4, F17 and section D: closed, done
@@ -859,18 +857,24 @@ func (m *machine) decide(c call) (d decision, why bulkhead.Reason, cons bulkhead
 		return rejectNow, bulkhead.Cooldown, "", false
 	case m.coolingNow():
 		// HoldCooldown: after the capacity checks, held in the queue when
-		// it has room; else granted a slot and turned away at the grant.
+		// it has room, else turned away.
 		if why, _ := m.capacity(c.class, c.prio, c.res.Reserved); why != noReason {
 			return m.decideEngine(c)
 		}
 		if m.limits.MaxConcurrent > 0 && m.limits.MaxQueue > 0 && len(m.queue) < m.limits.MaxQueue {
 			return queueHeld, noReason, "", false
 		}
-		if m.inFlight < m.limits.MaxConcurrent && !(m.wait && m.ahead(c.class, c.prio)) {
-			return coolAtGrant, bulkhead.Cooldown, "", false
-		}
+		return rejectNow, bulkhead.Cooldown, "", false
 	}
 	return m.decideEngine(c)
+}
+
+// queueLeft is what is left of waiter w's queue timeout, 0 for no bound.
+func (m *machine) queueLeft(w *waiter) time.Duration {
+	if w.timeout <= 0 {
+		return 0
+	}
+	return max(time.Nanosecond, w.timeout-m.clk.Now().Sub(w.enqueued))
 }
 
 // late reports whether the cool-down outlasts a call's queue timeout: it
@@ -924,7 +928,7 @@ func (m *machine) decideEngine(c call) (d decision, why bulkhead.Reason, cons bu
 		return rejectNow, why, cons, false
 	}
 	switch {
-	case m.inFlight < m.limits.MaxConcurrent && !(m.wait && m.ahead(c.class, c.prio)):
+	case m.inFlight < m.limits.MaxConcurrent && !m.ahead(c.class, c.prio):
 		return admitNow, noReason, "", false
 	case m.limits.MaxConcurrent == 0 || m.limits.MaxQueue == 0:
 		return rejectNow, bulkhead.ConcurrencyLimit, m.global(), true
@@ -1034,12 +1038,13 @@ func (m *machine) pump() []expect {
 			break
 		}
 		w := m.queue[i]
-		if m.hold && m.coolingNow() && !m.late(w.timeout) {
+		if m.hold && m.coolingNow() && !m.late(m.queueLeft(w)) {
 			w.blocking = true
 			m.holdCall(w)
 			m.armHold()
 			m.seen["waiter held for the cool-down"]++
-			break // held, and so is every waiter behind it
+			blocked[w.class] = true // held, and so is its class behind it
+			continue
 		}
 		if m.wait {
 			if why, cons := m.capacity(w.class, w.prio, w.res.Reserved); why != noReason {

@@ -115,8 +115,10 @@ type AcquireRequest struct {
 	// leaving can let others through.
 	blocking   bool
 	enqueuedAt time.Time
-	timer      clock.Timer
-	gen        uint64
+	// queuedAt is when a request with a queue timeout was queued.
+	queuedAt time.Time
+	timer    clock.Timer
+	gen      uint64
 }
 
 // reset clears the facade's fields for the next use. The engine's own
@@ -341,13 +343,15 @@ type Checker interface {
 
 // Holder is a Checker that can also tell the engine to hold a call back
 // for a while (a provider's cool-down): Hold returns how long r should
-// wait before its Check can pass, 0 when it need not wait or may not (then
-// Check decides). The engine asks it before it grants a slot; a call it
-// holds waits in the queue, bounded by its queue timeout and context, and
-// the queue is looked at again once the time has passed. Hold must never
-// block, book anything or call user code.
+// wait before its Check can pass, 0 when it need not wait or may not wait
+// that long (limit, when positive, is what is left of its queue timeout;
+// then Check decides). The engine asks it before it grants a slot; a call
+// it holds waits in the queue, bounded by its queue timeout and context,
+// and the queue is looked at again once the time has passed; Held tells of
+// each hold. Neither may block, book anything or call user code.
 type Holder interface {
-	Hold(r *AcquireRequest) time.Duration
+	Hold(r *AcquireRequest, limit time.Duration) time.Duration
+	Held(r *AcquireRequest)
 }
 
 // holdMsg tells the state that a hold's time has passed.

@@ -241,16 +241,22 @@ func (s *state) acquire(r *AcquireRequest) {
 		s.refuse(r, why, false, cons)
 		return
 	}
-	if d := s.holdable(r); d > 0 {
-		// Held back (a provider's cool-down): it waits in the queue.
+	if d := holdFor(r, r.QueueTimeout); d > 0 {
+		// Held back (a provider's cool-down): it waits in the queue; with
+		// no room there, it is turned away as the check says.
+		if s.gateReason() != admission.NoReason {
+			s.refuseChecked(r)
+			return
+		}
+		r.Check.(Holder).Held(r)
 		s.enqueue(r)
 		r.blocking = true
 		s.fx.armHold(d)
 		return
 	}
-	if s.q.wait && s.q.ahead(r.Class, r.Priority) {
+	if s.q.ahead(r.Class, r.Priority) && (s.q.wait || s.inFlight < s.limits.MaxConcurrent) {
 		// First in, first out within a class: a call that fits waits behind
-		// its class's waiters, which wait for capacity.
+		// its class's waiters, which wait for capacity or are held back.
 		if why := s.gateReason(); why != admission.NoReason {
 			s.refuse(r, why, true, s.globalConstraint())
 			return
@@ -536,6 +542,7 @@ func (s *state) enqueue(r *AcquireRequest) {
 		r.enqueuedAt = s.fx.now()
 	}
 	if r.QueueTimeout > 0 {
+		r.queuedAt = s.fx.now()
 		s.fx.armTimer(r)
 	}
 }
@@ -585,12 +592,15 @@ func (s *state) pump() {
 // waiter the limits now make unfittable is rejected. Otherwise capacity is
 // postchecked with the slot held, as it may have changed while w waited.
 func (s *state) serve(w *AcquireRequest) bool {
-	if d := holdFor(w); d > 0 {
-		// Held back (a provider's cool-down): so is every waiter behind it,
-		// until the time has passed.
+	if d := holdFor(w, s.queueLeft(w)); d > 0 {
+		// Held back (a provider's cool-down): so is its class, until the
+		// time has passed (the other classes' waiters are looked at: those
+		// of the same model are held too).
+		w.Check.(Holder).Held(w)
 		w.blocking = true
 		s.fx.armHold(d)
-		return false
+		s.q.block(w.Class)
+		return true
 	}
 	if s.q.wait {
 		if why, cons := s.checkCapacity(w.Priority, w.Reservation.Reserved, w.Class, false); why != admission.NoReason {
@@ -861,7 +871,7 @@ func (s *state) wouldAdmit(c classes.Class, p admission.Priority, res admission.
 			if s.mayWait(p, res.Reserved, c) {
 				why, cons = admission.NoReason, "" // would wait for capacity
 			}
-		case s.inFlight >= s.limits.MaxConcurrent || s.q.wait && s.q.ahead(c, p):
+		case s.inFlight >= s.limits.MaxConcurrent || s.q.ahead(c, p):
 			if why = s.gateReason(); why != admission.NoReason {
 				cons = s.globalConstraint()
 			}
@@ -954,21 +964,32 @@ func (s *state) applyLimits(q *applyRequest) (admission.ApplyResult, error) {
 	return admission.ApplyResult{Applied: true, Previous: prev, Current: s.limits.Clone()}, nil
 }
 
-// holdable is how long new call r is held back in the queue, 0 when it is
-// not (or finds no room there).
-func (s *state) holdable(r *AcquireRequest) time.Duration {
-	if s.gateReason() != admission.NoReason {
-		return 0
-	}
-	return holdFor(r)
-}
-
-// holdFor is how long r's check asks it to be held back, 0 for none.
-func holdFor(r *AcquireRequest) time.Duration {
+// holdFor is how long r's check asks it to be held back, within limit (0:
+// no bound), 0 for none.
+func holdFor(r *AcquireRequest, limit time.Duration) time.Duration {
 	if h, ok := r.Check.(Holder); ok {
-		return h.Hold(r)
+		return h.Hold(r, limit)
 	}
 	return 0
+}
+
+// queueLeft is what is left of waiter r's queue timeout, 0 for no bound.
+func (s *state) queueLeft(r *AcquireRequest) time.Duration {
+	if r.QueueTimeout <= 0 {
+		return 0
+	}
+	return max(time.Nanosecond, r.QueueTimeout-s.fx.now().Sub(r.queuedAt))
+}
+
+// refuseChecked rejects new call r for what its own check says, before any
+// slot is taken (a cool-down it may not wait out in the queue).
+func (s *state) refuseChecked(r *AcquireRequest) {
+	why, ext := r.Check.Check(r)
+	if why == admission.NoReason {
+		why = admission.Cooldown // the hold ended in between: cannot happen on one goroutine
+	}
+	r.Err = s.rejectOutside(r.Request, r.Priority, r.Reservation.Reserved, r.Class, why, ext, nil, s.timing(r))
+	s.answer(r)
 }
 
 // holdEnded looks at the queue again once a hold's time has passed.
