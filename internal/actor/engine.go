@@ -628,6 +628,14 @@ func (a *admissionActor) armHold(d time.Duration) {
 	a.holdTimer = e.clk.AfterFunc(d, func() { e.send(msg) })
 }
 
+// stopHold stops the hold timer, if one runs.
+func (a *admissionActor) stopHold() {
+	if a.holdTimer != nil {
+		a.holdTimer.Stop()
+		a.holdTimer = nil
+	}
+}
+
 // holdFired handles the hold timer's message: the current timer's only.
 func (a *admissionActor) holdFired(m *holdMsg) {
 	if m.gen != a.holdGen || a.holdTimer == nil {

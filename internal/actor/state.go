@@ -26,8 +26,9 @@ type effects interface {
 	// stopTimer stops r's queue timeout, if one runs.
 	stopTimer(r *AcquireRequest)
 	// armHold makes a holdMsg come back to the state once d has passed,
-	// unless one is due sooner.
+	// unless one is due sooner; stopHold stops that.
 	armHold(d time.Duration)
+	stopHold()
 	// answer hands r's answer (r.Err, and r.Lease when admitted) to its
 	// caller, who may reuse r at once.
 	answer(r *AcquireRequest)
@@ -1076,6 +1077,7 @@ func (s *state) close() {
 		s.dequeue(w)
 		s.reject(w, admission.Shutdown, true, nil, "")
 	})
+	s.fx.stopHold() // nothing is held any more
 	s.checkDrains()
 }
 

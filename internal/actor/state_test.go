@@ -40,6 +40,7 @@ func (r *recorder) tell(_ classes.Class, msg any) { r.tells = append(r.tells, ms
 func (r *recorder) armTimer(q *AcquireRequest)    { r.armed[q] = q.gen }
 func (r *recorder) stopTimer(q *AcquireRequest)   { delete(r.armed, q) }
 func (r *recorder) armHold(time.Duration)         {}
+func (r *recorder) stopHold()                     {}
 func (r *recorder) answerDrain(d *drainRequest)   { r.drains = append(r.drains, d.result) }
 func (r *recorder) expire(l *Lease)               { r.expired = append(r.expired, l) }
 func (r *recorder) answer(q *AcquireRequest) {
