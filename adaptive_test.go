@@ -514,3 +514,59 @@ func TestCooldownQueuedCalls(t *testing.T) {
 		})
 	}
 }
+
+// TestCooldownHoldPaced checks that in pace mode a held call waits the
+// cool-down out before it takes its rate turn: when the cool-down ends,
+// the paced calls still go one turn apart, not all at once.
+func TestCooldownHoldPaced(t *testing.T) {
+	clk := clock.NewMock()
+	cfg := rateConfig(clk, &bulkhead.RateLimits{Pace: true, PerModel: bulkhead.Rate{RequestsPerMinute: 60}})
+	cfg.QueueTimeout = 30 * time.Second
+	b := newBulkhead(t, cfg)
+	armed := make(chan time.Duration, 16)
+	bulkhead.SetRateWaitHook(func(d time.Duration) { armed <- d })
+	defer bulkhead.SetRateWaitHook(nil)
+	if err := b.Feedback(bulkhead.Feedback{Outcome: bulkhead.OutcomeRateLimited, RetryAfter: 10 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	next := func() time.Duration {
+		select {
+		case d := <-armed:
+			return d
+		case <-time.After(testutil.Settle):
+			t.Fatal("no wait was armed")
+			return 0
+		}
+	}
+	var calls []<-chan result
+	for range 3 {
+		calls = append(calls, acquireAsync(context.Background(), b, req("x", 10)))
+		if d := next(); d != 10*time.Second { // waiting out the cool-down
+			t.Fatalf("first wait %v, want the 10s cool-down", d)
+		}
+	}
+	clk.Add(10 * time.Second) // the cool-down ends: one goes, the others wait for their turns
+	first := <-calls[0]
+	if first.err != nil {
+		t.Fatal(first.err)
+	}
+	for range 2 {
+		if d := next(); d <= 0 {
+			t.Fatalf("a paced wait of %v after the cool-down", d)
+		}
+	}
+	if st := b.Stats(); st.Gate.InFlight != 1 || st.Cooldown.Held != 3 {
+		t.Fatalf("right after the cool-down: %d in flight (want 1), %d held (want 3)", st.Gate.InFlight, st.Cooldown.Held)
+	}
+	_ = first.tok.Release(nil)
+	for range 3 {
+		clk.Add(time.Second)
+	}
+	for _, ch := range calls[1:] {
+		r := <-ch
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		_ = r.tok.Release(nil)
+	}
+}

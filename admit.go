@@ -22,8 +22,8 @@ import (
 //
 // A call whose model is cooling down and that may not wait for it is
 // refused first, before it books a rate turn or asks for a slot; one that
-// may wait is held by the engine in the queue (in pace mode, after it took
-// its rate turn).
+// may wait is held by the engine in the queue, or in pace mode waits the
+// cool-down out here, before it takes its rate turn.
 func (b *Bulkhead) admit(ctx context.Context, r *actor.AcquireRequest, p *Permit, o *callOptions) (*Permit, error) {
 	if b.cool.armed.Load() {
 		b.cooldown(ctx, r)
@@ -48,7 +48,12 @@ func (b *Bulkhead) admitChecked(ctx context.Context, r *actor.AcquireRequest, p 
 	postRate := false
 	switch {
 	case set != nil && b.rate.pace && r.Refuse == admission.NoReason:
-		b.pace(ctx, r, set)
+		if b.cool.armed.Load() && !b.cool.shed {
+			b.holdOut(ctx, r) // before the rate turn, not after it
+		}
+		if r.Refuse == admission.NoReason {
+			b.pace(ctx, r, set)
+		}
 	case set != nil && b.rate.local && b.fleet == nil:
 		r.CheckArg = set
 	case set != nil:

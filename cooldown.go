@@ -28,8 +28,9 @@ const (
 	// room in the queue: a call that finds none (MaxQueue 0, or a full
 	// queue), or whose cool-down ends after what is left of its queue
 	// timeout or its context's deadline, is rejected Cooldown, as with
-	// ShedCooldown. In pace mode (RateLimits.Pace) a call takes its rate
-	// turn before it is held.
+	// ShedCooldown. In pace mode (RateLimits.Pace) a call waits the
+	// cool-down out before it takes its rate turn, so paced calls stay
+	// spaced when it ends.
 	HoldCooldown CooldownMode = iota
 	// ShedCooldown rejects the call Cooldown at once, with the time left
 	// as its retry-after.
@@ -249,6 +250,34 @@ func (b *Bulkhead) cooldown(ctx context.Context, r *actor.AcquireRequest) {
 	if late {
 		r.Refuse = admission.Cooldown
 		r.RefuseExt = &admission.External{Cooldown: &admission.CooldownDetail{Model: model, Until: until, RetryAfter: left, Headroom: head}}
+	}
+}
+
+// holdOut waits out r's cool-down on the caller's goroutine (a call paced
+// by its rate limits, which must not take its rate turn before the
+// cool-down ends), bounded by its queue timeout (what is left of it after
+// the wait), its context and Close; a cool-down that outlasts the queue
+// timeout refuses it. It checks again after each wait: a later 429 may
+// have extended the cool-down.
+func (b *Bulkhead) holdOut(ctx context.Context, r *actor.AcquireRequest) {
+	c := b.cool
+	req, _ := callOf(r.Request)
+	model := b.modelOf(req.model())
+	for {
+		until, left, head, _, ok := c.left(model, r.Reservation.Reserved, false)
+		if !ok || ctx.Err() != nil {
+			return
+		}
+		if r.QueueTimeout > 0 && left >= r.QueueTimeout {
+			r.Refuse = admission.Cooldown
+			r.RefuseExt = &admission.External{Cooldown: &admission.CooldownDetail{Model: model, Until: until, RetryAfter: left, Headroom: head}}
+			return
+		}
+		if !b.wait(ctx, left, c.closing, testHookRateWait) {
+			return
+		}
+		b.grant.(grantCheck).Held(r)
+		b.waited(r, left)
 	}
 }
 

@@ -611,7 +611,7 @@ func (b *Bulkhead) waited(r *actor.AcquireRequest, d time.Duration) {
 	}
 }
 
-// testHookRateWait, when set by a test, is called once a Pace-mode wait's
+// testHookRateWait, when set by a test, is called once a Pace-mode wait's (or a paced call's cool-down wait's)
 // timer is armed, so the test can move a mock clock.
 var testHookRateWait func(time.Duration)
 
