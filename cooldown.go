@@ -248,8 +248,7 @@ func (b *Bulkhead) cooldown(ctx context.Context, r *actor.AcquireRequest) {
 		late = true // context deadlines are on the wall clock
 	}
 	if late {
-		r.Refuse = admission.Cooldown
-		r.RefuseExt = &admission.External{Cooldown: &admission.CooldownDetail{Model: model, Until: until, RetryAfter: left, Headroom: head}}
+		refuseCooldown(r, model, until, left, head)
 	}
 }
 
@@ -269,8 +268,7 @@ func (b *Bulkhead) holdOut(ctx context.Context, r *actor.AcquireRequest) {
 			return
 		}
 		if r.QueueTimeout > 0 && left >= r.QueueTimeout {
-			r.Refuse = admission.Cooldown
-			r.RefuseExt = &admission.External{Cooldown: &admission.CooldownDetail{Model: model, Until: until, RetryAfter: left, Headroom: head}}
+			refuseCooldown(r, model, until, left, head)
 			return
 		}
 		if !b.wait(ctx, left, c.closing, testHookRateWait) {
@@ -279,6 +277,13 @@ func (b *Bulkhead) holdOut(ctx context.Context, r *actor.AcquireRequest) {
 		b.grant.(grantCheck).Held(r)
 		b.waited(r, left)
 	}
+}
+
+// refuseCooldown sets r's refusal for model's cool-down, ending at until
+// with left to go (decided by the provider's headroom when head is set).
+func refuseCooldown(r *actor.AcquireRequest, model string, until time.Time, left time.Duration, head bool) {
+	r.Refuse = admission.Cooldown
+	r.RefuseExt = &admission.External{Cooldown: &admission.CooldownDetail{Model: model, Until: until, RetryAfter: left, Headroom: head}}
 }
 
 // modelOf is the model of a call naming model m: m, or Config.Model for
