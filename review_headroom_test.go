@@ -1,25 +1,30 @@
 package bulkhead_test
 
+// Regression tests from an adversarial review of provider headroom and
+// cool-downs: each guards the fix of the defect its comment describes, or
+// probes a case that held.
+
 import (
 	"context"
 	"fmt"
 	"testing"
 	"time"
 
+	"net/http"
+
 	"github.com/llmbulkhead/bulkhead"
 	"github.com/llmbulkhead/bulkhead/clock"
 	"github.com/llmbulkhead/bulkhead/fleet"
 	"github.com/llmbulkhead/bulkhead/internal/testutil"
 	"github.com/llmbulkhead/bulkhead/stream"
-	"net/http"
 )
 
 // The Headroom doc: what is left at t is min(limit, left + ...) minus what
 // admissions spent since the report, and the report is forgotten only once
 // EVERY window it said is full again. A token window whose reset has passed
-// while the requests window has not must therefore still cap admissions at
-// its limit minus the spending; the code stops tracking it instead, and
-// admits an unbounded amount of tokens until the requests window resets.
+// while the requests window has not still caps admissions at its limit
+// minus the spending (it stopped being tracked, and admitted any number of
+// tokens until the requests window reset).
 func TestReviewHeadroomFullTokenWindowStillCaps(t *testing.T) {
 	clk := clock.NewMock()
 	cfg := adaptiveConfig(clk, bulkhead.Adaptive{Cooldown: bulkhead.ShedCooldown})
@@ -46,9 +51,9 @@ type panicValueCtx struct{ context.Context }
 
 func (panicValueCtx) Deadline() (time.Time, bool) { panic("caller's ctx bug") }
 
-// admitChecked's deferred recovery "gives everything back" on a panic
-// between the grant and the verdict, but not the headroom spend booked at
-// the grant: it leaks until a new report comes.
+// A panic between the grant and the verdict gives everything back, the
+// headroom spend booked at the grant included (it leaked until a new report
+// came).
 func TestReviewHeadroomPanicDuringFleetCheckRefunds(t *testing.T) {
 	_, client := fleetRedis(t)
 	b := newBulkhead(t, fleetConfig(newFleetPool(t, client, "hpanic", -1, 1000, fleet.FailClosed), 4))
@@ -77,7 +82,8 @@ func TestReviewHeadroomPanicDuringFleetCheckRefunds(t *testing.T) {
 	}
 }
 
-// Garbage reset values are accepted as a 24h window.
+// Reset values that are not plain numbers are ignored (they were read as a
+// 24h window).
 func TestReviewHeadroomOfGarbageReset(t *testing.T) {
 	for _, v := range []string{"inf", "Infinity", "1e400", "0x1p20"} {
 		hdr := http.Header{}
@@ -203,8 +209,8 @@ func TestReviewHeadroomOfReal(t *testing.T) {
 	}
 }
 
-// CooldownStats.Held "counts those [calls] that waited": one call held
-// twice (a newer report came while it waited) counts twice.
+// CooldownStats.Held counts calls: one call held twice (a newer report came
+// while it waited) counts once (it counted twice).
 func TestReviewHeadroomHeldCountsCalls(t *testing.T) {
 	clk := clock.NewMock()
 	cfg := adaptiveConfig(clk, bulkhead.Adaptive{})
@@ -228,11 +234,9 @@ func TestReviewHeadroomHeldCountsCalls(t *testing.T) {
 	}
 }
 
-// Permit.Feedback: "the latency is measured from the admission to now on
-// the bulkhead's clock". For AcquireAsync decided inline, the admission is
-// only noted for the controller when Result is first called, so a future
-// admitted at once whose Result is read after the answer measures ~0
-// latency, and the Gradient rule sees a 10x latency jump as none.
+// Permit.Feedback measures latency from the admission, also for an
+// AcquireAsync future whose Result is read late (it measured from the first
+// Result, ~0, and the Gradient rule saw a 10x latency jump as none).
 func TestReviewAsyncLatencyFromAdmission(t *testing.T) {
 	run := func(async bool) []int {
 		clk := clock.NewMock()

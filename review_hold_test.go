@@ -1,5 +1,9 @@
 package bulkhead_test
 
+// Regression tests from an adversarial review of cool-downs held in the
+// queue (HoldCooldown): each guards a defect the review found, now fixed,
+// or probes a case that held.
+
 import (
 	"context"
 	"testing"
@@ -21,11 +25,10 @@ func pendingIs(b *bulkhead.Bulkhead, n int) func() bool {
 	return func() bool { return b.Stats().Gate.Pending == n }
 }
 
-// Docs (HoldCooldown): "a call that finds none (MaxQueue 0, or a full
-// queue) ... is rejected Cooldown at once, as with ShedCooldown". With every
-// slot taken and the queue full it is rejected QueueLimit instead, with no
-// cool-down detail.
-func TestReviewHoldFullQueueRejectsCooldown(t *testing.T) {
+// fullQueueCooling returns a bulkhead with its one slot taken, its one
+// queue place taken by a call of another model, and gpt-4o cooling down
+// for 5s: a gpt-4o call finds no room to be held.
+func fullQueueCooling(t *testing.T) *bulkhead.Bulkhead {
 	clk := clock.NewMock()
 	cfg := adaptiveConfig(clk, bulkhead.Adaptive{})
 	cfg.MaxConcurrent, cfg.MaxQueue, cfg.QueueTimeout = 1, 1, 30*time.Second
@@ -42,34 +45,25 @@ func TestReviewHoldFullQueueRejectsCooldown(t *testing.T) {
 	})
 	testutil.WaitFor(t, "the other model's call to queue", pendingIs(b, 1))
 	cool429(t, b, "gpt-4o", 5*time.Second)
+	return b
+}
 
+// A call that finds no queue room to be held in is rejected Cooldown with
+// the time left, as with ShedCooldown (it was rejected QueueLimit, with no
+// cool-down detail).
+func TestReviewHoldFullQueueRejectsCooldown(t *testing.T) {
+	b := fullQueueCooling(t)
 	_, err := b.Acquire(context.Background(), req("hi", 1))
-	rej := wantReason(t, err, bulkhead.Cooldown) // fails: queue_limit
+	rej := wantReason(t, err, bulkhead.Cooldown)
 	if d, ok := rej.RetryAfter(); !ok || d != 5*time.Second {
 		t.Fatalf("RetryAfter = %v, %v", d, ok)
 	}
 }
 
-// Worse in Observe mode: the QueueLimit that stands in for Cooldown is a
-// shadow reason, so the call is bypassed and sent to the provider during
-// its model's cool-down (Cooldown is not shadowable; ShedCooldown refuses).
+// In observe mode the same call is not bypassed into the cool-down:
+// Cooldown is not a shadow reason (QueueLimit, which stood in for it, was).
 func TestReviewHoldObserveFullQueueBypassesCooldown(t *testing.T) {
-	clk := clock.NewMock()
-	cfg := adaptiveConfig(clk, bulkhead.Adaptive{})
-	cfg.MaxConcurrent, cfg.MaxQueue, cfg.QueueTimeout = 1, 1, 30*time.Second
-	b := newBulkhead(t, cfg)
-	p := mustAcquire(t, b, req("hi", 1))
-	other := req("other", 1)
-	other.Model = "gpt-4.1"
-	waiter := acquireAsync(context.Background(), b, other)
-	t.Cleanup(func() {
-		_ = p.Release(nil)
-		if r := <-waiter; r.err == nil {
-			_ = r.tok.Release(nil)
-		}
-	})
-	testutil.WaitFor(t, "the other model's call to queue", pendingIs(b, 1))
-	cool429(t, b, "gpt-4o", 5*time.Second)
+	b := fullQueueCooling(t)
 
 	ran := false
 	_, err := bulkhead.Run(context.Background(), b, req("hi", 1), func(context.Context, *bulkhead.RunContext) (int, error) {
@@ -81,11 +75,9 @@ func TestReviewHoldObserveFullQueueBypassesCooldown(t *testing.T) {
 	}
 }
 
-// Docs: a call "whose cool-down ends after its queue timeout ... is
-// rejected Cooldown at once", and a call already waiting "is held the same
-// way". Hold compares the cool-down with the full QueueTimeout, not with
-// what is left of it: a waiter with 2s left, facing a 5s cool-down, is held
-// and then times out instead of being turned away Cooldown at once.
+// A waiter is held only within what is left of its queue timeout: with 2s
+// left, facing a 5s cool-down, it is turned away Cooldown at its grant (it
+// was held against its whole timeout, and then timed out).
 func TestReviewHoldWaiterUsesWholeQueueTimeout(t *testing.T) {
 	clk := clock.NewMock()
 	cfg := adaptiveConfig(clk, bulkhead.Adaptive{})
@@ -103,7 +95,7 @@ func TestReviewHoldWaiterUsesWholeQueueTimeout(t *testing.T) {
 	if r.err == nil {
 		_ = r.tok.Release(nil)
 	}
-	wantReason(t, r.err, bulkhead.Cooldown) // fails: timeout, 2s later
+	wantReason(t, r.err, bulkhead.Cooldown)
 }
 
 // A held call holds back the calls of its class behind it, and a newer call
@@ -140,10 +132,9 @@ func TestReviewHoldLaterCallOvertakesHeldBackWaiter(t *testing.T) {
 	}
 }
 
-// A headroom hold is armed for the time the headroom said then; a later
-// report that frees the window does not end the hold: the held call waits
-// out the old time, while a newer call of the same model is admitted at
-// once ahead of it.
+// A later headroom report that frees the window lets a held call go with
+// the next call of its model, which queues behind it, rather than the
+// newer call being admitted ahead of it while it waits out the old time.
 func TestReviewHoldHeadroomReportDoesNotEndHold(t *testing.T) {
 	clk := clock.NewMock()
 	cfg := adaptiveConfig(clk, bulkhead.Adaptive{})
@@ -168,10 +159,10 @@ func TestReviewHoldHeadroomReportDoesNotEndHold(t *testing.T) {
 	}
 }
 
-// A held Observe-mode call whose cool-down is extended past its queue
-// timeout stays held (Hold compares with the whole queue timeout), times
-// out, and Timeout being a shadow reason, is bypassed: it runs against the
-// provider while its model is still cooling down.
+// A held Observe-mode call whose cool-down is extended past what is left
+// of its queue timeout is turned away Cooldown, not held until it times out
+// (Timeout is a shadow reason: it would then run against the provider while
+// its model is still cooling down).
 func TestReviewHoldObserveExtendedCooldownBypasses(t *testing.T) {
 	clk := clock.NewMock()
 	cfg := adaptiveConfig(clk, bulkhead.Adaptive{})
@@ -225,8 +216,7 @@ func TestReviewHoldMaxConcurrentZeroThenRaised(t *testing.T) {
 	}
 	r := <-held
 	if r.err != nil {
-		t.Logf("held call after 0 then 8: %v", r.err)
-		return
+		t.Fatalf("held call after MaxConcurrent 0 then 8: %v; want it admitted", r.err)
 	}
 	_ = r.tok.Release(nil)
 }

@@ -1,7 +1,8 @@
 package bulkhead_test
 
-// Adversarial review of Config.Queue (fair queuing, waiting for capacity).
-// Each TestReviewQueue* test fails on the reviewed code and shows a defect.
+// Regression tests from an adversarial review of Config.Queue (fair
+// queuing, waiting for capacity): each TestReviewQueue* test failed on the
+// reviewed code and guards the fix of the defect its comment describes.
 
 import (
 	"context"
