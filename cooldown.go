@@ -322,16 +322,19 @@ type grantCheck struct{ b *Bulkhead }
 
 // Hold is how long the engine holds r back in the queue, in HoldCooldown
 // mode, for its model's cool-down (or headroom) to end: 0 when it is not
-// cooling down, or when the cool-down outlasts limit, what is left of r's
-// queue timeout (then Check turns it away).
-func (g grantCheck) Hold(r *actor.AcquireRequest, limit time.Duration) time.Duration {
+// cooling down, or when the cool-down outlasts what is left of r's queue
+// timeout (then Check turns it away).
+func (g grantCheck) Hold(r *actor.AcquireRequest) time.Duration {
 	b := g.b
 	if !b.cool.armed.Load() || b.cool.shed {
 		return 0
 	}
 	req, _ := callOf(r.Request)
 	_, left, _, _, ok := b.cool.left(b.modelOf(req.model()), r.Reservation.Reserved, false)
-	if !ok || limit > 0 && left >= limit {
+	if !ok {
+		return 0
+	}
+	if limit := r.QueueLeft(b.clk.Now()); limit > 0 && left >= limit {
 		return 0
 	}
 	return left

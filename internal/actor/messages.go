@@ -344,14 +344,24 @@ type Checker interface {
 // Holder is a Checker that can also tell the engine to hold a call back
 // for a while (a provider's cool-down): Hold returns how long r should
 // wait before its Check can pass, 0 when it need not wait or may not wait
-// that long (limit, when positive, is what is left of its queue timeout;
-// then Check decides). The engine asks it before it grants a slot; a call
-// it holds waits in the queue, bounded by its queue timeout and context,
-// and the queue is looked at again once the time has passed; Held tells of
-// each hold. Neither may block, book anything or call user code.
+// that long (beyond r.QueueLeft; then Check decides). The engine asks it
+// before it grants a slot; a call it holds waits in the queue, bounded by
+// its queue timeout and context, and the queue is looked at again once the
+// time has passed; Held tells of each hold. Neither may block, book
+// anything or call user code.
 type Holder interface {
-	Hold(r *AcquireRequest, limit time.Duration) time.Duration
+	Hold(r *AcquireRequest) time.Duration
 	Held(r *AcquireRequest)
+}
+
+// QueueLeft is what is left at now of r's queue timeout: all of it for a
+// call not queued yet, 0 for no bound. The engine's goroutine only (a
+// Holder's Hold).
+func (r *AcquireRequest) QueueLeft(now time.Time) time.Duration {
+	if r.QueueTimeout <= 0 || !r.queued {
+		return r.QueueTimeout
+	}
+	return max(time.Nanosecond, r.QueueTimeout-now.Sub(r.queuedAt))
 }
 
 // holdMsg tells the state that a hold's time has passed.

@@ -242,7 +242,7 @@ func (s *state) acquire(r *AcquireRequest) {
 		s.refuse(r, why, false, cons)
 		return
 	}
-	if d := holdFor(r, r.QueueTimeout); d > 0 {
+	if d := holdFor(r); d > 0 {
 		// Held back (a provider's cool-down): it waits in the queue; with
 		// no room there, it is turned away as the check says.
 		if s.gateReason() != admission.NoReason {
@@ -593,7 +593,7 @@ func (s *state) pump() {
 // waiter the limits now make unfittable is rejected. Otherwise capacity is
 // postchecked with the slot held, as it may have changed while w waited.
 func (s *state) serve(w *AcquireRequest) bool {
-	if d := holdFor(w, s.queueLeft(w)); d > 0 {
+	if d := holdFor(w); d > 0 {
 		// Held back (a provider's cool-down): so is its class, until the
 		// time has passed (the other classes' waiters are looked at: those
 		// of the same model are held too).
@@ -965,21 +965,12 @@ func (s *state) applyLimits(q *applyRequest) (admission.ApplyResult, error) {
 	return admission.ApplyResult{Applied: true, Previous: prev, Current: s.limits.Clone()}, nil
 }
 
-// holdFor is how long r's check asks it to be held back, within limit (0:
-// no bound), 0 for none.
-func holdFor(r *AcquireRequest, limit time.Duration) time.Duration {
+// holdFor is how long r's check asks it to be held back, 0 for none.
+func holdFor(r *AcquireRequest) time.Duration {
 	if h, ok := r.Check.(Holder); ok {
-		return h.Hold(r, limit)
+		return h.Hold(r)
 	}
 	return 0
-}
-
-// queueLeft is what is left of waiter r's queue timeout, 0 for no bound.
-func (s *state) queueLeft(r *AcquireRequest) time.Duration {
-	if r.QueueTimeout <= 0 {
-		return 0
-	}
-	return max(time.Nanosecond, r.QueueTimeout-s.fx.now().Sub(r.queuedAt))
 }
 
 // refuseChecked rejects new call r for what its own check says, before any
