@@ -237,8 +237,7 @@ func (c *cooldowns) stats() CooldownStats {
 // queue until the cool-down ends (grantCheck.Hold).
 func (b *Bulkhead) cooldown(ctx context.Context, r *actor.AcquireRequest) {
 	c := b.cool
-	req, _ := callOf(r.Request)
-	model := b.modelOf(req.model())
+	model := b.modelOfCall(r)
 	until, left, head, _, ok := c.left(model, r.Reservation.Reserved, false)
 	if !ok || ctx.Err() != nil {
 		return
@@ -260,8 +259,7 @@ func (b *Bulkhead) cooldown(ctx context.Context, r *actor.AcquireRequest) {
 // have extended the cool-down.
 func (b *Bulkhead) holdOut(ctx context.Context, r *actor.AcquireRequest) {
 	c := b.cool
-	req, _ := callOf(r.Request)
-	model := b.modelOf(req.model())
+	model := b.modelOfCall(r)
 	for {
 		until, left, head, _, ok := c.left(model, r.Reservation.Reserved, false)
 		if !ok || ctx.Err() != nil {
@@ -277,6 +275,12 @@ func (b *Bulkhead) holdOut(ctx context.Context, r *actor.AcquireRequest) {
 		b.grant.(grantCheck).Held(r)
 		b.waited(r, left)
 	}
+}
+
+// modelOfCall is the model of the call r carries.
+func (b *Bulkhead) modelOfCall(r *actor.AcquireRequest) string {
+	req, _ := callOf(r.Request)
+	return b.modelOf(req.model())
 }
 
 // refuseCooldown sets r's refusal for model's cool-down, ending at until
@@ -329,8 +333,7 @@ func (g grantCheck) Hold(r *actor.AcquireRequest) time.Duration {
 	if !b.cool.armed.Load() || b.cool.shed {
 		return 0
 	}
-	req, _ := callOf(r.Request)
-	_, left, _, _, ok := b.cool.left(b.modelOf(req.model()), r.Reservation.Reserved, false)
+	_, left, _, _, ok := b.cool.left(b.modelOfCall(r), r.Reservation.Reserved, false)
 	if !ok {
 		return 0
 	}
@@ -359,8 +362,7 @@ func (g grantCheck) Check(r *actor.AcquireRequest) (admission.Reason, *admission
 	var model string
 	var gen uint64
 	if b.cool.armed.Load() {
-		req, _ := callOf(r.Request)
-		model = b.modelOf(req.model())
+		model = b.modelOfCall(r)
 		until, left, head, g, ok := b.cool.left(model, r.Reservation.Reserved, true)
 		if ok {
 			return admission.Cooldown, &admission.External{Cooldown: &admission.CooldownDetail{Model: model, Until: until, RetryAfter: left, Headroom: head}}
