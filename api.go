@@ -227,9 +227,15 @@ func (b *Bulkhead) WouldAdmit(req *Request, opts ...Option) (Decision, error) {
 	if err != nil {
 		return Decision{}, err
 	}
-	d := b.eng.WouldAdmit(class, admission.Priority(o.priority), admission.Reservation(res), o.detail)
-	if d.Admit && b.cool.armed.Load() {
+	cooling := b.cool.armed.Load()
+	// While a cool-down may run, the detail says whether the queue has room
+	// to hold the call.
+	d := b.eng.WouldAdmit(class, admission.Priority(o.priority), admission.Reservation(res), o.detail || cooling)
+	if d.Admit && cooling {
 		b.wouldAdmitCooldown(req, res.Reserved, &d)
+	}
+	if !o.detail {
+		d.Detail = nil
 	}
 	if d.Admit && b.rate != nil {
 		b.wouldAdmitRate(req, class, res, &d)

@@ -299,13 +299,19 @@ func (b *Bulkhead) modelOf(m string) string {
 	return b.model
 }
 
-// wouldAdmitCooldown completes d, an advisory decision to admit, with the
-// cool-down's answer for a call of req.
+// wouldAdmitCooldown completes d, an advisory decision to admit made with
+// its detail, with the cool-down's answer for a call of req: turned away
+// when it may not wait for it, or finds no queue room to be held in.
 func (b *Bulkhead) wouldAdmitCooldown(req *Request, reserved int64, d *admission.Decision) {
 	model := b.modelOf(req.model())
 	until, left, head, _, ok := b.cool.left(model, reserved, false)
-	if !ok || (!b.cool.shed && (b.timeout == 0 || left < b.timeout)) {
+	if !ok {
 		return
+	}
+	if !b.cool.shed && (b.timeout == 0 || left < b.timeout) {
+		if g := d.Detail; g.MaxConcurrent > 0 && g.MaxQueue > 0 && g.Pending < g.MaxQueue {
+			return // it would be held in the queue
+		}
 	}
 	d.Admit, d.Reason = false, admission.Cooldown
 	if d.Detail != nil {

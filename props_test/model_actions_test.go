@@ -771,7 +771,8 @@ func (m *machine) wouldAdmit(t *rapid.T) {
 	dec, why, cons, _ := m.decideEngine(c)
 	if dec != rejectNow {
 		why, cons = noReason, ""
-		if m.coolingNow() && (!m.hold || m.late(m.cfgTimeout)) {
+		room := m.limits.MaxConcurrent > 0 && m.limits.MaxQueue > 0 && len(m.queue) < m.limits.MaxQueue
+		if m.coolingNow() && (!m.hold || m.late(m.cfgTimeout) || !room) {
 			why = bulkhead.Cooldown
 		}
 	}
