@@ -215,8 +215,8 @@ func (b *Bulkhead) check(req *Request, o *callOptions, method string, queueing b
 // failure policy decides. In Pace mode a call over the rate would wait, so
 // the rates do not change the answer. A call whose model is cooling down
 // (see Bulkhead.Feedback) answers Cooldown when it would be turned away:
-// with ShedCooldown, or a cool-down that outlasts Config.QueueTimeout. It
-// does not ask the fleet pool
+// with ShedCooldown, a cool-down that outlasts Config.QueueTimeout, or no
+// room in the queue to be held in. It does not ask the fleet pool
 // (Config.Fleet). It is advisory: by the
 // time the caller acts, other calls may have changed the answer. Invalid
 // input is an error, even on a closed bulkhead. Options: WithPriority,
