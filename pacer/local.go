@@ -347,6 +347,7 @@ func (l *Local) decide(_ context.Context, reqs []request, out []stepResult) (boo
 		commit = commit && out[i].commit
 	}
 	if commit {
+		together(out[:len(reqs)], reqs)
 		// Appending a new entry moves no other: the indexes in cur hold.
 		for i := range reqs {
 			s.put(localKey{name: reqs[i].name, key: key}, cur[i], out[i].next)
