@@ -3,8 +3,10 @@ package bulkhead
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"runtime"
 	"runtime/debug"
+	"sync/atomic"
 	"time"
 
 	"github.com/llmbulkhead/bulkhead/clock"
@@ -35,6 +37,12 @@ type Bulkhead struct {
 	adapt *adaptiveLimits
 	// grant is the check the engine makes as it grants a call its slot.
 	grant actor.Checker
+	// log is Config.Logger, or a logger that discards. usageCeiling is
+	// Config.UsageCeiling with the default applied; suspect and
+	// suspectTokens count the usage figures clamped to it.
+	log                    *slog.Logger
+	usageCeiling           int64
+	suspect, suspectTokens atomic.Int64
 }
 
 // New validates cfg and starts a Bulkhead.
@@ -50,7 +58,14 @@ func New(cfg Config) (*Bulkhead, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &Bulkhead{timeout: cfg.QueueTimeout, rate: rate, clk: clock.OrReal(cfg.Clock), model: cfg.Model, adapt: adapt}
+	b := &Bulkhead{timeout: cfg.QueueTimeout, rate: rate, clk: clock.OrReal(cfg.Clock), model: cfg.Model, adapt: adapt,
+		log: cfg.Logger, usageCeiling: cfg.UsageCeiling}
+	if b.log == nil {
+		b.log = slog.New(slog.DiscardHandler)
+	}
+	if b.usageCeiling == 0 {
+		b.usageCeiling = DefaultUsageCeiling
+	}
 	mode := HoldCooldown
 	if cfg.Adaptive != nil {
 		mode = cfg.Adaptive.Cooldown
@@ -263,6 +278,7 @@ func (b *Bulkhead) Stats() Stats {
 	st.Fleet = b.fleet.stats()
 	st.Cooldown = b.cool.stats()
 	st.Adaptive = b.adapt.stats(st.Limits)
+	st.Calls.SuspectUsage, st.Calls.SuspectTokens = b.suspect.Load(), b.suspectTokens.Load()
 	return st
 }
 

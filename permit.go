@@ -81,6 +81,11 @@ func (p *Permit) fleetAbandon() {
 // books, on a tokens-per-minute rate, what it used beyond its reservation.
 // It reports whether this was the first release.
 func (p *Permit) release(u *admission.Usage) bool {
+	if u != nil {
+		c := *u
+		u = &c
+		p.b.clampUsage(p, u)
+	}
 	if !p.l.Release(u) {
 		return false
 	}
@@ -232,7 +237,9 @@ func (p *Permit) ReportUsage(u Usage, prog *Progressive) (UsageReport, error) {
 			return UsageReport{}, err
 		}
 	}
-	rep, err := p.b.eng.ReportUsage(&p.l, admission.Usage(u), (*admission.Progressive)(prog))
+	au := admission.Usage(u)
+	p.b.clampUsage(p, &au)
+	rep, err := p.b.eng.ReportUsage(&p.l, au, (*admission.Progressive)(prog))
 	if err != nil {
 		return UsageReport{}, publicError(err)
 	}
@@ -298,3 +305,26 @@ func (rc *RunContext) SetUsage(u Usage) error {
 // AbandonBorrowedConcurrency gives back early the slot the call borrowed
 // from the classes' shared pool; see Permit.AbandonBorrowedConcurrency.
 func (rc *RunContext) AbandonBorrowedConcurrency() bool { return rc.p.AbandonBorrowedConcurrency() }
+
+// clampUsage clamps a valid usage figure above the usage ceiling to it,
+// and counts and logs it: a figure so large is an error of the provider
+// or of its reader, and taken as it is it would hold the budget, or book a
+// tokens-per-minute rate, for days. Input is kept up to the ceiling and
+// Output gets what is left; the breakdown follows its totals.
+func (b *Bulkhead) clampUsage(p *Permit, u *admission.Usage) {
+	ceiling := b.usageCeiling
+	if u.Input <= ceiling && u.Output <= ceiling-u.Input {
+		return
+	}
+	b.suspect.Add(1)
+	excess := u.Input - ceiling + u.Output // no overflow: Input + Output fits
+	for prev := b.suspectTokens.Load(); !b.suspectTokens.CompareAndSwap(prev, admission.AddSat(prev, excess)); prev = b.suspectTokens.Load() {
+	}
+	b.log.Warn("bulkhead: usage above the ceiling, clamped to it",
+		"admission", p.ID().String(), "input", u.Input, "output", u.Output, "ceiling", ceiling)
+	u.Input = min(u.Input, ceiling)
+	u.Output = min(u.Output, ceiling-u.Input)
+	u.CachedInput = min(u.CachedInput, u.Input)
+	u.CacheCreation = min(u.CacheCreation, u.Input-u.CachedInput)
+	u.Reasoning = min(u.Reasoning, u.Output)
+}

@@ -145,12 +145,16 @@ type RateStats struct {
 	// Fallbacks counts the calls the store's failure policy decided while
 	// the store could not.
 	Fallbacks int64
-	// OverrunTokens counts the tokens booked at release beyond the
-	// reservations, and Overruns the releases that booked them. OverrunErrors
-	// counts such bookings the store failed.
-	Overruns      int64
-	OverrunTokens int64
-	OverrunErrors int64
+	// OverrunTokens counts the tokens used beyond the reservations, booked
+	// at release, and Overruns the releases that booked them. OverrunErrors
+	// counts such bookings the store failed. An overrun books a rate at
+	// most one window (its burst plus a minute of it) ahead of now;
+	// OverrunDropped sums the tokens that did not fit, each such drop
+	// logged.
+	Overruns       int64
+	OverrunTokens  int64
+	OverrunErrors  int64
+	OverrunDropped int64
 }
 
 // rateLimiter is a bulkhead's rate limits.
@@ -181,6 +185,7 @@ type rateLimiter struct {
 
 	checked, paced, pacedNs, fallbacks  atomic.Int64
 	overruns, overrunTokens, overrunErr atomic.Int64
+	overrunDropped                      atomic.Int64
 }
 
 // maxRateSets bounds the cache of rate sets: beyond it (a flood of model
@@ -616,7 +621,10 @@ func (b *Bulkhead) waited(r *actor.AcquireRequest, d time.Duration) {
 var testHookRateWait func(time.Duration)
 
 // bookOverrun books, at release, the tokens an admission used beyond its
-// reservation.
+// reservation, in each tokens-per-minute limit of its rate set. Each
+// booking reaches at most one window (the limit's burst plus a minute of
+// its rate) ahead of now, so that one huge usage figure cannot lock the
+// model out for days; what does not fit is dropped, counted and logged.
 func (b *Bulkhead) bookOverrun(p *Permit, used int64) {
 	over := used - p.l.Reservation.Reserved
 	if b.rate == nil || over <= 0 || p.l.Bypass != nil {
@@ -627,13 +635,36 @@ func (b *Bulkhead) bookOverrun(p *Permit, used int64) {
 	if err != nil || set == nil || !set.tokens {
 		return
 	}
-	var buf [4]float64
-	w := set.weighted(buf[:], float64(over), 0)
 	b.rate.overruns.Add(1)
 	b.rate.overrunTokens.Add(over)
-	if _, err := set.comp.Pace(context.Background(), b.rate.name, w...); err != nil {
-		b.rate.overrunErr.Add(1)
+	var dropped float64
+	for _, m := range set.members {
+		if !m.tokens {
+			continue
+		}
+		out, err := m.p.Book(context.Background(), b.rate.name, rateWindow(m.p.Options()), float64(over))
+		if err != nil || out.Fallback != nil {
+			b.rate.overrunErr.Add(1)
+			continue
+		}
+		dropped = max(dropped, float64(over)-out.Booked)
 	}
+	if dropped > 0 {
+		n := int64(math.Ceil(dropped))
+		b.rate.overrunDropped.Add(n)
+		b.log.Warn("bulkhead: overrun larger than a rate window, partly dropped",
+			"admission", p.ID().String(), "overrun", over, "dropped", n)
+	}
+}
+
+// rateWindow is how far ahead an overrun may book a rate: its burst plus a
+// minute of it, in time (capped at the pacer's horizon).
+func rateWindow(o pacer.Options) time.Duration {
+	burst := o.MaxBurst / o.QPS // seconds
+	if !(burst < (pacer.Horizon - time.Minute).Seconds()) {
+		return pacer.Horizon
+	}
+	return time.Minute + time.Duration(burst*float64(time.Second))
 }
 
 // model is r's model, "" for none (or a nil r).
@@ -652,7 +683,7 @@ func (rl *rateLimiter) stats() *RateStats {
 	return &RateStats{
 		Checked: rl.checked.Load(), Paced: rl.paced.Load(), PacedTime: time.Duration(rl.pacedNs.Load()),
 		Fallbacks: rl.fallbacks.Load(), Overruns: rl.overruns.Load(), OverrunTokens: rl.overrunTokens.Load(),
-		OverrunErrors: rl.overrunErr.Load(),
+		OverrunErrors: rl.overrunErr.Load(), OverrunDropped: rl.overrunDropped.Load(),
 	}
 }
 

@@ -540,10 +540,18 @@ func (e *Engine) dedupActive() int64 {
 // until its own ctx ends; no lock is held while they wait. The admission
 // actor, which owns no goroutine, keeps answering.
 func (e *Engine) stop(ctx context.Context) bool {
-	select {
-	case <-e.stopEvents():
-	case <-ctx.Done():
-		return false
+	flushed := e.stopEvents()
+	if e.backlog.Load() == 0 {
+		// Every event emitted has been delivered: the flush is a message
+		// away and runs no listener, so an idle bulkhead drains whatever
+		// the context says (a context that has already ended included).
+		<-flushed
+	} else {
+		select {
+		case <-flushed:
+		case <-ctx.Done():
+			return false
+		}
 	}
 	e.stopMu.Lock()
 	defer e.stopMu.Unlock()
