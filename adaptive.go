@@ -7,7 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/llmbulkhead/bulkhead/internal/adaptive"
+	"github.com/llmbulkhead/bulkhead/actor/adaptive"
 )
 
 // Adaptive moves the bulkhead's MaxConcurrent (and, with a token budget,

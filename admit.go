@@ -4,8 +4,8 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/llmbulkhead/bulkhead/internal/actor"
-	"github.com/llmbulkhead/bulkhead/internal/admission"
+	"github.com/llmbulkhead/bulkhead/actor"
+	"github.com/llmbulkhead/bulkhead/actor/admission"
 )
 
 // admit sends r, prepared with its permit p, for admission, through the

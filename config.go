@@ -5,9 +5,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/llmbulkhead/bulkhead/actor"
 	"github.com/llmbulkhead/bulkhead/clock"
 	"github.com/llmbulkhead/bulkhead/fleet"
-	"github.com/llmbulkhead/bulkhead/internal/actor"
 )
 
 // Config configures a Bulkhead. The zero value of each optional field is

@@ -1,13 +1,13 @@
 package bulkhead
 
 // This file converts between the engine's own types (package
-// internal/admission) and the public ones, at the boundary and on cold
+// actor/admission) and the public ones, at the boundary and on cold
 // paths only: rejections, statistics, events and limits.
 
 import (
 	"errors"
 
-	"github.com/llmbulkhead/bulkhead/internal/admission"
+	"github.com/llmbulkhead/bulkhead/actor/admission"
 )
 
 // publicError turns an engine error into the public one: a rejection into

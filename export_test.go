@@ -3,7 +3,7 @@ package bulkhead
 import (
 	"time"
 
-	"github.com/llmbulkhead/bulkhead/internal/dedup"
+	"github.com/llmbulkhead/bulkhead/dedup"
 )
 
 // SetDedupHash replaces b's dedup digest, for tests that force collisions.

@@ -7,8 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/llmbulkhead/bulkhead/actor/admission"
 	"github.com/llmbulkhead/bulkhead/fleet"
-	"github.com/llmbulkhead/bulkhead/internal/admission"
 )
 
 // FleetDetail is the fleet pool's state when it turned a call away.

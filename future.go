@@ -4,7 +4,7 @@ import (
 	"context"
 	"sync"
 
-	"github.com/llmbulkhead/bulkhead/internal/actor"
+	"github.com/llmbulkhead/bulkhead/actor"
 )
 
 // AcquireFuture is the pending answer of AcquireAsync: for callers that send

@@ -4,7 +4,7 @@ import (
 	"math/bits"
 	"time"
 
-	"github.com/llmbulkhead/bulkhead/internal/admission"
+	"github.com/llmbulkhead/bulkhead/actor/admission"
 )
 
 // Headroom is what the provider said is left of its rate limits with one

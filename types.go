@@ -4,7 +4,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/llmbulkhead/bulkhead/internal/admission"
+	"github.com/llmbulkhead/bulkhead/actor/admission"
 )
 
 // ID identifies one admission. It is a random RFC 4122 version 4 UUID,

@@ -10,8 +10,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/llmbulkhead/bulkhead/actor/admission"
 	"github.com/llmbulkhead/bulkhead/clock"
-	"github.com/llmbulkhead/bulkhead/internal/admission"
 )
 
 func TestConfigValidation(t *testing.T) {

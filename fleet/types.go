@@ -3,7 +3,7 @@ package fleet
 import (
 	"strconv"
 
-	"github.com/llmbulkhead/bulkhead/internal/admission"
+	"github.com/llmbulkhead/bulkhead/actor/admission"
 )
 
 // ID identifies one admission, and so its hold: the 16 bytes of a UUID. In

@@ -6,7 +6,7 @@ import (
 	"math"
 	"strings"
 
-	"github.com/llmbulkhead/bulkhead/internal/admission"
+	"github.com/llmbulkhead/bulkhead/actor/admission"
 )
 
 // ErrUnavailable matches every error about a backend that could not decide:

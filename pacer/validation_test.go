@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/llmbulkhead/bulkhead/internal/admission"
+	"github.com/llmbulkhead/bulkhead/actor/admission"
 )
 
 // wantInvalid checks that err is a *ConfigError for field.

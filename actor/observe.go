@@ -1,6 +1,6 @@
 package actor
 
-import "github.com/llmbulkhead/bulkhead/internal/admission"
+import "github.com/llmbulkhead/bulkhead/actor/admission"
 
 // Observe mode: a call whose refusal its mode shadows runs without
 // admission. It holds no slot, no tokens, no class use and no queue

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/llmbulkhead/bulkhead/internal/admission"
-	"github.com/llmbulkhead/bulkhead/internal/classes"
+	"github.com/llmbulkhead/bulkhead/actor/admission"
+	"github.com/llmbulkhead/bulkhead/classes"
 )
 
 // These tests drive the state machine directly, one message at a time,

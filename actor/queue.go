@@ -4,8 +4,8 @@ import (
 	"math"
 	"math/bits"
 
-	"github.com/llmbulkhead/bulkhead/internal/admission"
-	"github.com/llmbulkhead/bulkhead/internal/classes"
+	"github.com/llmbulkhead/bulkhead/actor/admission"
+	"github.com/llmbulkhead/bulkhead/classes"
 )
 
 // QueuePolicy is the engine's form of bulkhead.QueuePolicy; the facade

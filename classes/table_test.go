@@ -6,7 +6,7 @@ import (
 	"reflect"
 	"testing"
 
-	"github.com/llmbulkhead/bulkhead/internal/admission"
+	"github.com/llmbulkhead/bulkhead/actor/admission"
 )
 
 type L = admission.ClassLimits

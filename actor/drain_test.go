@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/llmbulkhead/bulkhead/internal/admission"
-	"github.com/llmbulkhead/bulkhead/internal/dedup"
+	"github.com/llmbulkhead/bulkhead/actor/admission"
+	"github.com/llmbulkhead/bulkhead/dedup"
 )
 
 // waitStopping waits until some Drain has stopped the emission of events

@@ -27,10 +27,10 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
+	"github.com/llmbulkhead/bulkhead/actor/admission"
+	"github.com/llmbulkhead/bulkhead/classes"
 	"github.com/llmbulkhead/bulkhead/clock"
-	"github.com/llmbulkhead/bulkhead/internal/admission"
-	"github.com/llmbulkhead/bulkhead/internal/classes"
-	"github.com/llmbulkhead/bulkhead/internal/dedup"
+	"github.com/llmbulkhead/bulkhead/dedup"
 )
 
 // Config is what the engine needs to start.

@@ -1,6 +1,6 @@
 package classes
 
-import "github.com/llmbulkhead/bulkhead/internal/admission"
+import "github.com/llmbulkhead/bulkhead/actor/admission"
 
 // Detail returns the class parts of a reject detail for a call of class c
 // reserving reserved tokens, from the same numbers Check decides on (so g

@@ -5,8 +5,8 @@ import (
 	mrand "math/rand/v2"
 	"time"
 
-	"github.com/llmbulkhead/bulkhead/internal/admission"
-	"github.com/llmbulkhead/bulkhead/internal/classes"
+	"github.com/llmbulkhead/bulkhead/actor/admission"
+	"github.com/llmbulkhead/bulkhead/classes"
 )
 
 // effects is everything the state machine asks of the world outside it:

@@ -7,7 +7,7 @@ import (
 	"runtime"
 	"testing"
 
-	"github.com/llmbulkhead/bulkhead/internal/admission"
+	"github.com/llmbulkhead/bulkhead/actor/admission"
 )
 
 func startEngine(t *testing.T, limits admission.Limits) *Engine {

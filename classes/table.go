@@ -3,7 +3,7 @@ package classes
 import (
 	"math"
 
-	"github.com/llmbulkhead/bulkhead/internal/admission"
+	"github.com/llmbulkhead/bulkhead/actor/admission"
 )
 
 // Class is a handle on one class of a Table, from Table.Lookup. The zero

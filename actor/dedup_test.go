@@ -6,8 +6,8 @@ import (
 	"reflect"
 	"testing"
 
-	"github.com/llmbulkhead/bulkhead/internal/admission"
-	"github.com/llmbulkhead/bulkhead/internal/dedup"
+	"github.com/llmbulkhead/bulkhead/actor/admission"
+	"github.com/llmbulkhead/bulkhead/dedup"
 )
 
 // TestStateFollowers: a follower that ends on its own is a rejection of

@@ -7,7 +7,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/llmbulkhead/bulkhead/internal/admission"
+	"github.com/llmbulkhead/bulkhead/actor/admission"
 )
 
 // recordHandler keeps the messages of the records it is handed.

@@ -7,7 +7,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/llmbulkhead/bulkhead/internal/admission"
+	"github.com/llmbulkhead/bulkhead/actor/admission"
 )
 
 // TestShrink covers the floors in effect: floor * limit / sum, rounded

@@ -1,8 +1,8 @@
 package actor
 
 import (
-	"github.com/llmbulkhead/bulkhead/internal/admission"
-	"github.com/llmbulkhead/bulkhead/internal/dedup"
+	"github.com/llmbulkhead/bulkhead/actor/admission"
+	"github.com/llmbulkhead/bulkhead/dedup"
 )
 
 // Deduplication: followers hold nothing and never reach the gate, so the

@@ -11,8 +11,8 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"go.uber.org/goleak"
 
+	"github.com/llmbulkhead/bulkhead/actor/admission"
 	"github.com/llmbulkhead/bulkhead/clock"
-	"github.com/llmbulkhead/bulkhead/internal/admission"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
