@@ -220,6 +220,8 @@ func (c *Composite) decide(ctx context.Context, key string, weights []float64, m
 	var err error
 	if l, ok := c.store.(*Local); ok {
 		commit, err = l.decide(ctx, reqs, res)
+	} else if t, ok := c.store.(*Table); ok {
+		commit, err = t.decide(ctx, reqs, res)
 	} else {
 		// Copies, so that the slices passed through the interface do not
 		// move reqBuf and resBuf to the heap on the local path.

@@ -364,6 +364,8 @@ func (p *Pacer) decide(ctx context.Context, key string, weight float64, m mode, 
 		// The common in-process case, without the slices of the general
 		// path: no allocation.
 		res = l.decideOne(&req)
+	} else if t, ok := p.store.(*Table); ok {
+		res = t.decideOne(&req)
 	} else {
 		var r [1]stepResult
 		if _, err := p.store.decide(ctx, []request{req}, r[:]); err != nil {
