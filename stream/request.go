@@ -106,14 +106,28 @@ func ParseRequest(f Format, body []byte) (*Call, error) {
 // r.URL.Path. An endpoint FormatOf does not recognise is an error matching
 // ErrUnknownEndpoint.
 //
-// It reads at most maxBytes (DefaultMaxBodyBytes when maxBytes <= 0): a
-// longer body is a *TooLargeError after reading at most maxBytes+1 bytes, or
-// none when r.ContentLength already says so. The original body is always
-// closed. Once the body has been read in full, r is left re-sendable, even
-// when the endpoint is unknown or the body does not parse: r.Body reads the
-// same bytes again, r.GetBody returns a fresh reader of them and
-// r.ContentLength is their length. After a read error or a *TooLargeError
-// the body is lost and r cannot be sent.
+// It reads at most maxBytes: a longer body is a *TooLargeError after reading
+// at most maxBytes+1 bytes, or none when r.ContentLength already says so.
+// Zero and negative maxBytes mean DefaultMaxBodyBytes; math.MaxInt64 sets no
+// limit but memory.
+//
+// Memory follows the bytes that arrive, never the length the client
+// declares: the body is read into buffers of 64 KiB, so that while it reads
+// ReadRequest holds at most 64 KiB beyond the bytes read, and at the end
+// copies them into one buffer of their exact size, which the Call keeps. It
+// reads r.Body only through Read, with buffers of at most 64 KiB, and closes
+// it once, before it returns, whatever the outcome. A caller can therefore
+// bound what reading costs by wrapping r.Body before the call: a reader that
+// counts or charges the bytes each Read returns, or fails a Read (its error
+// is wrapped in ReadRequest's, for errors.Is), sees every byte as it
+// arrives. A read error (a read deadline set with http.ResponseController,
+// a client gone) is returned wrapped.
+//
+// Once the body has been read in full, r is left re-sendable, even when the
+// endpoint is unknown or the body does not parse: r.Body reads the same bytes
+// again, r.GetBody returns a fresh reader of them and r.ContentLength is their
+// length. After a read error or a *TooLargeError the body is lost and r
+// cannot be sent.
 //
 // For Gemini the model comes from the path (".../models/{model}:generateContent")
 // and Stream is true for ":streamGenerateContent".
@@ -157,7 +171,16 @@ func ReadRequest(r *http.Request, maxBytes int64) (*Call, error) {
 	return c, nil
 }
 
-// readBody reads and closes r's body, at most max+1 bytes of it.
+// bodyChunk is the size of the buffers readBody reads a body into: the most
+// it holds beyond the bytes that have arrived.
+const bodyChunk = 64 << 10
+
+// bodyChunks keeps the buffers between bodies.
+var bodyChunks = sync.Pool{New: func() any { return new([bodyChunk]byte) }}
+
+// readBody reads and closes r's body, at most max+1 bytes of it (max > 0),
+// into buffers of bodyChunk bytes taken as the bytes arrive, and returns
+// them in one slice of their exact length.
 func readBody(r *http.Request, max int64) ([]byte, error) {
 	if r.Body == nil {
 		return nil, nil
@@ -166,27 +189,44 @@ func readBody(r *http.Request, max int64) ([]byte, error) {
 	if r.ContentLength > max {
 		return nil, &TooLargeError{Limit: max}
 	}
-	size := int64(512)
-	if r.ContentLength >= 0 {
-		size = r.ContentLength + 1 // room to see the end without growing
-	}
-	buf := make([]byte, 0, min(size, max+1))
-	for {
-		if len(buf) == cap(buf) {
-			buf = append(buf, 0)[:len(buf)]
+	var chunks []*[bodyChunk]byte
+	defer func() {
+		for _, c := range chunks {
+			bodyChunks.Put(c)
 		}
-		n, err := r.Body.Read(buf[len(buf):min(int64(cap(buf)), max+1)])
-		buf = buf[:len(buf)+n]
-		if int64(len(buf)) > max {
+	}()
+	var total int64 // the bytes read, at most max+1
+	n := bodyChunk  // the bytes in the last chunk
+	for {
+		if n == bodyChunk {
+			chunks = append(chunks, bodyChunks.Get().(*[bodyChunk]byte))
+			n = 0
+		}
+		want := bodyChunk - n
+		if left := max - total; left < int64(want) {
+			want = int(left) + 1 // one byte over the limit tells
+		}
+		k, err := r.Body.Read(chunks[len(chunks)-1][n : n+want])
+		if k < 0 || k > want {
+			return nil, fmt.Errorf("stream: reading the request body: Read returned %d bytes for a buffer of %d", k, want)
+		}
+		n += k
+		total += int64(k)
+		if total > max {
 			return nil, &TooLargeError{Limit: max}
 		}
 		if err == io.EOF {
-			return buf, nil
+			break
 		}
 		if err != nil {
 			return nil, fmt.Errorf("stream: reading the request body: %w", err)
 		}
 	}
+	body := make([]byte, 0, total)
+	for _, c := range chunks[:len(chunks)-1] {
+		body = append(body, c[:]...)
+	}
+	return append(body, chunks[len(chunks)-1][:n]...), nil
 }
 
 // setBody makes r send body.
