@@ -321,9 +321,28 @@ func parseResponses(name []byte, root jsondom.Value, stream bool, e *eventInfo) 
 			e.perr = &ProviderError{Format: OpenAIResponses, Message: "response failed"}
 		}
 	case kindIs(kind, "error"):
-		e.perr = providerError(OpenAIResponses, root, "code", "type")
+		e.perr = responsesError(root)
 		e.terminal = true
 	}
+}
+
+// responsesError is the error a Responses stream's error event describes.
+// The API documents its code and message as members of the event, but sends
+// them (with the error's type) in an "error" object: each is taken from
+// the event, else from that object. The error's name is its code, else its
+// type; never the event's own type, "error".
+func responsesError(root jsondom.Value) *ProviderError {
+	pe := providerError(OpenAIResponses, root, "code")
+	if inner := root.Get("error"); inner.Kind() == jsondom.Object {
+		nested := providerError(OpenAIResponses, inner, "code", "type")
+		if pe.Type == "" {
+			pe.Type = nested.Type
+		}
+		if pe.Message == "" {
+			pe.Message = nested.Message
+		}
+	}
+	return pe
 }
 
 func responsesUsage(r jsondom.Value, e *eventInfo) {
