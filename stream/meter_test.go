@@ -221,8 +221,13 @@ var fixtures = []fixture{
 		counts: tokenCounts{input: 17, cachedInput: 4, output: 28, reasoning: 21}},
 	{file: "gemini_array.json", format: Gemini, want: bulkhead.Usage{Input: 17, Output: 28, CachedInput: 4, Reasoning: 21}, exact: true,
 		counts: tokenCounts{input: 17, cachedInput: 4, output: 28, reasoning: 21}},
-	{file: "gemini_error.sse", format: Gemini, sse: true, want: bulkhead.Usage{Input: 15, Output: 24, CachedInput: 4, Reasoning: 21}, exact: true, perr: "UNAVAILABLE",
-		counts: tokenCounts{input: 15, cachedInput: 4, output: 24, reasoning: 21}},
+	// The error cuts the stream before its finishReason chunk: the running
+	// counts are not the final ones.
+	{file: "gemini_error.sse", format: Gemini, sse: true, want: bulkhead.Usage{Input: 15, Output: 24, CachedInput: 4, Reasoning: 21}, perr: "UNAVAILABLE"},
+	// Cut before the finishReason chunk: the running counts of the second
+	// chunk (candidates 5 + thoughts 21), not exact.
+	{file: "gemini_cut.sse", format: Gemini, sse: true, want: bulkhead.Usage{Input: 15, Output: 26, CachedInput: 4, Reasoning: 21}},
+	{file: "gemini_array_cut.json", format: Gemini, want: bulkhead.Usage{Input: 15, Output: 26, CachedInput: 4, Reasoning: 21}},
 	// Prompt 60 known; text (13) and the function call's raw args (37).
 	{file: "gemini_function_call_truncated.sse", format: Gemini, sse: true, want: bulkhead.Usage{Input: 60, Output: 13}},
 	{file: "openai_chat.json", format: OpenAIChat, want: bulkhead.Usage{Input: 19, Output: 10}, exact: true,
@@ -842,6 +847,30 @@ func TestProviderErrorMessage(t *testing.T) {
 	e.Type = ""
 	if got, want := e.Error(), "stream: openai_chat response: provider error: The server had an error"; got != want {
 		t.Errorf("Error() = %q, want %q", got, want)
+	}
+}
+
+// TestMeterGeminiRunningCounts checks that a Gemini stream's counts are
+// exact only from its chunk with a finishReason: before it they are the
+// provider's running totals.
+func TestMeterGeminiRunningCounts(t *testing.T) {
+	data := readFixture(t, "gemini_normal.sse")
+	last := bytes.LastIndex(data, []byte("data: ")) // the finishReason chunk
+	m, err := NewMeter(io.NopCloser(bytes.NewReader(data)), nil, MeterOptions{Format: Gemini, SSE: true, CharsPerToken: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(m, make([]byte, last)); err != nil {
+		t.Fatal(err)
+	}
+	if u, exact := m.Usage(); exact || u.Output != 26 {
+		t.Errorf("before the finishReason chunk: Usage() = %+v, %v; want the running output 26, not exact", u, exact)
+	}
+	if _, err := io.Copy(io.Discard, m); err != nil {
+		t.Fatal(err)
+	}
+	if u, exact := m.Usage(); !exact || u.Output != 28 || !m.Settled() {
+		t.Errorf("after it: Usage() = %+v, %v; want output 28, exact", u, exact)
 	}
 }
 
