@@ -32,9 +32,11 @@ type Call struct {
 	// Block whose Type is the provider's own part type: "image_url",
 	// "input_image", "image", "inlineData" and so on; an OpenAI chat tool
 	// call is "tool_call", a Responses one "function_call". A part without a
-	// string type is an opaque Block with Type "". Each entry of the body's
-	// top-level tools array is an opaque Block of Type "tool_definition" at
-	// the end of SystemBlocks. MaxTokens is the API's own output cap
+	// string type is an opaque Block with Type "". Each tool the body
+	// declares is an opaque Block of Type "tool_definition" at the end of
+	// SystemBlocks: each entry of its top-level tools array, and for Gemini,
+	// whose entries group tools, each function declaration and each other
+	// tool (such as googleSearch) of an entry. MaxTokens is the API's own output cap
 	// (max_completion_tokens, else max_tokens, for OpenAI chat), 0 when the
 	// body sets none.
 	Request bulkhead.Request
@@ -268,7 +270,7 @@ func parse(f Format, body []byte, route string) (*Call, error) {
 		}
 	}
 	if err == nil {
-		err = readTools(&c.Request, root)
+		err = readTools(&c.Request, root, f)
 	}
 	if err != nil {
 		err.Format = f
@@ -656,10 +658,53 @@ func isGeminiMeta(key string) bool {
 	return false
 }
 
-// readTools adds a tool_definition block to req.SystemBlocks for each entry
-// of the body's tools array.
-func readTools(req *bulkhead.Request, root jsondom.Value) *BodyError {
-	return appendOpaque(&req.SystemBlocks, root, "tools", "tool_definition")
+// readTools adds a tool_definition block to req.SystemBlocks for each tool
+// the body declares in format f: each entry of its tools array, or for
+// Gemini each tool of each entry (see geminiTools).
+func readTools(req *bulkhead.Request, root jsondom.Value, f Format) *BodyError {
+	if f != Gemini {
+		return appendOpaque(&req.SystemBlocks, root, "tools", "tool_definition")
+	}
+	tools, err := array(root, "tools")
+	if err != nil {
+		return err
+	}
+	i := 0
+	for t := tools.First(); t.Exists(); t, i = t.Next(), i+1 {
+		n, err := geminiTools(t)
+		if err != nil {
+			return err.under(index("tools", i))
+		}
+		for range n {
+			req.SystemBlocks = append(req.SystemBlocks, bulkhead.Block{Type: "tool_definition"})
+		}
+	}
+	return nil
+}
+
+// geminiTools returns the number of tools a Gemini Tool object declares:
+// one for each element of its functionDeclarations array, and one for each
+// other member that is not null (googleSearch, codeExecution, urlContext...).
+// An entry that is not an object counts as one tool, as in the other
+// formats.
+func geminiTools(t jsondom.Value) (int, *BodyError) {
+	if t.Kind() != jsondom.Object {
+		return 1, nil
+	}
+	n := 0
+	for m := t.First(); m.Exists(); m = m.Next() {
+		switch k := m.Key(); {
+		case k != "functionDeclarations" && k != "function_declarations":
+			if !m.IsNull() {
+				n++
+			}
+		case m.Kind() == jsondom.Array:
+			n += m.Len()
+		case !m.IsNull():
+			return 0, mistyped(m, "want an array").under(k)
+		}
+	}
+	return n, nil
 }
 
 // appendOpaque appends an opaque block of type typ for each element of the
