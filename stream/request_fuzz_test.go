@@ -18,6 +18,7 @@ import (
 func FuzzParseRequest(f *testing.F) {
 	f.Add(byte(OpenAIChat), []byte(`{"model":"gpt-4o","max_tokens":5,"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]}`))
 	f.Add(byte(AnthropicMessages), []byte(`{"system":[{"type":"text","text":"s"}],"messages":[{"role":"user","content":[{"type":"tool_result","content":"x"}]}]}`))
+	f.Add(byte(Gemini), []byte(`{"tools":[{"functionDeclarations":[{"name":"f"},{"name":"g"}],"googleSearch":{}},{"function_declarations":null},3]}`))
 	f.Fuzz(func(t *testing.T, format byte, body []byte) {
 		fm := Format(format)
 		call, err := ParseRequest(fm, body)
