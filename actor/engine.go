@@ -31,6 +31,7 @@ import (
 	"github.com/llmbulkhead/bulkhead/classes"
 	"github.com/llmbulkhead/bulkhead/clock"
 	"github.com/llmbulkhead/bulkhead/dedup"
+	"github.com/llmbulkhead/bulkhead/fleet"
 )
 
 // Config is what the engine needs to start.
@@ -45,6 +46,22 @@ type Config struct {
 	Dedup bool
 	// Queue is how the queue serves waiting calls.
 	Queue QueuePolicy
+
+	// Model is the bulkhead's own model, for calls and feedback that name
+	// none.
+	Model string
+	// ShedCooldown turns away at once a call whose model is cooling down;
+	// otherwise it is held back until the cool-down ends.
+	ShedCooldown bool
+	// Adaptive, Rates and Fleet are the adaptive limit, the rate limits
+	// and the fleet pool; nil for none.
+	Adaptive *Adaptive
+	Rates    *Rates
+	Fleet    *fleet.Pool
+	// OnPark, when set, is called on the admission actor each time a call
+	// starts to wait on its own timer (a paced turn, a cool-down before
+	// it), with the time it will wait: for tests that move a mock clock.
+	OnPark func(time.Duration)
 }
 
 // ErrInternal wraps a panic recovered inside the admission actor.
@@ -118,10 +135,11 @@ func Start(cfg Config) (*Engine, error) {
 	ev := &eventsActor{engine: e}
 	e.events = e.root.Spawn(actor.PropsFromProducer(func() actor.Actor { return ev },
 		actor.WithMailbox(newMailbox)))
-	adm := &admissionActor{engine: e, withDedup: cfg.Dedup}
+	adm := &admissionActor{engine: e, withDedup: cfg.Dedup, onPark: cfg.OnPark}
 	var seed [32]byte
 	_, _ = rand.Read(seed[:])
-	st, err := newState(cfg.Limits, cfg.Queue, adm, seed)
+	sc := stageConfig{model: cfg.Model, shed: cfg.ShedCooldown, adaptive: cfg.Adaptive, rates: cfg.Rates, fleet: cfg.Fleet}
+	st, err := newState(cfg.Limits, cfg.Queue, sc, adm, seed)
 	if err != nil {
 		return nil, err
 	}
@@ -290,22 +308,13 @@ func (e *Engine) AcquireAsync(r *AcquireRequest) (done <-chan struct{}, stop fun
 	return r.done, stop
 }
 
-// Confirm confirms l, a provisional admission (see AcquireRequest.Confirm):
-// from then on it is an admission like any other. It does not wait: the
-// messages the caller sends after it (a release) are handled after it.
-func (e *Engine) Confirm(l *Lease) {
-	l.conf.l = l
-	e.send(&l.conf)
-}
-
-// Rollback turns down l, a provisional admission, for why: its slot and
-// tokens go back (admitting the next waiter), and the call is counted and
-// announced as rejected, with ext completing the detail and cause as its
-// cause. It returns the rejection.
-func (e *Engine) Rollback(l *Lease, why admission.Reason, ext *admission.External, cause error) error {
-	q := &rollbackRequest{l: l, why: why, ext: ext, cause: cause, done: make(chan struct{}, 1)}
+// Feedback hands the engine what a provider answered a call: a
+// Retry-After starts a cool-down of the model, a headroom report replaces
+// the model's, and the adaptive limit learns from the outcome. It returns
+// once the engine has taken it in.
+func (e *Engine) Feedback(f Feedback) {
+	q := &feedbackRequest{f: f, done: make(chan struct{}, 1)}
 	e.call(q, q.done)
-	return q.err
 }
 
 // call sends msg and waits for done.
@@ -314,14 +323,29 @@ func (e *Engine) call(msg any, done chan struct{}) {
 	<-done
 }
 
-// WouldAdmit returns the advisory decision for a call.
-func (e *Engine) WouldAdmit(c classes.Class, p admission.Priority, res admission.Reservation, detail bool) admission.Decision {
+// WouldAdmit returns the advisory decision for a call of model, with the
+// bulkhead's queue timeout (a cool-down that outlasts it turns the call
+// away). A rate
+// kept in Redis is asked here, on the caller's goroutine, once the engine
+// has answered for everything else; like the rest, it books nothing.
+func (e *Engine) WouldAdmit(c classes.Class, p admission.Priority, res admission.Reservation, model string, timeout time.Duration, detail bool) admission.Decision {
 	q := e.wouldAdmitRequests.Get().(*wouldAdmitRequest)
-	q.class, q.priority, q.reservation, q.detail = c, p, res, detail
+	q.class, q.priority, q.reservation, q.model, q.timeout, q.detail = c, p, res, model, timeout, detail
 	e.call(q, q.done)
-	d := q.result
-	q.result, q.detail = admission.Decision{}, false
+	d, set, rs := q.result, q.remote, q.rates
+	q.result, q.detail, q.remote, q.rates = admission.Decision{}, false, nil, nil
 	e.wouldAdmitRequests.Put(q)
+	if set != nil {
+		if why, rd := rs.peek(background, set, res.Reserved); why != admission.NoReason {
+			d.Admit, d.Reason = false, why
+			if d.Detail != nil {
+				d.Detail.Rate = rd
+			}
+		}
+	}
+	if !detail {
+		d.Detail = nil
+	}
 	return d
 }
 
@@ -598,6 +622,8 @@ type admissionActor struct {
 	holdTimer clock.Timer
 	holdAt    time.Time
 	holdGen   uint64
+	// onPark is Config.OnPark.
+	onPark func(time.Duration)
 }
 
 func (a *admissionActor) now() time.Time { return a.engine.clk.Now() }
@@ -618,6 +644,51 @@ func (a *admissionActor) armTimer(r *AcquireRequest) {
 	e := a.engine
 	r.timer = e.clk.AfterFunc(r.QueueTimeout, func() { e.send(msg) })
 }
+
+// armPark arms r's timer to wake it, parked, after d.
+func (a *admissionActor) armPark(r *AcquireRequest, d time.Duration) {
+	msg := &parkMsg{r: r, gen: r.gen}
+	e := a.engine
+	r.timer = e.clk.AfterFunc(d, func() { e.send(msg) })
+	if a.onPark != nil {
+		a.onPark(d)
+	}
+}
+
+// startRemote runs a remote job on a goroutine of its own; its verdict
+// comes back as a message.
+func (a *admissionActor) startRemote(j *remoteJob) {
+	e := a.engine
+	go func() {
+		j.run()
+		e.send(j)
+	}()
+}
+
+// fleetRelease ends l's fleet hold, in the pool's background batches.
+func (a *admissionActor) fleetRelease(l *Lease) { a.state.fleet.pool.Release(fleetID(l)) }
+
+// fleetAdjust moves l's fleet hold, in the pool's background batches.
+func (a *admissionActor) fleetAdjust(l *Lease, held, seq int64, abandoned bool) {
+	a.state.fleet.adjust(l, held, seq, abandoned)
+}
+
+// bookRemote books an overrun on rates kept in Redis, on a goroutine of
+// its own (a release never waits for Redis).
+func (a *admissionActor) bookRemote(rs *rateStage, set *RateSet, over int64, l *Lease) {
+	e := a.engine
+	done := make(chan struct{})
+	l.booked = done
+	go func() {
+		defer close(done)
+		if dropped := rs.book(background, set, over); dropped > 0 {
+			e.log(slog.LevelWarn, "bulkhead: overrun larger than a rate window, partly dropped",
+				"admission", l.ID.String(), "overrun", over, "dropped", dropped)
+		}
+	}()
+}
+
+func (a *admissionActor) warn(msg string, args ...any) { a.engine.log(slog.LevelWarn, msg, args...) }
 
 // armHold arms the engine's one hold timer for d from now, unless it is
 // armed for sooner already.
@@ -720,10 +791,12 @@ func (a *admissionActor) Receive(ctx actor.Context) {
 		s.acquire(m)
 	case *releaseMsg:
 		s.release(m)
-	case *confirmMsg:
-		s.confirm(m.l)
-	case *rollbackRequest:
-		m.err = s.rollback(m)
+	case *remoteJob:
+		s.verdict(m)
+	case *parkMsg:
+		s.unpark(m)
+	case *feedbackRequest:
+		s.feedback(&m.f)
 		m.done <- struct{}{}
 	case *usageRequest:
 		m.result, m.err = s.applyUsage(m.l, m.usage, m.progressive)
@@ -747,7 +820,7 @@ func (a *admissionActor) Receive(ctx actor.Context) {
 	case *holdMsg:
 		a.holdFired(m)
 	case *wouldAdmitRequest:
-		m.result = s.wouldAdmit(m.class, m.priority, m.reservation, m.detail)
+		s.wouldAdmitRequest(m)
 		m.done <- struct{}{}
 	case *statsRequest:
 		m.result = s.stats(a.external())

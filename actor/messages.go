@@ -54,29 +54,13 @@ type AcquireRequest struct {
 	// bypassed.
 	Follower      admission.Reason
 	FollowerCause error
-	// Confirm makes an admission provisional: it holds its slot and tokens
-	// but is not counted, announced or timed until the facade has run the
-	// checks made outside the engine (a rate limit) and either confirms it
-	// (Engine.Confirm) or turns it down (Engine.Rollback).
-	Confirm bool
-	// Refuse, when set, rejects the request with that reason before any
-	// capacity check, for a check the facade made outside the engine (a
-	// rate limit): counted, announced with the capacity snapshot completed
-	// by RefuseExt, and answered with RefuseCause as the cause.
-	// Check, when set, is a check the engine makes itself at the moment
-	// of admission, after every capacity check has passed and the slot is
-	// granted (a rate limit on an in-process store): it must never block
-	// and never call user code. A call it turns down gives its slot back
-	// and is rejected for the reason it returns, with the detail's rate
-	// limit. CheckArg is the facade's, for Check.
-	Check    Checker
-	CheckArg any
-	// RateWait is how long the call waited for its rate-limit turn before
-	// it was sent, reported in its timing.
-	RateWait    time.Duration
-	Refuse      admission.Reason
-	RefuseExt   *admission.External
-	RefuseCause error
+	// Model is the call's model (the request's, else the bulkhead's own):
+	// cool-downs, provider headroom and per-model rates are kept by model.
+	Model string
+	// Deadline is when Ctx's deadline falls on the engine's clock, zero
+	// for none: a call that would have to wait past it (a cool-down, a
+	// paced turn) is turned away at once.
+	Deadline time.Time
 
 	// Err is the rejection, nil when admitted. Set by the engine.
 	Err error
@@ -85,6 +69,14 @@ type AcquireRequest struct {
 	// across uses (the token a rejected call did not need). The engine
 	// never reads it.
 	Spare any
+
+	// RateWait is how long the call waited for its rate-limit turn, set by
+	// the engine and reported in its timing.
+	RateWait time.Duration
+	// Panic is set, with Err, when code run for the call's remote checks
+	// (its context, a Redis hook) panicked: the facade panics with it on
+	// the caller's goroutine.
+	Panic any
 
 	// answered is set by the engine when it replies.
 	answered bool
@@ -119,6 +111,16 @@ type AcquireRequest struct {
 	queuedAt time.Time
 	timer    clock.Timer
 	gen      uint64
+
+	// The stages: turned is set once the call has booked its paced turn;
+	// parked while it waits on its timer (for the turn, or for a
+	// cool-down to end before it), since parkedAt, for parkFor; held once
+	// a cool-down held it back; checking while a remote stage decides it.
+	turned, parked, held, checking bool
+	parkFor                        parkReason
+	parkedAt                       time.Time
+	set                            *RateSet // its rates, looked up once
+	setDone                        bool
 }
 
 // reset clears the facade's fields for the next use. The engine's own
@@ -132,8 +134,8 @@ func (r *AcquireRequest) reset() {
 	r.Start, r.answered = time.Time{}, false
 	r.Class, r.BorrowedDeadline, r.Shadow = classes.None, 0, 0
 	r.Follower, r.FollowerCause = admission.NoReason, nil
-	r.RateWait, r.Check, r.CheckArg = 0, nil, nil
-	r.Confirm, r.Refuse, r.RefuseExt, r.RefuseCause = false, admission.NoReason, nil, nil
+	r.Model, r.Deadline, r.RateWait, r.Panic = "", time.Time{}, 0, nil
+	r.turned, r.parked, r.held, r.checking, r.set, r.setDone = false, false, false, false, nil, false
 }
 
 func (r *AcquireRequest) MailboxNode() *mpscNode { return &r.node }
@@ -193,13 +195,26 @@ type Lease struct {
 	engine    *Engine
 	releasing atomic.Bool
 	rel       releaseMsg
-	conf      confirmMsg
 
-	// provisional is set while an admission made with Confirm waits for
-	// the facade's verdict; timing is its decision timing, announced when
-	// it is counted (its borrowed-slot deadline starts then too).
+	// provisional is set while an admission waits for the verdict of its
+	// remote stages; timing is its decision timing, announced when it is
+	// counted (its borrowed-slot deadline starts then too).
 	provisional bool
-	timing      admission.Timing
+	// model is the call's model; headGen the provider headroom report it
+	// spent from (0: none), given back if it is rolled back.
+	model   string
+	headGen uint64
+	// inFlight, epoch and admittedAt are noted at the grant, for the
+	// adaptive limit's feedback: the calls in flight then (itself
+	// included), the controller's epoch and, for the gradient rule, the
+	// time.
+	inFlight   int
+	epoch      uint64
+	admittedAt time.Time
+	// booked is closed once an overrun the release booked on rates kept
+	// in Redis is booked; nil when it booked none there.
+	booked chan struct{}
+	timing admission.Timing
 	// shadow is the call's observe-mode shadow reasons: a rollback for one
 	// of them bypasses instead of rejecting.
 	shadow admission.ReasonSet
@@ -316,6 +331,16 @@ func (m *releaseMsg) settleUsage() {
 	}
 }
 
+// Settled returns once the engine has handled the lease's release and,
+// when the release booked an overrun on rates kept in Redis, once that is
+// booked: the calls after it see it.
+func (l *Lease) Settled() {
+	l.Sync()
+	if c := l.booked; c != nil {
+		<-c
+	}
+}
+
 // Released reports whether Release has been called on the lease.
 func (l *Lease) Released() bool { return l.releasing.Load() }
 
@@ -335,29 +360,9 @@ func (l *Lease) Release(usage *admission.Usage) bool {
 	return true
 }
 
-// Checker is a check the engine makes at the moment of admission; see
-// AcquireRequest.Check.
-type Checker interface {
-	Check(r *AcquireRequest) (admission.Reason, *admission.External)
-}
-
-// Holder is a Checker that can also tell the engine to hold a call back
-// for a while (a provider's cool-down): Hold returns how long r should
-// wait before its Check can pass, 0 when it need not wait or may not wait
-// that long (beyond r.QueueLeft; then Check decides). The engine asks it
-// before it grants a slot; a call it holds waits in the queue, bounded by
-// its queue timeout and context, and the queue is looked at again once the
-// time has passed; Held tells of each hold. Neither may block, book
-// anything or call user code.
-type Holder interface {
-	Hold(r *AcquireRequest) time.Duration
-	Held(r *AcquireRequest)
-}
-
-// QueueLeft is what is left at now of r's queue timeout: all of it for a
-// call not queued yet, 0 for no bound. The engine's goroutine only (a
-// Holder's Hold).
-func (r *AcquireRequest) QueueLeft(now time.Time) time.Duration {
+// queueLeft is what is left at now of r's queue timeout: all of it for a
+// call not queued yet, 0 for no bound.
+func (r *AcquireRequest) queueLeft(now time.Time) time.Duration {
 	if r.QueueTimeout <= 0 || !r.queued {
 		return r.QueueTimeout
 	}
@@ -367,37 +372,20 @@ func (r *AcquireRequest) QueueLeft(now time.Time) time.Duration {
 // holdMsg tells the state that a hold's time has passed.
 type holdMsg struct{ gen uint64 }
 
-// confirmMsg confirms a provisional admission. It lives inside the Lease,
-// so confirming allocates nothing.
-type confirmMsg struct {
-	l    *Lease
-	node mpscNode
-}
-
-func (m *confirmMsg) MailboxNode() *mpscNode { return &m.node }
-
-// rollbackRequest turns a provisional admission down: its slot and tokens
-// go back and the call is counted as rejected for why.
-type rollbackRequest struct {
-	l     *Lease
-	why   admission.Reason
-	ext   *admission.External
-	cause error
-	err   error
-	done  chan struct{}
-}
-
-func (q *rollbackRequest) fail(err error) chan struct{} { q.err = err; return q.done }
-
 // wouldAdmitRequest asks for an advisory decision.
 type wouldAdmitRequest struct {
 	node        mpscNode
 	class       classes.Class
 	priority    admission.Priority
 	reservation admission.Reservation
+	model       string
+	timeout     time.Duration // the bulkhead's queue timeout
 	detail      bool
 	result      admission.Decision
-	done        chan struct{}
+	// remote is the call's rates in Redis, for the caller to ask.
+	remote *RateSet
+	rates  *rateStage
+	done   chan struct{}
 }
 
 // statsRequest asks for a copy of the statistics.

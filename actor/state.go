@@ -32,6 +32,20 @@ type effects interface {
 	// answer hands r's answer (r.Err, and r.Lease when admitted) to its
 	// caller, who may reuse r at once.
 	answer(r *AcquireRequest)
+	// armPark makes a parkMsg for r's current generation come back once
+	// d has passed (r.timer holds it).
+	armPark(r *AcquireRequest, d time.Duration)
+	// startRemote runs j's remote stages off the actor; j comes back as
+	// the message with its verdict.
+	startRemote(j *remoteJob)
+	// fleetRelease and fleetAdjust send l's fleet hold's end or new value
+	// to the pool (they never block).
+	fleetRelease(l *Lease)
+	fleetAdjust(l *Lease, held, seq int64, abandoned bool)
+	// bookRemote books an overrun on rates kept in Redis, off the actor.
+	bookRemote(rs *rateStage, set *RateSet, over int64, l *Lease)
+	// warn logs a warning.
+	warn(msg string, args ...any)
 	// answerDrain hands d's result to its caller.
 	answerDrain(d *drainRequest)
 	// expire tells the holder of l that its borrowed-slot deadline expired
@@ -96,18 +110,40 @@ type state struct {
 
 	// tab is the admission class table, nil without classes.
 	tab *classes.Table
+
+	// The stages beyond capacity (stages.go): model is the bulkhead's own
+	// model; cool the cool-downs and headroom reports; adapt the adaptive
+	// limit, rates the rate limits and fleet the fleet pool, nil when the
+	// bulkhead has none. parkedLine holds the calls waiting on their own
+	// timer (nparked of them), and checking counts the calls whose paced
+	// turn a remote store is deciding.
+	model      string
+	cool       cooling
+	adapt      *adapting
+	rates      *rateStage
+	fleet      *fleetStage
+	parkedLine line
+	nparked    int
+	checking   int
 }
 
 // newState returns the state machine for limits (assumed valid but for
 // the class table, which it validates) and the queue policy qp, with its
 // effects going to fx and admission IDs drawn from a generator seeded with
 // seed.
-func newState(limits admission.Limits, qp QueuePolicy, fx effects, seed [32]byte) (*state, error) {
+func newState(limits admission.Limits, qp QueuePolicy, sc stageConfig, fx effects, seed [32]byte) (*state, error) {
 	s := &state{
 		fx:        fx,
 		ids:       mrand.NewChaCha8(seed),
 		limits:    limits.Clone(),
 		hasBudget: limits.TokenBudget != nil,
+		model:     sc.model,
+		cool:      newCooling(sc.shed),
+		adapt:     newAdapting(sc.adaptive),
+		rates:     newRateStage(sc.rates),
+	}
+	if sc.fleet != nil {
+		s.fleet = &fleetStage{pool: sc.fleet}
 	}
 	if limits.Classes != nil {
 		tab, err := classes.New("Config.Classes", *limits.Classes, limits)
@@ -230,29 +266,55 @@ func (s *state) acquire(r *AcquireRequest) {
 	case r.ended != nil:
 		s.reject(r, admission.Aborted, true, r.ended, "")
 		return
-	case r.Refuse != admission.NoReason:
-		s.refuseOutside(r)
+	}
+	if _, err := s.rateSet(r); err != nil {
+		r.Err = err // a rate the store cannot name: invalid input, counted nowhere
+		s.answer(r)
+		return
+	}
+	s.proceed(r)
+}
+
+// proceed runs r's stages from where it stands: a new call from the
+// start, a parked one from after its wait.
+func (s *state) proceed(r *AcquireRequest) {
+	if s.cooldownStage(r) {
 		return
 	}
 	if why, cons := s.checkCapacity(r.Priority, r.Reservation.Reserved, r.Class, false); why != admission.NoReason {
 		if s.mayWait(r.Priority, r.Reservation.Reserved, r.Class) {
+			if s.turnStage(r) {
+				return
+			}
 			s.enqueue(r)
 			return
 		}
 		s.refuse(r, why, false, cons)
 		return
 	}
-	if d := holdFor(r); d > 0 {
+	if d := s.holdFor(r); d > 0 {
 		// Held back (a provider's cool-down): it waits in the queue; with
-		// no room there, it is turned away as the check says.
+		// no room there, it is turned away.
 		if s.gateReason() != admission.NoReason {
-			s.refuseChecked(r)
+			dd, _, _ := s.cool.left(r.Model, r.Reservation.Reserved, s.fx.now(), false)
+			s.rejectStage(r, admission.Cooldown, &admission.External{Cooldown: &dd}, nil)
 			return
 		}
-		r.Check.(Holder).Held(r)
+		s.markHeld(r)
 		s.enqueue(r)
 		r.blocking = true
 		s.fx.armHold(d)
+		return
+	}
+	if s.inFlight >= s.limits.MaxConcurrent || s.q.ahead(r.Class, r.Priority) {
+		// It would wait: a call the queue has no room for is turned away
+		// before it books a paced turn.
+		if why := s.gateReason(); why != admission.NoReason {
+			s.refuse(r, why, true, s.globalConstraint())
+			return
+		}
+	}
+	if s.turnStage(r) {
 		return
 	}
 	if s.q.ahead(r.Class, r.Priority) && (s.q.wait || s.inFlight < s.limits.MaxConcurrent) {
@@ -268,7 +330,7 @@ func (s *state) acquire(r *AcquireRequest) {
 	}
 	if s.inFlight < s.limits.MaxConcurrent {
 		s.grantSlot()
-		if s.passes(r) {
+		if s.grantStages(r) {
 			s.admit(r)
 		}
 		return
@@ -342,13 +404,19 @@ func (s *state) admit(r *AcquireRequest) {
 	}
 	l.timing = s.timing(r)
 	l.shadow = r.Shadow
-	l.provisional = r.Confirm
+	s.noteGrant(l)
 	s.q.served(r.Class, reserved)
-	if r.Confirm {
+	if set, remote := s.remoteStages(r); remote {
+		// Provisional until the remote stages' verdict: the caller is
+		// answered then.
+		l.provisional = true
 		s.provisional++
-	} else {
-		s.count(l)
+		r.checking = true
+		s.fx.startRemote(&remoteJob{r: r, kind: remoteAdmit, set: set, fleet: s.fleet, rates: s.rates})
+		return
 	}
+	l.provisional = false
+	s.count(l)
 	r.Err = nil
 	s.answer(r)
 }
@@ -391,16 +459,18 @@ func (s *state) confirm(l *Lease) {
 	s.count(l)
 }
 
-// rollback turns provisional admission m.l down for m.why: the slot and the
-// tokens go back, and the call is counted and announced as a rejection (a
-// rejection changes no token counter: the hold was never counted as
-// reserved). It returns the rejection.
-func (s *state) rollback(m *rollbackRequest) error {
-	l := m.l
+// rollback turns provisional admission l down for why: the slot, the
+// tokens and the headroom it spent go back, and the call is counted and
+// announced as a rejection (a rejection changes no token counter: the hold
+// was never counted as reserved). It returns the rejection, or nil when
+// observe mode bypasses the call instead (l.Bypass is then set).
+func (s *state) rollback(l *Lease, why admission.Reason, ext *admission.External, cause error) error {
 	if !l.provisional {
 		return admission.Invalidf("Lease", "is not a provisional admission")
 	}
 	l.provisional, l.released = false, true
+	s.cool.refund(l.model, l.Reservation.Reserved, l.headGen)
+	l.headGen = 0
 	s.provisional--
 	s.returnSlot()
 	s.q.unserve(l.classID, l.Reservation.Reserved)
@@ -410,40 +480,16 @@ func (s *state) rollback(m *rollbackRequest) error {
 	}
 	s.tab.Unhold(l.classID, held)
 	l.held = 0
-	err := s.rejectOutside(l.Request, l.Priority, l.Reservation.Reserved, l.classID, m.why, m.ext, m.cause, l.timing)
-	if l.shadow.Has(m.why) {
+	err := s.rejectOutside(l.Request, l.Priority, l.Reservation.Reserved, l.classID, why, ext, cause, l.timing)
+	if l.shadow.Has(why) {
 		// Observe mode: refused after admission's own checks passed, so a
 		// race bypass, as for a queued call refused by its postcheck.
 		l.released, l.deadline, l.expired = false, 0, nil
-		s.bypassLease(l, m.why, true, err.(*admission.RejectedError).Detail)
+		s.bypassLease(l, why, true, err.(*admission.RejectedError).Detail)
 		err = nil
 	}
 	s.pump()
 	return err
-}
-
-// passes runs r's own check, if it has one, for a call whose slot is
-// granted: when the check turns it down, the slot goes back and the call is
-// rejected, and passes returns false.
-func (s *state) passes(r *AcquireRequest) bool {
-	if r.Check == nil {
-		return true
-	}
-	why, ext := r.Check.Check(r)
-	if why == admission.NoReason {
-		return true
-	}
-	s.returnSlot()
-	r.Err = s.rejectOutside(r.Request, r.Priority, r.Reservation.Reserved, r.Class, why, ext, nil, s.timing(r))
-	s.answer(r)
-	return false
-}
-
-// refuseOutside rejects a new request for a check the facade made outside
-// the engine (r.Refuse).
-func (s *state) refuseOutside(r *AcquireRequest) {
-	r.Err = s.rejectOutside(r.Request, r.Priority, r.Reservation.Reserved, r.Class, r.Refuse, r.RefuseExt, r.RefuseCause, s.timing(r))
-	s.answer(r)
 }
 
 // rejectOutside counts and announces the rejection of a call for a check
@@ -593,11 +639,11 @@ func (s *state) pump() {
 // waiter the limits now make unfittable is rejected. Otherwise capacity is
 // postchecked with the slot held, as it may have changed while w waited.
 func (s *state) serve(w *AcquireRequest) bool {
-	if d := holdFor(w); d > 0 {
+	if d := s.holdFor(w); d > 0 {
 		// Held back (a provider's cool-down): so is its class, until the
 		// time has passed (the other classes' waiters are looked at: those
 		// of the same model are held too).
-		w.Check.(Holder).Held(w)
+		s.markHeld(w)
 		w.blocking = true
 		s.fx.armHold(d)
 		s.q.block(w.Class)
@@ -623,7 +669,7 @@ func (s *state) serve(w *AcquireRequest) bool {
 	if why, cons := s.checkCapacity(w.Priority, w.Reservation.Reserved, w.Class, true); why != admission.NoReason {
 		s.returnSlot()
 		s.reject(w, why, false, nil, cons)
-	} else if s.passes(w) {
+	} else if s.grantStages(w) {
 		s.admit(w)
 	}
 	return true
@@ -633,8 +679,15 @@ func (s *state) serve(w *AcquireRequest) bool {
 // answered is left alone: its answer stands.
 func (s *state) cancel(m *cancelMsg) {
 	r := m.r
-	if !r.queued {
+	if r.parked {
+		s.unparkRequest(r)
+		s.waited(r, s.fx.now())
+		s.reject(r, admission.Aborted, true, m.cause, "")
+		s.checkDrains()
 		return
+	}
+	if !r.queued {
+		return // answered; or a remote stage, whose verdict answers it
 	}
 	s.dequeue(r)
 	s.reject(r, admission.Aborted, true, m.cause, "")
@@ -672,7 +725,7 @@ func (s *state) release(m *releaseMsg) {
 		return
 	}
 	if l.provisional {
-		s.confirm(l) // the facade releases only what it confirmed; never lose a count
+		s.confirm(l) // a caller releases only what it was given; never lose a count
 	}
 	l.released = true
 	if !l.abandoned {
@@ -704,6 +757,11 @@ func (s *state) release(m *releaseMsg) {
 	}
 	s.tab.Release(l.classID, settled)
 	l.held = 0
+	var used int64
+	if m.hasUsage {
+		used = m.usage.Total()
+	}
+	s.releaseStages(l, used)
 	if s.listeners[KindRelease] > 0 {
 		s.fx.emit(&admission.ReleaseEvent{
 			Request:        l.Request,
@@ -789,6 +847,9 @@ func (s *state) applyUsage(l *Lease, u admission.Usage, p *admission.Progressive
 	l.held, l.last, l.reported = hold, u, true
 	l.sequence++
 	rep.Sequence, rep.Held = l.sequence, hold
+	if s.fleet != nil {
+		s.fx.fleetAdjust(l, hold, l.sequence, l.abandoned)
+	}
 	if s.listeners[KindUsage] > 0 {
 		ev := &admission.UsageEvent{
 			Request:         l.Request,
@@ -965,25 +1026,6 @@ func (s *state) applyLimits(q *applyRequest) (admission.ApplyResult, error) {
 	return admission.ApplyResult{Applied: true, Previous: prev, Current: s.limits.Clone()}, nil
 }
 
-// holdFor is how long r's check asks it to be held back, 0 for none.
-func holdFor(r *AcquireRequest) time.Duration {
-	if h, ok := r.Check.(Holder); ok {
-		return h.Hold(r)
-	}
-	return 0
-}
-
-// refuseChecked rejects new call r for what its own check says, before any
-// slot is taken (a cool-down it may not wait out in the queue).
-func (s *state) refuseChecked(r *AcquireRequest) {
-	why, ext := r.Check.Check(r)
-	if why == admission.NoReason {
-		why = admission.Cooldown // the hold ended in between: cannot happen on one goroutine
-	}
-	r.Err = s.rejectOutside(r.Request, r.Priority, r.Reservation.Reserved, r.Class, why, ext, nil, s.timing(r))
-	s.answer(r)
-}
-
 // holdEnded looks at the queue again once a hold's time has passed.
 func (s *state) holdEnded() { s.pump() }
 
@@ -1016,6 +1058,9 @@ func (s *state) abandon(l *Lease, cause admission.AbandonCause) bool {
 	}
 	l.abandoned = true
 	s.returnSlot()
+	if s.fleet != nil {
+		s.fx.fleetAdjust(l, l.held, l.sequence, true)
+	}
 	s.tab.Abandon(l.classID, cause)
 	s.abandoned[cause]++
 	s.callStats.Abandoned++
@@ -1068,6 +1113,7 @@ func (s *state) close() {
 		s.dequeue(w)
 		s.reject(w, admission.Shutdown, true, nil, "")
 	})
+	s.closeStages()
 	s.fx.stopHold() // nothing is held any more
 	s.checkDrains()
 }
@@ -1088,11 +1134,11 @@ func (s *state) listen(kinds Kinds, delta int) (timing bool) {
 func (s *state) silence() { s.listeners = [NumKinds]int{} }
 
 func (s *state) idle() bool {
-	return s.calls == 0 && s.provisional == 0 && s.pending == 0 && s.observe.InFlight == 0
+	return s.calls == 0 && s.provisional == 0 && s.pending == 0 && s.observe.InFlight == 0 && s.nparked == 0 && s.checking == 0
 }
 
 func (s *state) drainResult() admission.DrainResult {
-	return admission.DrainResult{Drained: s.idle(), InFlight: int(s.calls + s.provisional), Pending: s.pending, Bypassed: int(s.observe.InFlight)}
+	return admission.DrainResult{Drained: s.idle(), InFlight: int(s.calls + s.provisional), Pending: s.pending + s.nparked + s.checking, Bypassed: int(s.observe.InFlight)}
 }
 
 // answerDrain replies to d with the current result.
@@ -1175,6 +1221,12 @@ func (s *state) stats(ext external) admission.Stats {
 	st.Observe.BypassedByReason = byReason(&s.bypassByWhy)
 	st.ListenerPanics = ext.listenerPanics
 	st.LedgerDrift = s.drift + s.tab.Drift()
+	st.Cooldown = s.cool.stats(s.fx.now())
+	st.Adaptive = s.adaptiveStats()
+	st.Fleet = s.fleet.stats()
+	if st.Rate = s.rates.stats(); st.Rate != nil {
+		st.Rate.Waiting = s.nparked + s.checking
+	}
 	return st
 }
 

@@ -32,6 +32,16 @@ type recorder struct {
 	drains  []admission.DrainResult
 	expired []*Lease
 	drifts  []string
+	// The stages' effects: parked calls' timers (by the generation they
+	// fire for, and for how long), remote jobs started, fleet holds ended
+	// and adjusted, overruns booked remotely, warnings.
+	parks    map[*AcquireRequest]time.Duration
+	remotes  []*remoteJob
+	releases []*Lease
+	adjusts  []string
+	booked   []int64
+	warnings []string
+	holds    []time.Duration
 }
 
 func (r *recorder) now() time.Time                { return r.clock }
@@ -39,10 +49,23 @@ func (r *recorder) emit(ev any)                   { r.events = append(r.events, 
 func (r *recorder) tell(_ classes.Class, msg any) { r.tells = append(r.tells, msg) }
 func (r *recorder) armTimer(q *AcquireRequest)    { r.armed[q] = q.gen }
 func (r *recorder) stopTimer(q *AcquireRequest)   { delete(r.armed, q) }
-func (r *recorder) armHold(time.Duration)         {}
-func (r *recorder) stopHold()                     {}
-func (r *recorder) answerDrain(d *drainRequest)   { r.drains = append(r.drains, d.result) }
-func (r *recorder) expire(l *Lease)               { r.expired = append(r.expired, l) }
+func (r *recorder) armHold(d time.Duration)       { r.holds = append(r.holds, d) }
+func (r *recorder) armPark(q *AcquireRequest, d time.Duration) {
+	r.armed[q] = q.gen
+	r.parks[q] = d
+}
+func (r *recorder) startRemote(j *remoteJob) { r.remotes = append(r.remotes, j) }
+func (r *recorder) fleetRelease(l *Lease)    { r.releases = append(r.releases, l) }
+func (r *recorder) fleetAdjust(l *Lease, held, seq int64, abandoned bool) {
+	r.adjusts = append(r.adjusts, fmt.Sprint(held, " ", seq, " ", abandoned))
+}
+func (r *recorder) bookRemote(_ *rateStage, _ *RateSet, over int64, _ *Lease) {
+	r.booked = append(r.booked, over)
+}
+func (r *recorder) warn(msg string, _ ...any)   { r.warnings = append(r.warnings, msg) }
+func (r *recorder) stopHold()                   {}
+func (r *recorder) answerDrain(d *drainRequest) { r.drains = append(r.drains, d.result) }
+func (r *recorder) expire(l *Lease)             { r.expired = append(r.expired, l) }
 func (r *recorder) answer(q *AcquireRequest) {
 	r.answers = append(r.answers, answered{q.Request.(string), q.Err})
 }
@@ -79,8 +102,14 @@ var allKinds = func() (k Kinds) {
 // kind of event, and the recorder of its effects.
 func newTestState(t *testing.T, limits admission.Limits) (*state, *recorder) {
 	t.Helper()
-	rec := &recorder{clock: time.Unix(1_000, 0), armed: map[*AcquireRequest]uint64{}}
-	s, err := newState(limits, QueuePolicy{}, rec, [32]byte{1})
+	return newStageState(t, limits, stageConfig{})
+}
+
+// newStageState is newTestState with stages beyond capacity.
+func newStageState(t *testing.T, limits admission.Limits, sc stageConfig) (*state, *recorder) {
+	t.Helper()
+	rec := &recorder{clock: time.Unix(1_000, 0), armed: map[*AcquireRequest]uint64{}, parks: map[*AcquireRequest]time.Duration{}}
+	s, err := newState(limits, QueuePolicy{}, sc, rec, [32]byte{1})
 	if err != nil {
 		t.Fatal(err)
 	}

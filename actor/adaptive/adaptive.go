@@ -8,6 +8,7 @@ package adaptive
 
 import (
 	"math"
+	"math/bits"
 	"time"
 )
 
@@ -257,4 +258,12 @@ func (c *Controller) Next(limit int, m Move) int {
 		c.carry = max(0, next-float64(out))
 	}
 	return out
+}
+
+// Scale returns v × n / d, rounded down, for v >= 0 and 0 <= n <= d, 0 < d,
+// without overflow: the budget that goes with a limit of n out of d.
+func Scale(v int64, n, d int) int64 {
+	hi, lo := bits.Mul64(uint64(v), uint64(n))
+	q, _ := bits.Div64(hi, lo, uint64(d)) // hi < d as n <= d
+	return int64(q)
 }

@@ -1,5 +1,7 @@
 package admission
 
+import "time"
+
 // Stats is the engine's form of bulkhead.Stats; the facade
 // converts it, and the root type documents the fields.
 type Stats struct {
@@ -12,6 +14,10 @@ type Stats struct {
 	Dedup          *DedupStats
 	ListenerPanics int64
 	LedgerDrift    int64
+	Cooldown       CooldownStats
+	Rate           *RateStats
+	Fleet          *FleetStats
+	Adaptive       *AdaptiveStats
 }
 
 // GateStats is the engine's form of bulkhead.GateStats; the facade
@@ -61,4 +67,56 @@ type BudgetStats struct {
 type DedupStats struct {
 	Active int64
 	Hits   int64
+}
+
+// CooldownStats is the engine's form of bulkhead.CooldownStats; the facade
+// converts it, and the root type documents the fields.
+type CooldownStats struct {
+	Active          map[string]time.Time
+	Started         int64
+	Held            int64
+	Headroom        map[string]HeadroomStats
+	HeadroomReports int64
+}
+
+// HeadroomStats is the engine's form of bulkhead.HeadroomStats.
+type HeadroomStats struct {
+	Tokens, Requests           int64
+	TokensLimit, RequestsLimit int64
+	Reported, Full             time.Time
+}
+
+// Headroom is the engine's form of bulkhead.Headroom, a provider's report
+// of what is left of its rate limits; the facade validates it.
+type Headroom struct {
+	Tokens, Requests           int64
+	TokensLimit, RequestsLimit int64
+	TokensReset, RequestsReset time.Duration
+}
+
+// RateStats is the engine's form of bulkhead.RateStats.
+type RateStats struct {
+	Checked, Paced                int64
+	PacedTime                     time.Duration
+	Fallbacks                     int64
+	Overruns, OverrunTokens       int64
+	OverrunErrors, OverrunDropped int64
+	Waiting                       int
+}
+
+// FleetStats is the engine's form of bulkhead.FleetStats.
+type FleetStats struct {
+	Checked, Admitted, PolicyAdmitted int64
+	InFlight, InFlightTokens          int64
+	MaxConcurrent, TokenBudget        int64
+}
+
+// AdaptiveStats is the engine's form of bulkhead.AdaptiveStats; Rule is
+// the adaptive rule's number.
+type AdaptiveStats struct {
+	Rule                                             uint8
+	MaxConcurrent, MinConcurrent, MaxConcurrentBound int
+	Budget, MinBudget, MaxBudget                     int64
+	Samples, Increases, Decreases                    int64
+	LastChange                                       time.Time
 }
