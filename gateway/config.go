@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"net/url"
 	"os"
+	"reflect"
 	"regexp"
 	"sort"
 	"strconv"
@@ -274,8 +276,9 @@ func (e *ConfigError) Error() string {
 func (e *ConfigError) Is(target error) bool { return target == bulkhead.ErrInvalid }
 
 // LoadConfig reads and checks the configuration file at path: its syntax,
-// unknown keys (a misspelt key is an error, not ignored), and every value
-// (see ParseConfig).
+// unknown keys (a misspelt key is an error naming its line, its section
+// and the key it may have meant, not ignored), and every value (see
+// ParseConfig).
 func LoadConfig(path string) (*Config, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -289,30 +292,41 @@ var yamlLine = regexp.MustCompile(`line (\d+): (.*)`)
 // ParseConfig reads and checks a configuration; name is the file's name,
 // for errors.
 func ParseConfig(name string, data []byte) (*Config, error) {
+	var root yaml.Node
+	if err := yaml.Unmarshal(data, &root); err != nil {
+		return nil, yamlError(name, err)
+	}
+	v := &validator{file: name, root: &root}
+	if v.unknownKey(&root, reflect.TypeFor[Config](), nil) {
+		return nil, v.err
+	}
 	var cfg Config
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
-	if err := dec.Decode(&cfg); err != nil {
-		ce := &ConfigError{File: name, Problem: strings.TrimPrefix(err.Error(), "yaml: ")}
-		var te *yaml.TypeError
-		if errors.As(err, &te) && len(te.Errors) > 0 {
-			ce.Problem = te.Errors[0]
-		}
-		if m := yamlLine.FindStringSubmatch(ce.Problem); m != nil {
-			ce.Line, _ = strconv.Atoi(m[1])
-			ce.Problem = m[2]
-		}
-		return nil, ce
+	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
+		return nil, yamlError(name, err)
 	}
-	var root yaml.Node
-	_ = yaml.Unmarshal(data, &root)
 	cfg.root = &root
-	v := &validator{file: name, root: &root}
 	v.check(&cfg)
 	if v.err != nil {
 		return nil, v.err
 	}
 	return &cfg, nil
+}
+
+// yamlError is the ConfigError of err, an error of the YAML decoder, with
+// the line it names.
+func yamlError(name string, err error) *ConfigError {
+	ce := &ConfigError{File: name, Problem: strings.TrimPrefix(err.Error(), "yaml: ")}
+	var te *yaml.TypeError
+	if errors.As(err, &te) && len(te.Errors) > 0 {
+		ce.Problem = te.Errors[0]
+	}
+	if m := yamlLine.FindStringSubmatch(ce.Problem); m != nil {
+		ce.Line, _ = strconv.Atoi(m[1])
+		ce.Problem = m[2]
+	}
+	return ce
 }
 
 // validator checks a decoded configuration and reports the first problem
