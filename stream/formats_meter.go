@@ -153,6 +153,7 @@ type eventInfo struct {
 	rawText  bool           // text was counted from JSON other than a string
 	started  bool           // the event shows that generation started
 	terminal bool           // the response is complete
+	finished bool           // generation ended: the provider's counts from here on are final (Gemini)
 	usage    rawUsage       // the provider's counts, if any
 	perr     *ProviderError // the provider's error, if any
 	usageRow bool           // an OpenAI chat usage chunk: choices empty, usage set
@@ -179,7 +180,7 @@ func (e *eventInfo) raw(v jsondom.Value) {
 // pure reports whether the event did nothing but carry one text value: the
 // fast path may then read events like it by their shape (see template).
 func (e *eventInfo) pure() bool {
-	return e.texts == 1 && !e.rawText && !e.terminal && e.perr == nil && !e.usage.any() && !e.usageRow
+	return e.texts == 1 && !e.rawText && !e.terminal && !e.finished && e.perr == nil && !e.usage.any() && !e.usageRow
 }
 
 // kindOf returns an event's type: its SSE event name, else the "type"
@@ -321,9 +322,28 @@ func parseResponses(name []byte, root jsondom.Value, stream bool, e *eventInfo) 
 			e.perr = &ProviderError{Format: OpenAIResponses, Message: "response failed"}
 		}
 	case kindIs(kind, "error"):
-		e.perr = providerError(OpenAIResponses, root, "code", "type")
+		e.perr = responsesError(root)
 		e.terminal = true
 	}
+}
+
+// responsesError is the error a Responses stream's error event describes.
+// The API documents its code and message as members of the event, but sends
+// them (with the error's type) in an "error" object: each is taken from
+// the event, else from that object. The error's name is its code, else its
+// type; never the event's own type, "error".
+func responsesError(root jsondom.Value) *ProviderError {
+	pe := providerError(OpenAIResponses, root, "code")
+	if inner := root.Get("error"); inner.Kind() == jsondom.Object {
+		nested := providerError(OpenAIResponses, inner, "code", "type")
+		if pe.Type == "" {
+			pe.Type = nested.Type
+		}
+		if pe.Message == "" {
+			pe.Message = nested.Message
+		}
+	}
+	return pe
 }
 
 func responsesUsage(r jsondom.Value, e *eventInfo) {
@@ -378,6 +398,10 @@ func anthropicUsage(u jsondom.Value, e *eventInfo, output bool) {
 	}
 }
 
+// parseGemini reads one Gemini response: a whole one, or one chunk of a
+// stream. A stream's usageMetadata is cumulative, and final only from the
+// chunk that ends generation, the one with a finishReason: the meter
+// reports earlier counts as not exact.
 func parseGemini(root jsondom.Value, e *eventInfo) {
 	if errorObject(root, Gemini, e, "status", "code") {
 		return
@@ -388,6 +412,7 @@ func parseGemini(root jsondom.Value, e *eventInfo) {
 			e.text(p.Get("text"))
 			e.raw(p.Get("functionCall").Get("args"))
 		}
+		e.finished = e.finished || nonEmpty(c.Get("finishReason"))
 	}
 	if u := root.Get("usageMetadata"); u.Kind() == jsondom.Object {
 		e.usage.in.set(u.Get("promptTokenCount"))
@@ -427,6 +452,11 @@ func providerError(f Format, v jsondom.Value, typeKeys ...string) *ProviderError
 		}
 	}
 	return pe
+}
+
+// nonEmpty reports whether v is a string other than "" (read in place).
+func nonEmpty(v jsondom.Value) bool {
+	return v.Kind() == jsondom.String && len(v.Raw()) > len(`""`)
 }
 
 // isDone reports whether an OpenAI chat event's data is the [DONE]

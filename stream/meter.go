@@ -150,6 +150,7 @@ type Meter struct {
 	perr     *ProviderError
 
 	prov      rawUsage // the provider's counts so far
+	finished  bool     // generation ended: the provider's counts are final (Gemini)
 	chars     int64    // generated text since the provider last counted output
 	started   bool     // generation has started
 	reported  bool     // a report has been made
@@ -470,6 +471,8 @@ func (m *Meter) value(doc []byte) {
 	parseEvent(m.format, nil, m.doc.Root(), false, &e)
 	if m.js.base > 0 {
 		e.terminal = false // one response of an array: the array's end settles
+	} else {
+		e.finished = true // the whole response
 	}
 	m.apply(&e)
 }
@@ -497,6 +500,7 @@ func (m *Meter) cutShort() {
 func (m *Meter) apply(e *eventInfo) {
 	m.chars += e.chars
 	m.started = m.started || e.started
+	m.finished = m.finished || e.finished
 	counted := e.usage.any()
 	if counted {
 		m.prov.merge(&e.usage)
@@ -569,10 +573,12 @@ func (m *Meter) current() tokenCounts {
 	return c
 }
 
-// isExact reports whether the usage so far is the provider's own count.
-// mu is held.
+// isExact reports whether the usage so far is the provider's own final
+// count: a Gemini stream's counts are running totals until the chunk that
+// ends generation. mu is held.
 func (m *Meter) isExact() bool {
-	return !m.passive && m.prov.inputKnown() && m.prov.outputKnown() && m.chars == 0
+	return !m.passive && m.prov.inputKnown() && m.prov.outputKnown() && m.chars == 0 &&
+		(m.format != Gemini || m.finished)
 }
 
 // report reports the usage so far. mu is held.
@@ -669,9 +675,11 @@ func (m *Meter) Close() error {
 }
 
 // Usage returns the usage so far, or the settled usage once the meter has
-// settled. exact is true when it is the provider's own count of both input
-// and output, false when either is an estimate. Input counts cache reads
-// and writes, Output counts reasoning (see Meter).
+// settled. exact is true when it is the provider's own final count of both
+// input and output, false when either is an estimate or, in a Gemini
+// response read as a stream, a running count: until the chunk with a
+// finishReason. Input counts cache reads and writes, Output counts
+// reasoning (see Meter).
 func (m *Meter) Usage() (u bulkhead.Usage, exact bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()

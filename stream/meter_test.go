@@ -199,6 +199,11 @@ var fixtures = []fixture{
 	{file: "openai_responses_truncated.sse", format: OpenAIResponses, sse: true, want: bulkhead.Usage{Input: 10, Output: 11}},
 	// 14 characters before the error event, which settles.
 	{file: "openai_responses_error.sse", format: OpenAIResponses, sse: true, want: bulkhead.Usage{Input: 10, Output: 4}, perr: "server_is_overloaded"},
+	// The error event as the API sends it, its fields under "error" (the
+	// flat shape above is the one documented); the code names it.
+	{file: "openai_responses_error_nested.sse", format: OpenAIResponses, sse: true, want: bulkhead.Usage{Input: 10, Output: 4}, perr: "rate_limit_exceeded"},
+	// response.failed without an error event: the response's error.
+	{file: "openai_responses_failed.sse", format: OpenAIResponses, sse: true, want: bulkhead.Usage{Input: 10, Output: 4}, perr: "server_error"},
 	{file: "openai_responses_tool_calls.sse", format: OpenAIResponses, sse: true, want: bulkhead.Usage{Input: 310, Output: 18}, exact: true,
 		counts: tokenCounts{input: 310, output: 18}},
 	{file: "anthropic_normal.sse", format: AnthropicMessages, sse: true, want: bulkhead.Usage{Input: 25, Output: 15}, exact: true,
@@ -216,8 +221,13 @@ var fixtures = []fixture{
 		counts: tokenCounts{input: 17, cachedInput: 4, output: 28, reasoning: 21}},
 	{file: "gemini_array.json", format: Gemini, want: bulkhead.Usage{Input: 17, Output: 28, CachedInput: 4, Reasoning: 21}, exact: true,
 		counts: tokenCounts{input: 17, cachedInput: 4, output: 28, reasoning: 21}},
-	{file: "gemini_error.sse", format: Gemini, sse: true, want: bulkhead.Usage{Input: 15, Output: 24, CachedInput: 4, Reasoning: 21}, exact: true, perr: "UNAVAILABLE",
-		counts: tokenCounts{input: 15, cachedInput: 4, output: 24, reasoning: 21}},
+	// The error cuts the stream before its finishReason chunk: the running
+	// counts are not the final ones.
+	{file: "gemini_error.sse", format: Gemini, sse: true, want: bulkhead.Usage{Input: 15, Output: 24, CachedInput: 4, Reasoning: 21}, perr: "UNAVAILABLE"},
+	// Cut before the finishReason chunk: the running counts of the second
+	// chunk (candidates 5 + thoughts 21), not exact.
+	{file: "gemini_cut.sse", format: Gemini, sse: true, want: bulkhead.Usage{Input: 15, Output: 26, CachedInput: 4, Reasoning: 21}},
+	{file: "gemini_array_cut.json", format: Gemini, want: bulkhead.Usage{Input: 15, Output: 26, CachedInput: 4, Reasoning: 21}},
 	// Prompt 60 known; text (13) and the function call's raw args (37).
 	{file: "gemini_function_call_truncated.sse", format: Gemini, sse: true, want: bulkhead.Usage{Input: 60, Output: 13}},
 	{file: "openai_chat.json", format: OpenAIChat, want: bulkhead.Usage{Input: 19, Output: 10}, exact: true,
@@ -231,6 +241,18 @@ var fixtures = []fixture{
 	{file: "anthropic_error.json", format: AnthropicMessages, want: bulkhead.Usage{Input: 10}, perr: "overloaded_error"},
 	{file: "gemini.json", format: Gemini, want: bulkhead.Usage{Input: 15, Output: 28, Reasoning: 21}, exact: true,
 		counts: tokenCounts{input: 15, output: 28, reasoning: 21}},
+}
+
+// fixtureNamed returns the fixture of the file name.
+func fixtureNamed(t *testing.T, name string) fixture {
+	t.Helper()
+	for _, f := range fixtures {
+		if f.file == name {
+			return f
+		}
+	}
+	t.Fatalf("no fixture %s", name)
+	return fixture{}
 }
 
 func (f fixture) options() MeterOptions {
@@ -528,7 +550,7 @@ func TestMeterConcurrentClose(t *testing.T) {
 // TestMeterRunContext: inside Run, the meter records the final usage with
 // SetUsage and Run releases with it.
 func TestMeterRunContext(t *testing.T) {
-	f := fixtures[0] // openai_chat_normal.sse
+	f := fixtureNamed(t, "openai_chat_normal.sse")
 	data := readFixture(t, f.file)
 	ev := &events{}
 	b := newBudgetBulkhead(t, ev)
@@ -552,7 +574,7 @@ func TestMeterRunContext(t *testing.T) {
 }
 
 func TestMeterWithoutBudget(t *testing.T) {
-	f := fixtures[10] // anthropic_normal.sse
+	f := fixtureNamed(t, "anthropic_normal.sse")
 	data := readFixture(t, f.file)
 	b, err := bulkhead.New(bulkhead.Interactive("claude-sonnet-4-5", 2))
 	if err != nil {
@@ -825,6 +847,56 @@ func TestProviderErrorMessage(t *testing.T) {
 	e.Type = ""
 	if got, want := e.Error(), "stream: openai_chat response: provider error: The server had an error"; got != want {
 		t.Errorf("Error() = %q, want %q", got, want)
+	}
+}
+
+// TestMeterGeminiRunningCounts checks that a Gemini stream's counts are
+// exact only from its chunk with a finishReason: before it they are the
+// provider's running totals.
+func TestMeterGeminiRunningCounts(t *testing.T) {
+	data := readFixture(t, "gemini_normal.sse")
+	last := bytes.LastIndex(data, []byte("data: ")) // the finishReason chunk
+	m, err := NewMeter(io.NopCloser(bytes.NewReader(data)), nil, MeterOptions{Format: Gemini, SSE: true, CharsPerToken: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(m, make([]byte, last)); err != nil {
+		t.Fatal(err)
+	}
+	if u, exact := m.Usage(); exact || u.Output != 26 {
+		t.Errorf("before the finishReason chunk: Usage() = %+v, %v; want the running output 26, not exact", u, exact)
+	}
+	if _, err := io.Copy(io.Discard, m); err != nil {
+		t.Fatal(err)
+	}
+	if u, exact := m.Usage(); !exact || u.Output != 28 || !m.Settled() {
+		t.Errorf("after it: Usage() = %+v, %v; want output 28, exact", u, exact)
+	}
+}
+
+// TestResponsesErrorEvent checks the error of a Responses stream's error
+// event in each shape: its fields on the event (as documented), under
+// "error" (as sent), or both; the name is the code, else the error's type,
+// never the event's type.
+func TestResponsesErrorEvent(t *testing.T) {
+	cases := []struct{ data, typ, msg string }{
+		{`{"type":"error","code":"server_error","message":"m","param":null}`, "server_error", "m"},
+		{`{"type":"error","error":{"type":"insufficient_quota","code":"quota_exceeded","message":"m","param":null}}`, "quota_exceeded", "m"},
+		{`{"type":"error","error":{"type":"too_many_requests","code":null,"message":"m"}}`, "too_many_requests", "m"},
+		{`{"type":"error","code":null,"message":"m"}`, "", "m"},
+		{`{"type":"error","message":"flat","error":{"code":"c","message":"nested"}}`, "c", "flat"},
+		{`{"type":"error","error":"oops"}`, "", ""},
+	}
+	for _, c := range cases {
+		var d jsondom.Doc
+		if err := jsondom.Parse(&d, []byte(c.data)); err != nil {
+			t.Fatal(err)
+		}
+		var e eventInfo
+		parseEvent(OpenAIResponses, []byte("error"), d.Root(), true, &e)
+		if e.perr == nil || !e.terminal || e.perr.Type != c.typ || e.perr.Message != c.msg || e.perr.Format != OpenAIResponses {
+			t.Errorf("%s: error %+v (terminal %v), want type %q message %q", c.data, e.perr, e.terminal, c.typ, c.msg)
+		}
 	}
 }
 

@@ -32,9 +32,11 @@ type Call struct {
 	// Block whose Type is the provider's own part type: "image_url",
 	// "input_image", "image", "inlineData" and so on; an OpenAI chat tool
 	// call is "tool_call", a Responses one "function_call". A part without a
-	// string type is an opaque Block with Type "". Each entry of the body's
-	// top-level tools array is an opaque Block of Type "tool_definition" at
-	// the end of SystemBlocks. MaxTokens is the API's own output cap
+	// string type is an opaque Block with Type "". Each tool the body
+	// declares is an opaque Block of Type "tool_definition" at the end of
+	// SystemBlocks: each entry of its top-level tools array, and for Gemini,
+	// whose entries group tools, each function declaration and each other
+	// tool (such as googleSearch) of an entry. MaxTokens is the API's own output cap
 	// (max_completion_tokens, else max_tokens, for OpenAI chat), 0 when the
 	// body sets none.
 	Request bulkhead.Request
@@ -106,14 +108,28 @@ func ParseRequest(f Format, body []byte) (*Call, error) {
 // r.URL.Path. An endpoint FormatOf does not recognise is an error matching
 // ErrUnknownEndpoint.
 //
-// It reads at most maxBytes (DefaultMaxBodyBytes when maxBytes <= 0): a
-// longer body is a *TooLargeError after reading at most maxBytes+1 bytes, or
-// none when r.ContentLength already says so. The original body is always
-// closed. Once the body has been read in full, r is left re-sendable, even
-// when the endpoint is unknown or the body does not parse: r.Body reads the
-// same bytes again, r.GetBody returns a fresh reader of them and
-// r.ContentLength is their length. After a read error or a *TooLargeError
-// the body is lost and r cannot be sent.
+// It reads at most maxBytes: a longer body is a *TooLargeError after reading
+// at most maxBytes+1 bytes, or none when r.ContentLength already says so.
+// Zero and negative maxBytes mean DefaultMaxBodyBytes; math.MaxInt64 sets no
+// limit but memory.
+//
+// Memory follows the bytes that arrive, never the length the client
+// declares: the body is read into buffers of 64 KiB, so that while it reads
+// ReadRequest holds at most 64 KiB beyond the bytes read, and at the end
+// copies them into one buffer of their exact size, which the Call keeps. It
+// reads r.Body only through Read, with buffers of at most 64 KiB, and closes
+// it once, before it returns, whatever the outcome. A caller can therefore
+// bound what reading costs by wrapping r.Body before the call: a reader that
+// counts or charges the bytes each Read returns, or fails a Read (its error
+// is wrapped in ReadRequest's, for errors.Is), sees every byte as it
+// arrives. A read error (a read deadline set with http.ResponseController,
+// a client gone) is returned wrapped.
+//
+// Once the body has been read in full, r is left re-sendable, even when the
+// endpoint is unknown or the body does not parse: r.Body reads the same bytes
+// again, r.GetBody returns a fresh reader of them and r.ContentLength is their
+// length. After a read error or a *TooLargeError the body is lost and r
+// cannot be sent.
 //
 // For Gemini the model comes from the path (".../models/{model}:generateContent")
 // and Stream is true for ":streamGenerateContent".
@@ -157,7 +173,16 @@ func ReadRequest(r *http.Request, maxBytes int64) (*Call, error) {
 	return c, nil
 }
 
-// readBody reads and closes r's body, at most max+1 bytes of it.
+// bodyChunk is the size of the buffers readBody reads a body into: the most
+// it holds beyond the bytes that have arrived.
+const bodyChunk = 64 << 10
+
+// bodyChunks keeps the buffers between bodies.
+var bodyChunks = sync.Pool{New: func() any { return new([bodyChunk]byte) }}
+
+// readBody reads and closes r's body, at most max+1 bytes of it (max > 0),
+// into buffers of bodyChunk bytes taken as the bytes arrive, and returns
+// them in one slice of their exact length.
 func readBody(r *http.Request, max int64) ([]byte, error) {
 	if r.Body == nil {
 		return nil, nil
@@ -166,27 +191,44 @@ func readBody(r *http.Request, max int64) ([]byte, error) {
 	if r.ContentLength > max {
 		return nil, &TooLargeError{Limit: max}
 	}
-	size := int64(512)
-	if r.ContentLength >= 0 {
-		size = r.ContentLength + 1 // room to see the end without growing
-	}
-	buf := make([]byte, 0, min(size, max+1))
-	for {
-		if len(buf) == cap(buf) {
-			buf = append(buf, 0)[:len(buf)]
+	var chunks []*[bodyChunk]byte
+	defer func() {
+		for _, c := range chunks {
+			bodyChunks.Put(c)
 		}
-		n, err := r.Body.Read(buf[len(buf):min(int64(cap(buf)), max+1)])
-		buf = buf[:len(buf)+n]
-		if int64(len(buf)) > max {
+	}()
+	var total int64 // the bytes read, at most max+1
+	n := bodyChunk  // the bytes in the last chunk
+	for {
+		if n == bodyChunk {
+			chunks = append(chunks, bodyChunks.Get().(*[bodyChunk]byte))
+			n = 0
+		}
+		want := bodyChunk - n
+		if left := max - total; left < int64(want) {
+			want = int(left) + 1 // one byte over the limit tells
+		}
+		k, err := r.Body.Read(chunks[len(chunks)-1][n : n+want])
+		if k < 0 || k > want {
+			return nil, fmt.Errorf("stream: reading the request body: Read returned %d bytes for a buffer of %d", k, want)
+		}
+		n += k
+		total += int64(k)
+		if total > max {
 			return nil, &TooLargeError{Limit: max}
 		}
 		if err == io.EOF {
-			return buf, nil
+			break
 		}
 		if err != nil {
 			return nil, fmt.Errorf("stream: reading the request body: %w", err)
 		}
 	}
+	body := make([]byte, 0, total)
+	for _, c := range chunks[:len(chunks)-1] {
+		body = append(body, c[:]...)
+	}
+	return append(body, chunks[len(chunks)-1][:n]...), nil
 }
 
 // setBody makes r send body.
@@ -228,7 +270,7 @@ func parse(f Format, body []byte, route string) (*Call, error) {
 		}
 	}
 	if err == nil {
-		err = readTools(&c.Request, root)
+		err = readTools(&c.Request, root, f)
 	}
 	if err != nil {
 		err.Format = f
@@ -616,10 +658,53 @@ func isGeminiMeta(key string) bool {
 	return false
 }
 
-// readTools adds a tool_definition block to req.SystemBlocks for each entry
-// of the body's tools array.
-func readTools(req *bulkhead.Request, root jsondom.Value) *BodyError {
-	return appendOpaque(&req.SystemBlocks, root, "tools", "tool_definition")
+// readTools adds a tool_definition block to req.SystemBlocks for each tool
+// the body declares in format f: each entry of its tools array, or for
+// Gemini each tool of each entry (see geminiTools).
+func readTools(req *bulkhead.Request, root jsondom.Value, f Format) *BodyError {
+	if f != Gemini {
+		return appendOpaque(&req.SystemBlocks, root, "tools", "tool_definition")
+	}
+	tools, err := array(root, "tools")
+	if err != nil {
+		return err
+	}
+	i := 0
+	for t := tools.First(); t.Exists(); t, i = t.Next(), i+1 {
+		n, err := geminiTools(t)
+		if err != nil {
+			return err.under(index("tools", i))
+		}
+		for range n {
+			req.SystemBlocks = append(req.SystemBlocks, bulkhead.Block{Type: "tool_definition"})
+		}
+	}
+	return nil
+}
+
+// geminiTools returns the number of tools a Gemini Tool object declares:
+// one for each element of its functionDeclarations array, and one for each
+// other member that is not null (googleSearch, codeExecution, urlContext...).
+// An entry that is not an object counts as one tool, as in the other
+// formats.
+func geminiTools(t jsondom.Value) (int, *BodyError) {
+	if t.Kind() != jsondom.Object {
+		return 1, nil
+	}
+	n := 0
+	for m := t.First(); m.Exists(); m = m.Next() {
+		switch k := m.Key(); {
+		case k != "functionDeclarations" && k != "function_declarations":
+			if !m.IsNull() {
+				n++
+			}
+		case m.Kind() == jsondom.Array:
+			n += m.Len()
+		case !m.IsNull():
+			return 0, mistyped(m, "want an array").under(k)
+		}
+	}
+	return n, nil
 }
 
 // appendOpaque appends an opaque block of type typ for each element of the

@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/llmbulkhead/bulkhead"
+	"github.com/llmbulkhead/bulkhead/estimate"
 	"github.com/llmbulkhead/bulkhead/internal/jsondom"
 )
 
@@ -273,7 +274,8 @@ func TestParseGemini(t *testing.T) {
 				{"role":"model","parts":[{"text":"thinking...","thought":true},{"functionCall":{"name":"f","args":{}},"thoughtSignature":"c2ln"}]},
 				{"role":"user","parts":[{"functionResponse":{"name":"f","response":{"ok":1}}}]},
 				{"role":"model","parts":[{"executableCode":{"language":"PYTHON","code":"1+1"}},{"codeExecutionResult":{"outcome":"OUTCOME_OK"}}]}]}`,
-			want: bulkhead.Request{MaxTokens: 300, SystemBlocks: append([]blk{textBlk("Be kind.")}, toolDefs(2)...), Messages: convo{
+			// Two function declarations and googleSearch: three tools.
+			want: bulkhead.Request{MaxTokens: 300, SystemBlocks: append([]blk{textBlk("Be kind.")}, toolDefs(3)...), Messages: convo{
 				{Role: "user", Blocks: []blk{textBlk("Look:"), opaqueBlk("inlineData"), opaqueBlk("fileData")}},
 				{Role: "model", Blocks: []blk{textBlk("thinking..."), opaqueBlk("functionCall")}},
 				{Role: "user", Blocks: []blk{opaqueBlk("functionResponse")}},
@@ -288,6 +290,19 @@ func TestParseGemini(t *testing.T) {
 			want: bulkhead.Request{MaxTokens: 64, SystemBlocks: []blk{textBlk("Rules."), textBlk("More.")}, Messages: convo{
 				{Role: "user", Blocks: []blk{textBlk("hi"), opaqueBlk("inlineData"), opaqueBlk("functionResponse")}},
 			}},
+		},
+		{
+			name: "a tool for each declaration and each other tool of an entry",
+			body: `{"tools":[
+				{"functionDeclarations":[{"name":"a"},{"name":"b"},{"name":"c"}],"codeExecution":{}},
+				{"function_declarations":[{"name":"d"}]},
+				{"functionDeclarations":[]},
+				{"googleSearch":{},"urlContext":{},"functionDeclarations":null,"retrieval":null},
+				{},
+				7]}`,
+			// 3 + codeExecution, 1, 0, googleSearch + urlContext, 0, and an
+			// entry that is not an object counts one, as in the other formats.
+			want: bulkhead.Request{SystemBlocks: toolDefs(8)},
 		},
 		{
 			name: "camel case wins over null",
@@ -356,6 +371,33 @@ func TestParseEstimate(t *testing.T) {
 	}
 }
 
+// TestParseToolsEstimate checks that a tool costs the same in every format:
+// three function tools are three tool_definition blocks, whether they are
+// three entries of tools (OpenAI, Anthropic) or three declarations of one
+// Gemini entry.
+func TestParseToolsEstimate(t *testing.T) {
+	est, err := estimate.NewModelAware(estimate.ModelAwareOptions{DefaultModel: "gpt-4o",
+		OpaqueBlockTokens: estimate.OpaqueSurcharge{ByType: map[string]int64{"tool_definition": 100}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bodies := map[Format]string{
+		OpenAIChat:        `{"max_tokens":1,"tools":[{"type":"function","function":{"name":"a"}},{"type":"function","function":{"name":"b"}},{"type":"function","function":{"name":"c"}}]}`,
+		OpenAIResponses:   `{"max_output_tokens":1,"tools":[{"type":"function","name":"a"},{"type":"function","name":"b"},{"type":"function","name":"c"}]}`,
+		AnthropicMessages: `{"max_tokens":1,"tools":[{"name":"a"},{"name":"b"},{"name":"c"}]}`,
+		Gemini:            `{"generationConfig":{"maxOutputTokens":1},"tools":[{"functionDeclarations":[{"name":"a"},{"name":"b"},{"name":"c"}]}]}`,
+	}
+	for f, body := range bodies {
+		call, err := ParseRequest(f, []byte(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res, err := est.Estimate(&call.Request); err != nil || res.Input != 300 {
+			t.Errorf("%v: Estimate = %+v, %v; want input 300, three tools at 100", f, res, err)
+		}
+	}
+}
+
 func TestParseErrors(t *testing.T) {
 	cases := []struct {
 		f       Format
@@ -408,6 +450,8 @@ func TestParseErrors(t *testing.T) {
 		{Gemini, `{"generationConfig":{"maxOutputTokens":-1}}`, "generationConfig.maxOutputTokens", "want a non-negative integer, got -1"},
 		{Gemini, `{"generation_config":{"max_output_tokens":"x"}}`, "generation_config.max_output_tokens", "want a non-negative integer, got a string"},
 		{Gemini, `{"tools":{}}`, "tools", "want an array, got an object"},
+		{Gemini, `{"tools":[{},{"functionDeclarations":{"name":"f"}}]}`, "tools[1].functionDeclarations", "want an array, got an object"},
+		{Gemini, `{"tools":[{"function_declarations":"f"}]}`, "tools[0].function_declarations", "want an array, got a string"},
 		// Syntax errors carry the parser's path.
 		{OpenAIChat, `{"messages":[{"content":"a"},{"content":tru}]}`, "messages[1].content", "invalid literal, want true"},
 		{AnthropicMessages, ``, "", "unexpected end of input, want a value"},

@@ -61,8 +61,10 @@ type Transport struct {
 	// chosen from the request's headers or the parsed call. Nil means none.
 	Options func(req *http.Request, call *Call) []bulkhead.Option
 
-	// MaxBodyBytes bounds the request bodies read. Zero means
-	// DefaultMaxBodyBytes.
+	// MaxBodyBytes bounds the request bodies read, as ReadRequest's
+	// maxBytes: zero and negative mean DefaultMaxBodyBytes, math.MaxInt64
+	// no limit. A body's memory follows the bytes that arrive, whatever
+	// length the request declares.
 	MaxBodyBytes int64
 
 	// Meter configures response metering. Its Format, SSE, Model and
