@@ -18,7 +18,7 @@ import (
 	"github.com/llmbulkhead/bulkhead/stream"
 )
 
-const sample = `listen: ":9090"
+const sample = `listen: "127.0.0.1:9090"
 shutdown_timeout: 5s
 log: {format: text}
 upstreams:
@@ -42,6 +42,7 @@ routes:
   - {api: openai-chat, upstream: openai, bulkhead: gpt4o}
 class: {header: X-Tenant}
 priority: {header: X-Priority}
+trust_headers: true
 `
 
 func TestConfigBuildAndServe(t *testing.T) {
@@ -56,7 +57,7 @@ func TestConfigBuildAndServe(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if g.Listen != ":9090" || g.ShutdownTimeout.String() != "5s" || len(g.Bulkheads) != 1 {
+	if g.Listen != "127.0.0.1:9090" || g.ShutdownTimeout.String() != "5s" || len(g.Bulkheads) != 1 {
 		t.Fatalf("gateway %+v", g)
 	}
 	srv := httptest.NewServer(g.Handler)
