@@ -89,13 +89,20 @@ priority: {header: X-Priority}
 `
 }
 
+// buildGateway builds and serves the gateway of the configuration text,
+// with env as its environment and its request log in logs: JSON lines when
+// the configuration says log: {format: json, ...}, else text.
 func buildGateway(t *testing.T, text string, env map[string]string, logs io.Writer) (*gateway.Gateway, *httptest.Server) {
 	t.Helper()
 	cfg, err := gateway.ParseConfig("gw.yaml", []byte(text))
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, err := gateway.Build(cfg, "gw.yaml", func(k string) string { return env[k] }, slog.New(slog.NewTextHandler(logs, nil)))
+	logger := slog.New(slog.NewTextHandler(logs, nil))
+	if cfg.Log.Format == "json" {
+		logger = slog.New(slog.NewJSONHandler(logs, nil))
+	}
+	g, err := gateway.Build(cfg, "gw.yaml", func(k string) string { return env[k] }, logger)
 	if err != nil {
 		t.Fatal(err)
 	}
