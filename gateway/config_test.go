@@ -294,3 +294,29 @@ routes: [{api: openai-chat, upstream: openai, bulkhead: gpt4o}]
 		t.Fatalf("unknown redis: %v", err)
 	}
 }
+
+// TestConfigMergeKeys: a YAML merge (<<: *anchor) is a key like any other
+// section's: its mapping's keys are checked where they are written.
+func TestConfigMergeKeys(t *testing.T) {
+	text := `upstreams: {openai: {base_url: "https://api.openai.com"}}
+bulkheads:
+  a: &defaults {model: gpt-4o, max_concurrent: 4, max_queue: 2}
+  b:
+    <<: *defaults
+    max_concurrent: 8
+  c:
+    <<: [*defaults]
+routes: [{api: openai-chat, upstream: openai, bulkhead: b}]
+`
+	cfg, err := gateway.ParseConfig("gw.yaml", []byte(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := cfg.Bulkheads["b"]; b.MaxConcurrent != 8 || b.MaxQueue != 2 || cfg.Bulkheads["c"].Model != "gpt-4o" {
+		t.Fatalf("merged: %+v %+v", b, cfg.Bulkheads["c"])
+	}
+	_, err = gateway.ParseConfig("gw.yaml", []byte(strings.Replace(text, "max_queue: 2", "max_qeue: 2", 1)))
+	if err == nil || !strings.Contains(err.Error(), `gw.yaml:3: bulkheads.a: unknown key "max_qeue" (did you mean max_queue?)`) {
+		t.Fatalf("a misspelt key in an anchor: %v", err)
+	}
+}

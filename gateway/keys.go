@@ -32,6 +32,14 @@ func (v *validator) unknownKey(n *yaml.Node, t reflect.Type, path []string) bool
 	case yaml.AliasNode:
 		return v.unknownKey(n.Alias, t, path)
 	case yaml.SequenceNode:
+		if t.Kind() == reflect.Struct { // the mappings of a merge: <<: [*a, *b]
+			for _, c := range n.Content {
+				if v.unknownKey(c, t, path) {
+					return true
+				}
+			}
+			return false
+		}
 		if t.Kind() != reflect.Slice {
 			return false // a type error, which the decoder reports
 		}
@@ -49,6 +57,12 @@ func (v *validator) unknownKey(n *yaml.Node, t reflect.Type, path []string) bool
 					return true
 				}
 			case reflect.Struct:
+				if k.Tag == "!!merge" { // <<: *anchor merges a mapping (or a list of them) into this one
+					if v.unknownKey(val, t, path) {
+						return true
+					}
+					continue
+				}
 				f, ok := fieldOf(t, k.Value)
 				if !ok {
 					v.err = &ConfigError{File: v.file, Line: k.Line, Key: strings.Join(path, "."), Problem: unknownProblem(t, k.Value)}
