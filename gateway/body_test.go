@@ -310,3 +310,39 @@ func heapInuse() int64 {
 }
 
 func mib(n int64) float64 { return float64(n) / (1 << 20) }
+
+// TestRouteBodyLimit: a model's route with a smaller body limit than its
+// format's other routes refuses a body over its own limit, 413, once the
+// body is read; the other routes take it.
+func TestRouteBodyLimit(t *testing.T) {
+	up := newFakeOpenAI(t)
+	u, _ := url.Parse(up.srv.URL)
+	b, _ := bulkhead.New(budgetConfig(4))
+	defer b.Shutdown(context.Background())
+	h, err := gateway.New(
+		gateway.Route{Format: stream.OpenAIChat, Models: []string{"gpt-4o"}, Upstream: u, Bulkhead: b, MaxBodyBytes: 100},
+		gateway.Route{Format: stream.OpenAIChat, Upstream: u, Bulkhead: b},
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	for _, c := range []struct {
+		model  string
+		status int
+	}{{"gpt-4o", 413}, {"llama", 200}} {
+		res := post(t, context.Background(), srv.URL, `{"model":"`+c.model+`","messages":[{"role":"user","content":"`+strings.Repeat("x", 200)+`"}],"max_tokens":5}`)
+		body, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if res.StatusCode != c.status {
+			t.Fatalf("%s: %d %s; want %d", c.model, res.StatusCode, body, c.status)
+		}
+		if c.status == 413 && !strings.Contains(string(body), `larger than 100 bytes (the limit for model \"gpt-4o\")`) {
+			t.Fatalf("%s: %s", c.model, body)
+		}
+		if c.status == 200 {
+			<-up.auth
+		}
+	}
+}

@@ -96,8 +96,10 @@ type Config struct {
 
 // TLSFiles are a certificate and its private key, PEM-encoded files.
 type TLSFiles struct {
+	// CertFile is the certificate (its chain may follow it).
 	CertFile string `yaml:"cert_file"`
-	KeyFile  string `yaml:"key_file"`
+	// KeyFile is the certificate's private key.
+	KeyFile string `yaml:"key_file"`
 }
 
 // ClientConfig is one caller of the gateway. Its key is never written in

@@ -294,7 +294,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 			answer(w, req, format, notFound(format, "no route for "+req.Method+" "+req.URL.Path), endRefused)
 			return
 		}
-		h.proxy(w, req, fr.other, "")
+		forward(w, req, fr.other, "")
 		return
 	}
 	call, release, ok := h.readCall(w, req, format, fr.maxBody)
@@ -317,12 +317,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		answer(w, req, format, Rejection{Status: http.StatusRequestEntityTooLarge, Type: invalidType(format), Code: "request_too_large",
 			Message: fmt.Sprintf("gateway: request body larger than %d bytes (the limit for model %q)", rp.maxBody, model)}, endRefused)
 	default:
-		h.proxy(w, req.WithContext(stream.WithCall(req.Context(), call)), rp, model)
+		forward(w, req.WithContext(stream.WithCall(req.Context(), call)), rp, model)
 	}
 }
 
-// proxy sends req on through route rp.
-func (h *Handler) proxy(w http.ResponseWriter, req *http.Request, rp *routeProxy, model string) {
+// forward sends req on through route rp, noting the route and the model
+// for the request log.
+func forward(w http.ResponseWriter, req *http.Request, rp *routeProxy, model string) {
 	if n := noteOf(req.Context()); n != nil {
 		n.route, n.model = rp.index, model
 	}
