@@ -135,10 +135,10 @@ func (h *Handler) readCall(w http.ResponseWriter, req *http.Request, format stre
 		} else {
 			discard = req.ContentLength
 		}
-		h.refuseUnread(w, req, format, body, discard, tooLarge(), endRefused)
+		refuseUnread(w, req, format, body, discard, tooLarge(), endRefused)
 		return nil, release, false
 	case h.held.Load() >= budget:
-		h.refuseUnread(w, req, format, body, discard, h.budgetSpent(format, budget), endShed)
+		refuseUnread(w, req, format, body, discard, h.budgetSpent(format, budget), endShed)
 		return nil, release, false
 	}
 	req.Body = held
@@ -149,10 +149,10 @@ func (h *Handler) readCall(w http.ResponseWriter, req *http.Request, format stre
 		return call, release, true
 	case errors.As(err, &tl):
 		held.release() // its bytes are dropped
-		h.refuseUnread(w, req, format, body, discard, tooLarge(), endRefused)
+		refuseUnread(w, req, format, body, discard, tooLarge(), endRefused)
 	case errors.Is(err, errBodyBudget):
 		held.release()
-		h.refuseUnread(w, req, format, body, discard, h.budgetSpent(format, budget), endShed)
+		refuseUnread(w, req, format, body, discard, h.budgetSpent(format, budget), endShed)
 	case errors.Is(err, os.ErrDeadlineExceeded) && !interrupted.Load():
 		w.Header().Set("Connection", "close")
 		answer(w, req, format, Rejection{Status: http.StatusRequestTimeout, ShouldRetry: true, Type: invalidType(format), Code: "request_timeout",
@@ -189,7 +189,7 @@ func (h *Handler) budgetSpent(format stream.Format, budget int64) Rejection {
 // end, after reading and discarding up to discard more bytes of it (none
 // when discard is negative); when more is left, the answer closes the
 // connection.
-func (h *Handler) refuseUnread(w http.ResponseWriter, req *http.Request, format stream.Format, body io.Reader, discard int64, r Rejection, end string) {
+func refuseUnread(w http.ResponseWriter, req *http.Request, format stream.Format, body io.Reader, discard int64, r Rejection, end string) {
 	if !discardRest(body, discard) {
 		w.Header().Set("Connection", "close")
 	}
