@@ -122,8 +122,11 @@ func serve(ctx context.Context, g *gateway.Gateway, stdout, stderr io.Writer) in
 	defer cut()
 	deadline := gatewayClock.AfterFunc(g.ShutdownTimeout, cut)
 	defer deadline.Stop()
+	listenerClosed := make(chan struct{})
+	srv.RegisterOnShutdown(func() { close(listenerClosed) }) // called once the listener is closed
 	stopped := make(chan error, 1)
-	go func() { stopped <- srv.Shutdown(drain) }() // stops accepting at once
+	go func() { stopped <- srv.Shutdown(drain) }()
+	<-listenerClosed // no new connection: no call arrives to be turned away by a closed bulkhead
 	left := g.Shutdown(drain)
 	if err := <-stopped; err != nil {
 		_ = srv.Close() // connections still open at the deadline
