@@ -36,9 +36,9 @@ type Call struct {
 	// declares is an opaque Block of Type "tool_definition" at the end of
 	// SystemBlocks: each entry of its top-level tools array, and for Gemini,
 	// whose entries group tools, each function declaration and each other
-	// tool (such as googleSearch) of an entry. MaxTokens is the API's own output cap
-	// (max_completion_tokens, else max_tokens, for OpenAI chat), 0 when the
-	// body sets none.
+	// tool (such as googleSearch) of an entry. MaxTokens is the API's own
+	// output cap (max_completion_tokens, else max_tokens, for OpenAI chat),
+	// 0 when the body sets none.
 	Request bulkhead.Request
 
 	// Stream is true when the call asks for a streamed (server-sent events)
@@ -116,7 +116,8 @@ func ParseRequest(f Format, body []byte) (*Call, error) {
 // Memory follows the bytes that arrive, never the length the client
 // declares: the body is read into buffers of 64 KiB, so that while it reads
 // ReadRequest holds at most 64 KiB beyond the bytes read, and at the end
-// copies them into one buffer of their exact size, which the Call keeps. It
+// copies them into one buffer of their exact size, which the Call keeps
+// (for that moment the body is held twice). It
 // reads r.Body only through Read, with buffers of at most 64 KiB, and closes
 // it once, before it returns, whatever the outcome. A caller can therefore
 // bound what reading costs by wrapping r.Body before the call: a reader that
