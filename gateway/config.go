@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/url"
 	"os"
+	"reflect"
 	"regexp"
 	"sort"
 	"strconv"
@@ -21,9 +24,11 @@ import (
 // Config is a gateway's configuration file. Every duration is written as
 // Go writes one ("2s", "1m30s").
 //
-//	listen: ":8080"
+//	listen: "127.0.0.1:8080"
 //	shutdown_timeout: 30s
-//	log: {format: json}
+//	log: {format: json, requests: all}
+//	clients:
+//	  web: {key_env: WEB_CLIENT_KEY, tenant: web, allow_high_priority: true}
 //	upstreams:
 //	  openai: {base_url: "https://api.openai.com", api_key_env: OPENAI_API_KEY, header_timeout: 60s}
 //	bulkheads:
@@ -36,12 +41,39 @@ import (
 //	    rate_limits: {requests_per_minute: 500, tokens_per_minute: 300000}
 //	routes:
 //	  - {api: openai-chat, upstream: openai, bulkhead: gpt4o}
+//
+// A gateway with clients answers a call without a client's key 401, and
+// never sends it upstream. Without clients it listens only on a loopback
+// address (127.0.0.1, ::1 or localhost), unless AllowUnauthenticated says
+// otherwise.
 type Config struct {
-	// Listen is the address to serve on; default ":8080".
+	// Listen is the address to serve on; default "127.0.0.1:8080".
 	Listen string `yaml:"listen"`
-	// ShutdownTimeout bounds the drain on SIGTERM; default 30s.
+	// TLS, when set, serves HTTPS with this certificate.
+	TLS *TLSFiles `yaml:"tls"`
+	// AllowUnauthenticated lets a gateway without clients listen on an
+	// address other machines can reach.
+	AllowUnauthenticated bool `yaml:"allow_unauthenticated"`
+	// Clients are the callers, by name (the key ID the request log
+	// shows): a call must carry one of their keys.
+	Clients map[string]ClientConfig `yaml:"clients"`
+	// TrustHeaders says the gateway sits behind a proxy that sets the
+	// class and priority headers (Class, Priority): only then do they
+	// count.
+	TrustHeaders bool `yaml:"trust_headers"`
+	// BodyBudgetBytes bounds the request-body bytes held at once, all
+	// calls together (see Handler.BodyBudget); default 256 MiB.
+	BodyBudgetBytes int64 `yaml:"body_budget_bytes"`
+	// BodyTimeout bounds the reading of one request body (see
+	// Handler.BodyTimeout); default 30s.
+	BodyTimeout Duration `yaml:"body_timeout"`
+	// ShutdownDelay is how long the gateway goes on serving on SIGTERM,
+	// with /readyz answering 503, before it stops accepting connections:
+	// the time a load balancer takes to notice. Default 0.
+	ShutdownDelay Duration `yaml:"shutdown_delay"`
+	// ShutdownTimeout bounds the drain that follows; default 30s.
 	ShutdownTimeout Duration `yaml:"shutdown_timeout"`
-	// Log chooses the request log's format.
+	// Log chooses the request log's format and which requests it logs.
 	Log LogConfig `yaml:"log"`
 	// Upstreams are the providers, by name.
 	Upstreams map[string]UpstreamConfig `yaml:"upstreams"`
@@ -52,19 +84,53 @@ type Config struct {
 	Bulkheads map[string]BulkheadConfig `yaml:"bulkheads"`
 	// Routes send each API (and model) to an upstream through a bulkhead.
 	Routes []RouteConfig `yaml:"routes"`
-	// Class says how a call's admission class is found.
+	// Class says which header carries a call's admission class, when
+	// TrustHeaders is set.
 	Class ClassFrom `yaml:"class"`
-	// Priority says how a call's priority is found.
+	// Priority says which header carries a call's priority.
 	Priority PriorityFrom `yaml:"priority"`
 
 	// root is the file's nodes, for the lines of errors found later.
 	root *yaml.Node
 }
 
+// TLSFiles are a certificate and its private key, PEM-encoded files.
+type TLSFiles struct {
+	// CertFile is the certificate (its chain may follow it).
+	CertFile string `yaml:"cert_file"`
+	// KeyFile is the certificate's private key.
+	KeyFile string `yaml:"key_file"`
+}
+
+// ClientConfig is one caller of the gateway. Its key is never written in
+// the file: it comes from an environment variable (at least 16
+// characters), or the file holds its SHA-256 digest (`printf %s "$KEY" |
+// sha256sum`). The caller sends it where its API puts a key:
+// Authorization: Bearer (OpenAI), x-api-key (Anthropic), x-goog-api-key or
+// ?key= (Gemini).
+type ClientConfig struct {
+	// KeyEnv names the environment variable holding the client's key.
+	KeyEnv string `yaml:"key_env"`
+	// KeySHA256 is the SHA-256 digest of the client's key, 64 hex digits.
+	KeySHA256 string `yaml:"key_sha256"`
+	// Tenant is the admission class of the client's calls in every
+	// bulkhead with classes (each must have it); empty means the default
+	// class.
+	Tenant string `yaml:"tenant"`
+	// AllowHighPriority lets the client's calls ask for high priority with
+	// the priority header.
+	AllowHighPriority bool `yaml:"allow_high_priority"`
+}
+
 // LogConfig is the request log.
 type LogConfig struct {
 	// Format is "json" (the default) or "text".
 	Format string `yaml:"format"`
+	// Requests is "all" (the default: one line per request, however it
+	// ends), "errors" (only the requests that did not end in a success:
+	// shed, refused, unauthorized, cut, failed, or answered 4xx or 5xx by
+	// the upstream) or "none".
+	Requests string `yaml:"requests"`
 }
 
 // UpstreamConfig is one provider.
@@ -125,6 +191,9 @@ type RouteConfig struct {
 	// Upstream and Bulkhead name an upstream and a bulkhead.
 	Upstream string `yaml:"upstream"`
 	Bulkhead string `yaml:"bulkhead"`
+	// MaxBodyBytes bounds the route's request bodies; default 32 MiB, and
+	// at most the body budget.
+	MaxBodyBytes int64 `yaml:"max_body_bytes"`
 }
 
 // BulkheadConfig is one bulkhead's limits (see bulkhead.Config).
@@ -220,15 +289,16 @@ type Rate struct {
 	TokenBurst        float64 `yaml:"token_burst"`
 }
 
-// ClassFrom finds a call's admission class: from a header, else from the
-// client's API key, else the bulkhead's default class.
+// ClassFrom finds a call's admission class: from a header when the
+// configuration trusts headers (TrustHeaders) and the call has it, else
+// its client's tenant, else the bulkhead's default class.
 type ClassFrom struct {
-	Header  string            `yaml:"header"`
-	APIKeys map[string]string `yaml:"api_keys"`
+	Header string `yaml:"header"`
 }
 
 // PriorityFrom finds a call's priority: a header whose value "high" makes
-// it High.
+// it High, when the configuration trusts headers (TrustHeaders) or the
+// call's client may ask for high priority (AllowHighPriority).
 type PriorityFrom struct {
 	Header string `yaml:"header"`
 }
@@ -274,8 +344,9 @@ func (e *ConfigError) Error() string {
 func (e *ConfigError) Is(target error) bool { return target == bulkhead.ErrInvalid }
 
 // LoadConfig reads and checks the configuration file at path: its syntax,
-// unknown keys (a misspelt key is an error, not ignored), and every value
-// (see ParseConfig).
+// unknown keys (a misspelt key is an error naming its line, its section
+// and the key it may have meant, not ignored), and every value (see
+// ParseConfig).
 func LoadConfig(path string) (*Config, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -289,30 +360,41 @@ var yamlLine = regexp.MustCompile(`line (\d+): (.*)`)
 // ParseConfig reads and checks a configuration; name is the file's name,
 // for errors.
 func ParseConfig(name string, data []byte) (*Config, error) {
+	var root yaml.Node
+	if err := yaml.Unmarshal(data, &root); err != nil {
+		return nil, yamlError(name, err)
+	}
+	v := &validator{file: name, root: &root}
+	if v.unknownKey(&root, reflect.TypeFor[Config](), nil) {
+		return nil, v.err
+	}
 	var cfg Config
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
-	if err := dec.Decode(&cfg); err != nil {
-		ce := &ConfigError{File: name, Problem: strings.TrimPrefix(err.Error(), "yaml: ")}
-		var te *yaml.TypeError
-		if errors.As(err, &te) && len(te.Errors) > 0 {
-			ce.Problem = te.Errors[0]
-		}
-		if m := yamlLine.FindStringSubmatch(ce.Problem); m != nil {
-			ce.Line, _ = strconv.Atoi(m[1])
-			ce.Problem = m[2]
-		}
-		return nil, ce
+	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
+		return nil, yamlError(name, err)
 	}
-	var root yaml.Node
-	_ = yaml.Unmarshal(data, &root)
 	cfg.root = &root
-	v := &validator{file: name, root: &root}
 	v.check(&cfg)
 	if v.err != nil {
 		return nil, v.err
 	}
 	return &cfg, nil
+}
+
+// yamlError is the ConfigError of err, an error of the YAML decoder, with
+// the line it names.
+func yamlError(name string, err error) *ConfigError {
+	ce := &ConfigError{File: name, Problem: strings.TrimPrefix(err.Error(), "yaml: ")}
+	var te *yaml.TypeError
+	if errors.As(err, &te) && len(te.Errors) > 0 {
+		ce.Problem = te.Errors[0]
+	}
+	if m := yamlLine.FindStringSubmatch(ce.Problem); m != nil {
+		ce.Line, _ = strconv.Atoi(m[1])
+		ce.Problem = m[2]
+	}
+	return ce
 }
 
 // validator checks a decoded configuration and reports the first problem
@@ -370,6 +452,32 @@ var apis = map[string]stream.Format{
 func (v *validator) check(c *Config) {
 	if c.Log.Format != "" && c.Log.Format != "json" && c.Log.Format != "text" {
 		v.failf([]string{"log", "format"}, "want json or text, got %q", c.Log.Format)
+	}
+	switch c.Log.Requests {
+	case "", logAll, logErrors, logNone:
+	default:
+		v.failf([]string{"log", "requests"}, "want all, errors or none, got %q", c.Log.Requests)
+	}
+	v.checkListen(c)
+	if t := c.TLS; t != nil && (t.CertFile == "" || t.KeyFile == "") {
+		v.failf([]string{"tls"}, "needs both cert_file and key_file")
+	}
+	v.checkClients(c)
+	if c.BodyBudgetBytes < 0 {
+		v.failf([]string{"body_budget_bytes"}, "must be >= 0, got %d", c.BodyBudgetBytes)
+	}
+	budget := c.BodyBudgetBytes
+	if budget == 0 {
+		budget = DefaultBodyBudget
+	}
+	for i, r := range c.Routes {
+		p := []string{"routes", strconv.Itoa(i), "max_body_bytes"}
+		switch {
+		case r.MaxBodyBytes < 0:
+			v.failf(p, "must be >= 0, got %d", r.MaxBodyBytes)
+		case r.MaxBodyBytes > budget:
+			v.failf(p, "%d is over the body budget (body_budget_bytes %d): such a body could never be read", r.MaxBodyBytes, budget)
+		}
 	}
 	if len(c.Routes) == 0 {
 		v.failf([]string{"routes"}, "at least one route is needed")
@@ -429,6 +537,68 @@ func (v *validator) check(c *Config) {
 		if _, ok := c.Bulkheads[r.Bulkhead]; !ok {
 			v.failf(append(p, "bulkhead"), "no bulkhead %q", r.Bulkhead)
 		}
+		if u, ok := c.Upstreams[r.Upstream]; ok && len(c.Clients) > 0 && u.APIKeyEnv == "" {
+			v.failf([]string{"upstreams", r.Upstream, "api_key_env"}, "is needed with clients: a client's key is the gateway's own, never sent upstream")
+		}
+	}
+}
+
+// checkListen checks that a gateway without clients listens only on
+// loopback, unless the file allows otherwise.
+func (v *validator) checkListen(c *Config) {
+	listen := c.Listen
+	if listen == "" {
+		listen = DefaultListen
+	}
+	host, _, err := net.SplitHostPort(listen)
+	if err != nil {
+		v.failf([]string{"listen"}, "want host:port, such as 127.0.0.1:8080, got %q", c.Listen)
+		return
+	}
+	if len(c.Clients) > 0 || c.AllowUnauthenticated {
+		return
+	}
+	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		v.failf([]string{"listen"}, "%q is reachable beyond this machine and no clients are set: add clients (the callers' keys), listen on 127.0.0.1, or set allow_unauthenticated: true", listen)
+	}
+}
+
+// checkClients checks the clients' keys and what they may ask for, and
+// the headers the configuration reads.
+func (v *validator) checkClients(c *Config) {
+	high := false
+	digests := map[[32]byte]string{}
+	for _, name := range sortedKeys(c.Clients) {
+		cl := c.Clients[name]
+		p := []string{"clients", name}
+		switch {
+		case (cl.KeyEnv == "") == (cl.KeySHA256 == ""):
+			v.failf(p, "needs one of key_env and key_sha256")
+		case cl.KeySHA256 != "":
+			d, ok := parseDigest(cl.KeySHA256)
+			if !ok {
+				v.failf(append(p, "key_sha256"), "want 64 hex digits (a SHA-256 digest), got %d characters", len(cl.KeySHA256))
+			} else if other, dup := digests[d]; dup {
+				v.failf(append(p, "key_sha256"), "is client %s's key too", other)
+			}
+			digests[d] = name
+		}
+		if cl.Tenant != "" {
+			for _, bname := range sortedKeys(c.Bulkheads) {
+				if k := c.Bulkheads[bname].Classes; k != nil {
+					if _, ok := k.Limits[cl.Tenant]; !ok && k.Default != cl.Tenant {
+						v.failf(append(p, "tenant"), "%q is not a class of bulkhead %s", cl.Tenant, bname)
+					}
+				}
+			}
+		}
+		high = high || cl.AllowHighPriority
+	}
+	if c.Class.Header != "" && !c.TrustHeaders {
+		v.failf([]string{"class", "header"}, "counts only with trust_headers: true (a proxy in front sets it); without, any client could pick its class")
+	}
+	if c.Priority.Header != "" && !c.TrustHeaders && !high {
+		v.failf([]string{"priority", "header"}, "counts only with trust_headers: true, or for clients with allow_high_priority")
 	}
 }
 

@@ -18,7 +18,7 @@ import (
 	"github.com/llmbulkhead/bulkhead/stream"
 )
 
-const sample = `listen: ":9090"
+const sample = `listen: "127.0.0.1:9090"
 shutdown_timeout: 5s
 log: {format: text}
 upstreams:
@@ -42,6 +42,7 @@ routes:
   - {api: openai-chat, upstream: openai, bulkhead: gpt4o}
 class: {header: X-Tenant}
 priority: {header: X-Priority}
+trust_headers: true
 `
 
 func TestConfigBuildAndServe(t *testing.T) {
@@ -56,7 +57,7 @@ func TestConfigBuildAndServe(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if g.Listen != ":9090" || g.ShutdownTimeout.String() != "5s" || len(g.Bulkheads) != 1 {
+	if g.Listen != "127.0.0.1:9090" || g.ShutdownTimeout.String() != "5s" || len(g.Bulkheads) != 1 {
 		t.Fatalf("gateway %+v", g)
 	}
 	srv := httptest.NewServer(g.Handler)
@@ -142,7 +143,10 @@ func TestConfigErrors(t *testing.T) {
 	for _, tc := range []struct {
 		name, edit, want string
 	}{
-		{"unknown key", "max_queue: 0", "gw.yaml:13: field max_qeue not found in type gateway.BulkheadConfig"},
+		{"unknown key", "max_queue: 0", `gw.yaml:13: bulkheads.gpt4o: unknown key "max_qeue" (did you mean max_queue?)`},
+		{"unknown top-level key", "", `gw.yaml:1: unknown key "lsten" (did you mean listen?)`},
+		{"unknown key in a list", "", `gw.yaml:22: routes.0: unknown key "bulkhed" (did you mean bulkhead?)`},
+		{"unknown key in a map", "", `gw.yaml:19: bulkheads.gpt4o.classes.limits.batch: unknown key "ceiling"`},
 		{"bad duration", "shutdown_timeout: 5s", "gw.yaml:2: want a duration such as 2s or 1m30s"},
 		{"bad api", "api: openai-chat", "gw.yaml:22: routes.0.api: want openai-chat"},
 		{"no upstream", "upstream: openai, bulk", "gw.yaml:22: routes.0.upstream: no upstream"},
@@ -150,7 +154,7 @@ func TestConfigErrors(t *testing.T) {
 		{"bad limit", "max_concurrent: 2", "gw.yaml:12: bulkheads.gpt4o.max_concurrent: must be >= 0, got -2"},
 		{"no key", "api_key_env: TEST_OPENAI_KEY", "gw.yaml:7: upstreams.openai.api_key_env: the environment variable NOT_SET is not set"},
 		{"bad weight", "", "gw.yaml:20: bulkheads.gpt4o.queue.weights: class \"web\": must be between 1 and 1000000, got 0"},
-		{"adaptive unknown key", "", "gw.yaml:21: field min_concurent not found in type gateway.AdaptiveConfig"},
+		{"adaptive unknown key", "", `gw.yaml:21: bulkheads.gpt4o.adaptive: unknown key "min_concurent" (did you mean min_concurrent?)`},
 		{"adaptive rule", "", "gw.yaml:21: bulkheads.gpt4o.adaptive.rule: want aimd or gradient, got \"vegas\""},
 		{"adaptive cooldown", "", "gw.yaml:21: bulkheads.gpt4o.adaptive.cooldown: want hold or shed, got \"wait\""},
 		{"adaptive bounds", "", "gw.yaml:21: bulkheads.gpt4o.adaptive.max_concurrent: must be >= MinConcurrent (4)"},
@@ -160,6 +164,12 @@ func TestConfigErrors(t *testing.T) {
 			switch tc.name {
 			case "unknown key":
 				text = strings.Replace(text, "max_queue: 0", "max_qeue: 0", 1)
+			case "unknown top-level key":
+				text = strings.Replace(text, "listen:", "lsten:", 1)
+			case "unknown key in a list":
+				text = strings.Replace(text, "bulkhead: gpt4o}", "bulkhed: gpt4o}", 1)
+			case "unknown key in a map":
+				text = strings.Replace(text, "batch: {max_concurrent: 1}", "batch: {ceiling: 1}", 1)
 			case "bad duration":
 				text = strings.Replace(text, "shutdown_timeout: 5s", "shutdown_timeout: five", 1)
 			case "bad api":
@@ -282,5 +292,31 @@ routes: [{api: openai-chat, upstream: openai, bulkhead: gpt4o}]
 	bad := strings.Replace(text, "fleet: {redis: main", "fleet: {redis: other", 1)
 	if _, err := gateway.ParseConfig("gw.yaml", []byte(bad)); err == nil || !strings.Contains(err.Error(), "gw.yaml:9: bulkheads.gpt4o.fleet.redis: no redis server \"other\"") {
 		t.Fatalf("unknown redis: %v", err)
+	}
+}
+
+// TestConfigMergeKeys: a YAML merge (<<: *anchor) is a key like any other
+// section's: its mapping's keys are checked where they are written.
+func TestConfigMergeKeys(t *testing.T) {
+	text := `upstreams: {openai: {base_url: "https://api.openai.com"}}
+bulkheads:
+  a: &defaults {model: gpt-4o, max_concurrent: 4, max_queue: 2}
+  b:
+    <<: *defaults
+    max_concurrent: 8
+  c:
+    <<: [*defaults]
+routes: [{api: openai-chat, upstream: openai, bulkhead: b}]
+`
+	cfg, err := gateway.ParseConfig("gw.yaml", []byte(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := cfg.Bulkheads["b"]; b.MaxConcurrent != 8 || b.MaxQueue != 2 || cfg.Bulkheads["c"].Model != "gpt-4o" {
+		t.Fatalf("merged: %+v %+v", b, cfg.Bulkheads["c"])
+	}
+	_, err = gateway.ParseConfig("gw.yaml", []byte(strings.Replace(text, "max_queue: 2", "max_qeue: 2", 1)))
+	if err == nil || !strings.Contains(err.Error(), `gw.yaml:3: bulkheads.a: unknown key "max_qeue" (did you mean max_queue?)`) {
+		t.Fatalf("a misspelt key in an anchor: %v", err)
 	}
 }

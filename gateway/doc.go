@@ -13,7 +13,12 @@
 // the key "bulkhead" (see Detail), and the header X-Bulkhead-Reason its
 // reason alone.
 //
-// Handler is the proxy, built from Routes; Build makes one, with its
-// bulkheads, health endpoints and request log, from a configuration file
-// (Config, LoadConfig).
+// Handler is the proxy, built from Routes; it reads each call's body
+// within bounds on memory and time whatever the client declares. Build
+// makes a whole gateway from a configuration file (Config, LoadConfig):
+// its bulkheads, the health and metrics endpoints, its clients (callers
+// authenticated by keys, each in its tenant's class; a call without a
+// client's key is answered 401 and never reaches the upstream), the
+// request log (one line per request, however it ends), and a Shutdown
+// that drains and then cuts what is left.
 package gateway

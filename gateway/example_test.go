@@ -2,8 +2,11 @@ package gateway_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"log"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -45,4 +48,56 @@ func ExampleNew() {
 	fmt.Println(res.StatusCode, res.Header.Get("X-Should-Retry"))
 	// Output:
 	// 503 true
+}
+
+// This example builds a gateway whose one client is known by its key's
+// SHA-256 digest: a call without the key is answered 401 in OpenAI's
+// dialect and never reaches the upstream; with it the call goes through,
+// carrying the upstream's key instead.
+func ExampleBuild() {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Println("upstream saw", r.Header.Get("Authorization"))
+		fmt.Fprint(w, `{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`)
+	}))
+	defer upstream.Close()
+
+	key := "example-client-key-0123456789"
+	digest := sha256.Sum256([]byte(key))
+	cfg, err := gateway.ParseConfig("gateway.yaml", []byte(`
+clients:
+  app: {key_sha256: "`+hex.EncodeToString(digest[:])+`"}
+upstreams:
+  openai: {base_url: "`+upstream.URL+`", api_key_env: OPENAI_API_KEY}
+bulkheads:
+  main: {max_concurrent: 8}
+routes:
+  - {api: openai-chat, upstream: openai, bulkhead: main}
+`))
+	if err != nil {
+		log.Fatal(err)
+	}
+	env := map[string]string{"OPENAI_API_KEY": "sk-upstream"}
+	g, err := gateway.Build(cfg, "gateway.yaml", func(k string) string { return env[k] }, slog.New(slog.DiscardHandler))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer g.Shutdown(context.Background())
+	srv := httptest.NewServer(g.Handler) // or an http.Server on g.Listen
+	defer srv.Close()
+
+	for _, auth := range []string{"", "Bearer " + key} {
+		req, _ := http.NewRequest("POST", srv.URL+"/v1/chat/completions",
+			strings.NewReader(`{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}`))
+		req.Header.Set("Authorization", auth)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			log.Fatal(err)
+		}
+		res.Body.Close()
+		fmt.Println(res.StatusCode)
+	}
+	// Output:
+	// 401
+	// upstream saw Bearer sk-upstream
+	// 200
 }

@@ -2,12 +2,15 @@ package gateway
 
 import (
 	"context"
+	"crypto/sha256"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -23,7 +26,7 @@ import (
 
 // DefaultListen and DefaultShutdownTimeout are a Config's defaults.
 const (
-	DefaultListen          = ":8080"
+	DefaultListen          = "127.0.0.1:8080"
 	DefaultShutdownTimeout = 30 * time.Second
 )
 
@@ -31,34 +34,48 @@ const (
 // handler serving the routes, /healthz, /readyz and /metrics.
 type Gateway struct {
 	// Handler serves the routes, /healthz (200 while the process runs),
-	// /readyz (200 until Shutdown begins, then 503) and /metrics (every
-	// bulkhead's Prometheus metrics, labelled bulkhead="<name>"), and logs
-	// one line per call.
+	// /readyz (200 until SetReady(false) or Shutdown, then 503) and
+	// /metrics (every bulkhead's Prometheus metrics, labelled
+	// bulkhead="<name>"). On the routes it answers a call without a
+	// client's key 401 when the configuration has clients, and logs one
+	// line per request however it ends.
 	Handler http.Handler
 	// Bulkheads are the gateway's bulkheads, by name.
 	Bulkheads map[string]*bulkhead.Bulkhead
-	// Listen and ShutdownTimeout are the configuration's, defaults applied.
+	// Listen, ShutdownDelay and ShutdownTimeout are the configuration's,
+	// defaults applied.
 	Listen          string
+	ShutdownDelay   time.Duration
 	ShutdownTimeout time.Duration
+	// TLSConfig holds the configuration's certificate; nil when it serves
+	// plain HTTP.
+	TLSConfig *tls.Config
 
-	ready      chan struct{} // closed when Shutdown begins
+	proxy      *Handler
+	notReady   atomic.Bool
+	requests   inflight           // the requests being served on the routes
+	cut        context.Context    // ended at the shutdown deadline
+	cutCalls   context.CancelFunc // ends cut
 	collectors []*metrics.Collector
 	pools      []*fleet.Pool
 	clients    map[string]*redis.Client
 }
 
 // Build makes the gateway cfg describes: file names the configuration for
-// errors, getenv reads the upstreams' API keys (os.Getenv; nil means none
-// is set), and logger receives one line per call (nil: a JSON or text
-// handler on standard error, as cfg.Log says). An invalid limit is a
-// *ConfigError with the line of its key. Shut the gateway down with
+// errors, getenv reads the upstreams' API keys and the clients' keys
+// (os.Getenv; nil means none is set), and logger receives one line per
+// request (nil: a JSON or text handler on standard error, as cfg.Log
+// says). An invalid limit, a missing key or an unreadable certificate is
+// a *ConfigError with the line of its key. Shut the gateway down with
 // Shutdown.
 func Build(cfg *Config, file string, getenv func(string) string, logger *slog.Logger) (*Gateway, error) {
 	if getenv == nil {
 		getenv = func(string) string { return "" }
 	}
 	v := &validator{file: file, root: cfg.root}
-	g := &Gateway{Bulkheads: map[string]*bulkhead.Bulkhead{}, Listen: cfg.Listen, ShutdownTimeout: time.Duration(cfg.ShutdownTimeout), ready: make(chan struct{})}
+	g := &Gateway{Bulkheads: map[string]*bulkhead.Bulkhead{}, Listen: cfg.Listen,
+		ShutdownDelay: time.Duration(cfg.ShutdownDelay), ShutdownTimeout: time.Duration(cfg.ShutdownTimeout)}
+	g.cut, g.cutCalls = context.WithCancel(context.Background())
 	if g.Listen == "" {
 		g.Listen = DefaultListen
 	}
@@ -66,8 +83,19 @@ func Build(cfg *Config, file string, getenv func(string) string, logger *slog.Lo
 		g.ShutdownTimeout = DefaultShutdownTimeout
 	}
 	fail := func(err error) (*Gateway, error) {
-		g.closeAll(context.Background())
+		g.Shutdown(context.Background())
 		return nil, err
+	}
+	if t := cfg.TLS; t != nil {
+		cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+		if err != nil {
+			return fail(v.at([]string{"tls"}, "%v", err))
+		}
+		g.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	}
+	clients, err := cfg.clientSet(v, getenv)
+	if err != nil {
+		return fail(err)
 	}
 	g.clients = map[string]*redis.Client{}
 	client := func(name string) *redis.Client {
@@ -139,7 +167,6 @@ func Build(cfg *Config, file string, getenv func(string) string, logger *slog.Lo
 		g.collectors = append(g.collectors, c)
 	}
 	var routes []Route
-	opts := cfg.options()
 	for _, rc := range cfg.Routes {
 		up := cfg.Upstreams[rc.Upstream]
 		u, _ := url.Parse(up.BaseURL)
@@ -149,7 +176,8 @@ func Build(cfg *Config, file string, getenv func(string) string, logger *slog.Lo
 				return fail(v.at([]string{"upstreams", rc.Upstream, "api_key_env"}, "the environment variable %s is not set", up.APIKeyEnv))
 			}
 		}
-		r := Route{Format: apis[rc.API], Models: rc.Models, Upstream: u, APIKey: key, Bulkhead: g.Bulkheads[rc.Bulkhead], Options: opts}
+		r := Route{Format: apis[rc.API], Models: rc.Models, Upstream: u, APIKey: key, Bulkhead: g.Bulkheads[rc.Bulkhead],
+			Options: cfg.options(cfg.Bulkheads[rc.Bulkhead].Classes != nil), MaxBodyBytes: rc.MaxBodyBytes}
 		if up.HeaderTimeout > 0 {
 			t := defaultTransport.Clone()
 			t.ResponseHeaderTimeout = time.Duration(up.HeaderTimeout)
@@ -165,23 +193,61 @@ func Build(cfg *Config, file string, getenv func(string) string, logger *slog.Lo
 		}
 		return fail(err)
 	}
+	h.BodyBudget, h.BodyTimeout = cfg.BodyBudgetBytes, time.Duration(cfg.BodyTimeout)
+	g.proxy = h
 	if logger == nil {
 		logger = newLogger(cfg.Log.Format)
+	}
+	f := &front{next: h, g: g, clients: clients, logger: logger, mode: cfg.Log.Requests}
+	for _, rc := range cfg.Routes {
+		f.bulkhead = append(f.bulkhead, rc.Bulkhead)
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		select {
-		case <-g.ready:
+		if g.notReady.Load() {
 			http.Error(w, "shutting down", http.StatusServiceUnavailable)
-		default:
-			fmt.Fprintln(w, "ready")
+			return
 		}
+		fmt.Fprintln(w, "ready")
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.Handle("/", logged(h, logger))
+	mux.Handle("/", f)
 	g.Handler = mux
 	return g, nil
+}
+
+// clientSet is the configuration's clients, their keys read with getenv;
+// nil when it has none.
+func (c *Config) clientSet(v *validator, getenv func(string) string) (*clientSet, error) {
+	if len(c.Clients) == 0 {
+		return nil, nil
+	}
+	s := &clientSet{}
+	seen := map[[32]byte]string{}
+	for _, name := range sortedKeys(c.Clients) {
+		cc := c.Clients[name]
+		cl := client{name: name, tenant: cc.Tenant, high: cc.AllowHighPriority}
+		if cc.KeyEnv != "" {
+			p := []string{"clients", name, "key_env"}
+			key := getenv(cc.KeyEnv)
+			switch {
+			case key == "":
+				return nil, v.at(p, "the environment variable %s is not set", cc.KeyEnv)
+			case len(key) < minClientKeyLen:
+				return nil, v.at(p, "the key in %s has %d characters; a client key needs at least %d", cc.KeyEnv, len(key), minClientKeyLen)
+			}
+			cl.digest = sha256.Sum256([]byte(key))
+			if other, dup := seen[cl.digest]; dup {
+				return nil, v.at(p, "holds client %s's key too", other)
+			}
+		} else {
+			cl.digest, _ = parseDigest(cc.KeySHA256) // checked by ParseConfig
+		}
+		seen[cl.digest] = name
+		s.list = append(s.list, cl)
+	}
+	return s, nil
 }
 
 // at is a ConfigError at path, with the line when the validator has the
@@ -258,72 +324,94 @@ func yamlKey(field string) string {
 	return field
 }
 
-// options returns the admission options of a call: its class from a
-// header or the client's API key, its priority from a header, and its tag
-// from X-Request-Id.
-func (c *Config) options() func(*http.Request, *stream.Call) []bulkhead.Option {
-	classHeader, keys, prioHeader := c.Class.Header, c.Class.APIKeys, c.Priority.Header
+// options returns the admission options of a call on a bulkhead (with
+// classes or not): its class from the class header when headers are
+// trusted, else its client's tenant (on a bulkhead with classes); high
+// priority from the priority header when headers are trusted or its
+// client may ask for it; and its tag from X-Request-Id.
+func (c *Config) options(classes bool) func(*http.Request, *stream.Call) []bulkhead.Option {
+	classHeader, prioHeader, trust := c.Class.Header, c.Priority.Header, c.TrustHeaders
 	return func(r *http.Request, _ *stream.Call) []bulkhead.Option {
 		var opts []bulkhead.Option
+		note := noteOf(r.Context())
+		var cl *client
+		if note != nil {
+			cl = note.client
+		}
 		class := ""
-		if classHeader != "" {
+		if trust && classHeader != "" {
 			class = r.Header.Get(classHeader)
 		}
-		if class == "" && len(keys) > 0 {
-			class = keys[clientKey(r)]
+		if class == "" && cl != nil && classes {
+			class = cl.tenant
 		}
 		if class != "" {
 			opts = append(opts, bulkhead.WithClass(class))
 		}
-		if prioHeader != "" && strings.EqualFold(r.Header.Get(prioHeader), "high") {
+		high := prioHeader != "" && strings.EqualFold(r.Header.Get(prioHeader), "high") && (trust || cl != nil && cl.high)
+		if high {
 			opts = append(opts, bulkhead.WithPriority(bulkhead.High))
 		}
-		if id := r.Header.Get("X-Request-Id"); id != "" && len(id) <= bulkhead.MaxTagLen {
+		if note != nil {
+			note.class, note.high = class, high
+		}
+		if id := r.Header.Get(RequestIDHeader); id != "" && len(id) <= bulkhead.MaxTagLen {
 			opts = append(opts, bulkhead.WithTag(id))
 		}
 		return opts
 	}
 }
 
-// clientKey is the API key the client sent, in whichever API's header.
-func clientKey(r *http.Request) string {
-	if k := r.Header.Get("X-Api-Key"); k != "" {
-		return k
-	}
-	if k := r.Header.Get("X-Goog-Api-Key"); k != "" {
-		return k
-	}
-	return strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
-}
+// SetReady sets what /readyz answers: 200 when ready, 503 when not (a load
+// balancer then takes the gateway out of rotation). Shutdown makes it not
+// ready for good.
+func (g *Gateway) SetReady(ready bool) { g.notReady.Store(!ready) }
 
-// Shutdown stops the gateway's bulkheads taking calls (/readyz answers 503
-// from then on), then waits, until ctx ends, for the calls in flight to
-// finish. It returns what was still in flight, by bulkhead, when ctx ended
-// first (empty when everything drained).
+// cutGrace bounds the wait, after the shutdown deadline, for the requests
+// Shutdown cut to end (and be logged).
+const cutGrace = 2 * time.Second
+
+// Shutdown stops the gateway's bulkheads taking calls (queued ones are
+// answered 503, and /readyz answers 503 from then on), then waits, until
+// ctx ends, for the requests being served to end. When ctx ends first, it
+// cuts the requests still being served (a stream ends mid-way; a call not
+// yet answered is answered 503, 529 in the Anthropic dialect; each is
+// logged with end=shutdown) and waits a moment for them to end. It returns
+// what was still in flight or queued at the deadline, by bulkhead: only the
+// bulkheads with work left, empty when everything drained.
+//
+// Stop the server from accepting connections first (http.Server.Shutdown),
+// so that no new call arrives to be turned away.
 func (g *Gateway) Shutdown(ctx context.Context) map[string]bulkhead.DrainResult {
-	select {
-	case <-g.ready:
-	default:
-		close(g.ready)
-	}
-	return g.closeAll(ctx)
-}
-
-func (g *Gateway) closeAll(ctx context.Context) map[string]bulkhead.DrainResult {
-	left := map[string]bulkhead.DrainResult{}
-	for _, c := range g.collectors {
-		c.Close()
-	}
+	g.SetReady(false)
 	for _, b := range g.Bulkheads {
 		b.Close()
 	}
+	g.requests.wait(ctx)
+	left := map[string]bulkhead.DrainResult{}
 	for name, b := range g.Bulkheads {
-		if res, err := b.Drain(ctx); err != nil || !res.Drained {
+		if res, _ := b.Drain(ctx); res.InFlight+res.Pending+res.Bypassed+res.DedupActive > 0 {
 			left[name] = res
 		}
 	}
+	closeCtx := ctx
+	if ctx.Err() != nil {
+		if g.cutCalls != nil {
+			g.cutCalls()
+		}
+		grace, cancel := context.WithTimeout(context.Background(), cutGrace)
+		defer cancel()
+		g.requests.wait(grace)
+		for _, b := range g.Bulkheads {
+			_, _ = b.Drain(grace) // the cut calls' releases, before the pools let go
+		}
+		closeCtx = grace
+	}
+	for _, c := range g.collectors {
+		c.Close()
+	}
 	for _, p := range g.pools {
-		_ = p.Close(ctx) // releases what this replica still holds
+		_ = p.Close(closeCtx) // releases what this replica still holds
 	}
 	for _, c := range g.clients {
 		_ = c.Close()

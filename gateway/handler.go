@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
@@ -10,6 +11,8 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/llmbulkhead/bulkhead"
 	"github.com/llmbulkhead/bulkhead/stream"
@@ -67,8 +70,36 @@ type Route struct {
 // upstream request and releases its admission at once. A request to a path
 // that is not a route's API endpoint is answered 404; a request to one that
 // is not a POST is passed upstream without admission.
+//
+// The Handler reads a call's body itself, before admission, and bounds
+// the memory that takes whatever clients declare: the body grows as its
+// bytes arrive, up to its route's MaxBodyBytes, all bodies together are
+// charged to one budget (BodyBudget) until their calls end, and each body
+// must arrive within BodyTimeout. A body over its limit is answered 413,
+// one that finds the budget spent 503 with x-should-retry: true (529 in
+// the Anthropic dialect), one too slow 408, and a body without a model
+// 400. A body refused before its end is read and discarded up to as many
+// bytes again as its limit (at least 1 MiB), so that a client that sends
+// its whole body before it reads, as the SDKs do, reads the answer; a
+// longer one is answered at once and its connection closed.
+//
+// Set the fields before the Handler serves; they must not change after.
 type Handler struct {
+	// BodyBudget bounds the request-body bytes the Handler holds, all
+	// calls together, from their first byte to the end of their call.
+	// Zero or less means DefaultBodyBudget. A route's body limit is at
+	// most the budget.
+	BodyBudget int64
+
+	// BodyTimeout bounds the reading of one request body, counted from
+	// the moment the Handler starts reading it. Zero means
+	// DefaultBodyTimeout; a negative value sets none. It needs a
+	// ResponseWriter that supports read deadlines (see
+	// http.ResponseController), as net/http's server's does.
+	BodyTimeout time.Duration
+
 	formats map[stream.Format]*formatRoutes
+	held    atomic.Int64 // the bytes of the bodies held, against BodyBudget
 }
 
 // formatRoutes is the routes of one format: by model, and the default.
@@ -102,7 +133,7 @@ func New(routes ...Route) (*Handler, error) {
 		case r.Bulkhead == nil:
 			return nil, &bulkhead.ConfigError{Field: field + ".Bulkhead", Problem: "must not be nil"}
 		}
-		rp := proxy(r)
+		rp := proxy(r, i)
 		for j, m := range r.Models {
 			if fr.byModel[m] != nil {
 				return nil, &bulkhead.ConfigError{Field: fmt.Sprintf("%s.Models[%d]", field, j), Problem: fmt.Sprintf("%v model %q has a route already", r.Format, m)}
@@ -124,19 +155,19 @@ func bodyLimit(n int64) int64 {
 	return n
 }
 
-// proxy is the reverse proxy of route r.
-func proxy(r Route) *routeProxy {
+// proxy is the reverse proxy of route r, the index-th.
+func proxy(r Route, index int) *routeProxy {
 	format, upstream, key := r.Format, r.Upstream, r.APIKey
 	base := r.Transport
 	if base == nil {
 		base = defaultTransport
 	}
-	return &routeProxy{ReverseProxy: httputil.ReverseProxy{
+	return &routeProxy{index: index, maxBody: bodyLimit(r.MaxBodyBytes), ReverseProxy: httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(upstream)
 			pr.SetXForwarded()
 			if key != "" {
-				setKey(pr.Out.Header, format, key)
+				setKey(pr.Out, format, key)
 			}
 		},
 		Transport: &stream.Transport{
@@ -157,10 +188,13 @@ func proxy(r Route) *routeProxy {
 		},
 		ErrorHandler: func(w http.ResponseWriter, req *http.Request, err error) {
 			if ctxErr := req.Context().Err(); ctxErr != nil && errors.Is(err, ctxErr) {
-				err = ctxErr // the client went away
+				err = context.Cause(req.Context()) // the client went away, or the gateway cut the call at shutdown
 			}
 			w.Header().Set(RequestIDHeader, req.Header.Get(RequestIDHeader))
 			WriteError(w, format, err)
+			if n := noteOf(req.Context()); n != nil {
+				n.end = endOf(err)
+			}
 		},
 	}}
 }
@@ -195,25 +229,17 @@ func (p *bufferPool) Put(b []byte) {
 }
 
 // routeProxy is one route's reverse proxy.
-type routeProxy struct{ httputil.ReverseProxy }
-
-// serve proxies req, or answers 404 with why when there is no route (p is
-// nil).
-func (p *routeProxy) serve(w http.ResponseWriter, req *http.Request, format stream.Format, why string) {
-	if p == nil {
-		w.Header().Set(RequestIDHeader, req.Header.Get(RequestIDHeader))
-		writeNotFound(w, format, why)
-		return
-	}
-	p.ServeHTTP(w, req)
+type routeProxy struct {
+	httputil.ReverseProxy
+	index   int   // the route's index in New's list
+	maxBody int64 // the route's body limit
 }
 
-// setKey puts the upstream's credentials in h, in the header of format's
-// API, in place of the client's.
-func setKey(h http.Header, format stream.Format, key string) {
-	h.Del("Authorization")
-	h.Del("X-Api-Key")
-	h.Del("X-Goog-Api-Key")
+// setKey puts the upstream's credentials in out, in the header of
+// format's API, in place of the client's (a Gemini client's ?key= too).
+func setKey(out *http.Request, format stream.Format, key string) {
+	dropKey(out)
+	h := out.Header
 	switch format {
 	case stream.AnthropicMessages:
 		h.Set("X-Api-Key", key)
@@ -221,6 +247,18 @@ func setKey(h http.Header, format stream.Format, key string) {
 		h.Set("X-Goog-Api-Key", key)
 	default:
 		h.Set("Authorization", "Bearer "+key)
+	}
+}
+
+// dropKey removes a client's credentials from req: the key headers of
+// every API, and a Gemini client's ?key=.
+func dropKey(req *http.Request) {
+	req.Header.Del("Authorization")
+	req.Header.Del("X-Api-Key")
+	req.Header.Del("X-Goog-Api-Key")
+	if q := req.URL.Query(); q.Has("key") {
+		q.Del("key")
+		req.URL.RawQuery = q.Encode()
 	}
 }
 
@@ -240,41 +278,79 @@ func newRequestID() string {
 	return hex.EncodeToString(b[:])
 }
 
-// ServeHTTP proxies req to the route of its API and model, or answers 404.
-// It gives a request without an X-Request-Id one (see RequestIDHeader).
+// ServeHTTP proxies req to the route of its API and model, or answers it
+// (see Handler). It gives a request without an X-Request-Id one (see
+// RequestIDHeader).
 func (h *Handler) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	requestID(req)
+	format, ok := stream.FormatOf(req.URL.Path)
+	fr := h.formats[format]
+	switch {
+	case !ok || fr == nil:
+		answer(w, req, format, notFound(format, "no route for "+req.URL.Path), endRefused)
+		return
+	case req.Method != http.MethodPost:
+		if fr.other == nil {
+			answer(w, req, format, notFound(format, "no route for "+req.Method+" "+req.URL.Path), endRefused)
+			return
+		}
+		forward(w, req, fr.other, "")
+		return
+	}
+	call, release, ok := h.readCall(w, req, format, fr.maxBody)
+	defer release()
+	if !ok {
+		return
+	}
+	model := call.Request.Model
+	rp := fr.byModel[model]
+	if rp == nil {
+		rp = fr.other
+	}
+	switch {
+	case model == "":
+		answer(w, req, format, Rejection{Status: http.StatusBadRequest, Type: invalidType(format), Code: "invalid_request",
+			Message: "gateway: the request body has no model"}, endRefused)
+	case rp == nil:
+		answer(w, req, format, notFound(format, fmt.Sprintf("no route for model %q", model)), endRefused)
+	case req.ContentLength > rp.maxBody:
+		answer(w, req, format, Rejection{Status: http.StatusRequestEntityTooLarge, Type: invalidType(format), Code: "request_too_large",
+			Message: fmt.Sprintf("gateway: request body larger than %d bytes (the limit for model %q)", rp.maxBody, model)}, endRefused)
+	default:
+		forward(w, req.WithContext(stream.WithCall(req.Context(), call)), rp, model)
+	}
+}
+
+// forward sends req on through route rp, noting the route and the model
+// for the request log.
+func forward(w http.ResponseWriter, req *http.Request, rp *routeProxy, model string) {
+	if n := noteOf(req.Context()); n != nil {
+		n.route, n.model = rp.index, model
+	}
+	rp.ServeHTTP(w, req)
+}
+
+// answer answers req itself, with r, in format's dialect; end is how the
+// request log describes the request's end.
+func answer(w http.ResponseWriter, req *http.Request, format stream.Format, r Rejection, end string) {
+	w.Header().Set(RequestIDHeader, req.Header.Get(RequestIDHeader))
+	write(w, format, r)
+	if n := noteOf(req.Context()); n != nil {
+		n.end = end
+	}
+}
+
+// requestID returns req's request ID, after giving it one if it has none.
+func requestID(req *http.Request) string {
 	id := req.Header.Get(RequestIDHeader)
 	if id == "" {
 		id = newRequestID()
 		req.Header.Set(RequestIDHeader, id)
 	}
-	format, ok := stream.FormatOf(req.URL.Path)
-	fr := h.formats[format]
-	if !ok || fr == nil {
-		w.Header().Set(RequestIDHeader, id)
-		writeNotFound(w, format, "no route for "+req.URL.Path)
-		return
-	}
-	if len(fr.byModel) == 0 || req.Method != http.MethodPost {
-		fr.other.serve(w, req, format, req.URL.Path)
-		return
-	}
-	// The route depends on the model: read the body once, and hand the
-	// call to the route's transport so it is not read again.
-	call, err := stream.ReadRequest(req, fr.maxBody)
-	if err != nil {
-		w.Header().Set(RequestIDHeader, id)
-		WriteError(w, format, err)
-		return
-	}
-	rp := fr.byModel[call.Request.Model]
-	if rp == nil {
-		rp = fr.other
-	}
-	rp.serve(w, req.WithContext(stream.WithCall(req.Context(), call)), format, fmt.Sprintf("no route for model %q", call.Request.Model))
+	return id
 }
 
-// writeNotFound answers a request no route covers.
-func writeNotFound(w http.ResponseWriter, format stream.Format, why string) {
-	write(w, format, Rejection{Status: http.StatusNotFound, Type: invalidType(format), Code: "not_found", Message: "gateway: " + why})
+// notFound is the answer to a request no route covers.
+func notFound(format stream.Format, why string) Rejection {
+	return Rejection{Status: http.StatusNotFound, Type: invalidType(format), Code: "not_found", Message: "gateway: " + why}
 }

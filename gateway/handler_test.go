@@ -224,6 +224,7 @@ func TestHandlerErrors(t *testing.T) {
 	}{
 		{"malformed", `{"model":`, 400},
 		{"wrong type", `{"model":"gpt-4o","messages":3}`, 400},
+		{"no model", `{"messages":[{"role":"user","content":"hi"}],"max_tokens":5}`, 400},
 		{"too large for the budget", `{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}],"max_tokens":200000}`, 413},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -308,8 +309,13 @@ func TestHandlerRoutesByModel(t *testing.T) {
 		{"/v1/chat/completions", "llama", false, 200},
 		{"/v1/chat/completions", "llama", true, 200},
 		{"/v1/responses", "gpt-5", false, 404},
+		{"/v1/responses", "", false, 400}, // a body without a model is invalid, not a model without a route
 	} {
-		req, _ := http.NewRequest("POST", gw.URL+tc.path, strings.NewReader(fmt.Sprintf(`{"model":%q,"stream":%v,"messages":[{"role":"user","content":"hi"}],"input":"hi","max_tokens":5}`, tc.model, tc.stream)))
+		model := fmt.Sprintf(`"model":%q,`, tc.model)
+		if tc.model == "" {
+			model = ""
+		}
+		req, _ := http.NewRequest("POST", gw.URL+tc.path, strings.NewReader(fmt.Sprintf(`{%s"stream":%v,"messages":[{"role":"user","content":"hi"}],"input":"hi","max_tokens":5}`, model, tc.stream)))
 		res, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)

@@ -129,6 +129,12 @@ func RejectionOf(format stream.Format, err error) Rejection {
 		return Rejection{Status: http.StatusRequestEntityTooLarge, Type: invalidType(format), Code: "request_too_large", Message: err.Error()}
 	case errors.As(err, &body), errors.Is(err, bulkhead.ErrInvalid):
 		return Rejection{Status: http.StatusBadRequest, Type: invalidType(format), Code: "invalid_request", Message: err.Error()}
+	case errors.Is(err, errShutdownCut):
+		r := Rejection{Status: http.StatusServiceUnavailable, ShouldRetry: true, Type: overloadType(format), Code: "server_is_overloaded", Message: err.Error()}
+		if format == stream.AnthropicMessages {
+			r.Status = 529
+		}
+		return r
 	case errors.Is(err, context.Canceled):
 		return Rejection{Status: StatusClientClosedRequest, Type: "client_closed_request", Message: err.Error()}
 	}

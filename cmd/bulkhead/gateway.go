@@ -6,12 +6,15 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
+	"sort"
 	"time"
 
+	"github.com/llmbulkhead/bulkhead/clock"
 	"github.com/llmbulkhead/bulkhead/gateway"
 )
 
@@ -26,8 +29,9 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: bulkhead gateway -config FILE [-check]\n\n")
 		fmt.Fprintf(fs.Output(), "Serves an admission proxy in front of LLM providers, as FILE describes.\n")
-		fmt.Fprintf(fs.Output(), "On SIGTERM it stops accepting, drains the calls in flight (shutdown_timeout)\n")
-		fmt.Fprintf(fs.Output(), "and reports what was still in flight.\n\nFlags:\n")
+		fmt.Fprintf(fs.Output(), "On SIGTERM /readyz answers 503 at once; the gateway goes on serving for\n")
+		fmt.Fprintf(fs.Output(), "shutdown_delay, then stops accepting, drains the calls in flight for up to\n")
+		fmt.Fprintf(fs.Output(), "shutdown_timeout, cuts what is left and reports it.\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -45,9 +49,12 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		fmt.Fprintf(stderr, "bulkhead gateway: %v\n", err)
 		return 1
 	}
-	var logger *slog.Logger
-	if *check {
+	logger := slog.New(slog.NewJSONHandler(stderr, nil)) // the request log
+	switch {
+	case *check:
 		logger = slog.New(slog.DiscardHandler)
+	case cfg.Log.Format == "text":
+		logger = slog.New(slog.NewTextHandler(stderr, nil))
 	}
 	g, err := gateway.Build(cfg, *config, os.Getenv, logger)
 	if err != nil {
@@ -56,15 +63,24 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	}
 	if *check {
 		g.Shutdown(context.Background())
-		fmt.Fprintf(stdout, "bulkhead gateway: %s is valid: %d bulkheads, listen %s\n", *config, len(g.Bulkheads), g.Listen)
+		scheme := "http"
+		if g.TLSConfig != nil {
+			scheme = "https"
+		}
+		fmt.Fprintf(stdout, "bulkhead gateway: %s is valid: %d bulkheads, %d clients, listen %s://%s\n", *config, len(g.Bulkheads), len(cfg.Clients), scheme, g.Listen)
 		return 0
 	}
 	return serve(ctx, g, stdout, stderr)
 }
 
-// serve runs g's server until ctx ends, then shuts it down: it stops
-// accepting, waits up to the shutdown timeout for calls in flight, and
-// reports what was left.
+// gatewayClock times the gateway's shutdown delay and deadline; tests
+// set a mock.
+var gatewayClock = clock.New()
+
+// serve runs g's server until ctx ends, then shuts it down: /readyz
+// answers 503 at once, the server goes on serving for the shutdown delay,
+// then stops accepting connections while the calls in flight drain, up to
+// the shutdown timeout; it cuts what is left then, and reports it.
 func serve(ctx context.Context, g *gateway.Gateway, stdout, stderr io.Writer) int {
 	ln, err := net.Listen("tcp", g.Listen)
 	if err != nil {
@@ -72,28 +88,61 @@ func serve(ctx context.Context, g *gateway.Gateway, stdout, stderr io.Writer) in
 		fmt.Fprintf(stderr, "bulkhead gateway: %v\n", err)
 		return 1
 	}
-	srv := &http.Server{Handler: g.Handler, ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: g.Handler, TLSConfig: g.TLSConfig, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
+		ErrorLog: log.New(stderr, "bulkhead gateway: ", 0)}
 	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ln) }()
-	fmt.Fprintf(stdout, "bulkhead gateway: listening on %s\n", ln.Addr())
-	select {
-	case err := <-done:
+	scheme := "http"
+	if g.TLSConfig != nil {
+		scheme = "https"
+		go func() { done <- srv.ServeTLS(ln, "", "") }()
+	} else {
+		go func() { done <- srv.Serve(ln) }()
+	}
+	fmt.Fprintf(stdout, "bulkhead gateway: listening on %s://%s\n", scheme, ln.Addr())
+	failed := func(err error) int {
 		g.Shutdown(context.Background())
 		fmt.Fprintf(stderr, "bulkhead gateway: %v\n", err)
 		return 1
+	}
+	select {
+	case err := <-done:
+		return failed(err)
 	case <-ctx.Done():
 	}
-	fmt.Fprintf(stdout, "bulkhead gateway: shutting down (up to %v)\n", g.ShutdownTimeout)
-	sctx, cancel := context.WithTimeout(context.Background(), g.ShutdownTimeout)
-	defer cancel()
-	left := g.Shutdown(sctx) // new calls are shed while the server drains
-	_ = srv.Shutdown(sctx)
+	delay := gatewayClock.NewTimer(g.ShutdownDelay)
+	g.SetReady(false)
+	fmt.Fprintf(stdout, "bulkhead gateway: shutting down: not ready; serving for %v, then draining for up to %v\n", g.ShutdownDelay, g.ShutdownTimeout)
+	select {
+	case err := <-done:
+		delay.Stop()
+		return failed(err)
+	case <-delay.C():
+	}
+	drain, cut := context.WithCancel(context.Background())
+	defer cut()
+	deadline := gatewayClock.AfterFunc(g.ShutdownTimeout, cut)
+	defer deadline.Stop()
+	listenerClosed := make(chan struct{})
+	srv.RegisterOnShutdown(func() { close(listenerClosed) }) // called once the listener is closed
+	stopped := make(chan error, 1)
+	go func() { stopped <- srv.Shutdown(drain) }()
+	<-listenerClosed // no new connection: no call arrives to be turned away by a closed bulkhead
+	left := g.Shutdown(drain)
+	if err := <-stopped; err != nil {
+		_ = srv.Close() // connections still open at the deadline
+	}
 	<-done
 	if len(left) == 0 {
 		fmt.Fprintf(stdout, "bulkhead gateway: drained\n")
 		return 0
 	}
-	for name, res := range left {
+	names := make([]string, 0, len(left))
+	for name := range left {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		res := left[name]
 		fmt.Fprintf(stdout, "bulkhead gateway: bulkhead %s: %d in flight, %d queued at the deadline\n", name, res.InFlight, res.Pending)
 	}
 	return 1

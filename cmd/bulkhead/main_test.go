@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"io"
 	"net/http"
 	"os"
 	"strings"
@@ -92,7 +91,7 @@ routes: [{api: openai-chat, upstream: openai, bulkhead: main}]
 		t.Fatal(err)
 	}
 	code, out, errOut := runArgs("gateway", "-config", good, "-check")
-	if code != 0 || !strings.Contains(out, "is valid: 1 bulkheads") {
+	if code != 0 || !strings.Contains(out, "is valid: 1 bulkheads, 0 clients, listen http://127.0.0.1:0") {
 		t.Fatalf("check: exit %d, %q %q", code, out, errOut)
 	}
 	bad := dir + "/bad.yaml"
@@ -123,30 +122,45 @@ routes: [{api: openai-chat, upstream: openai, bulkhead: main}]
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	var out testutil.Buffer
-	done := make(chan int, 1)
-	go func() { done <- run(ctx, []string{"gateway", "-config", cfg}, &out, io.Discard) }()
-	var addr string
-	testutil.WaitFor(t, "the gateway to listen", func() bool {
-		s := out.String()
-		if i := strings.Index(s, "listening on "); i >= 0 {
-			addr = strings.TrimSpace(s[i+len("listening on "):])
-			if j := strings.IndexByte(addr, '\n'); j >= 0 {
-				addr = addr[:j]
-			}
-			return true
-		}
-		return false
-	})
-	res, err := http.Get("http://" + addr + "/healthz")
+	gw := startGateway(t, ctx, cfg)
+	res, err := http.Get(gw.url + "/healthz")
 	if err != nil || res.StatusCode != 200 {
 		t.Fatalf("/healthz: %v, %v", res, err)
 	}
 	res.Body.Close()
 	cancel()
-	if code := <-done; code != 0 || !strings.Contains(out.String(), "drained") {
-		t.Fatalf("exit %d:\n%s", code, out.String())
+	if code := <-gw.done; code != 0 || !strings.Contains(gw.out.String(), "drained") {
+		t.Fatalf("exit %d:\n%s", code, gw.out.String())
 	}
+}
+
+// runningGateway is the gateway command running in a goroutine.
+type runningGateway struct {
+	url      string // its base URL, such as http://127.0.0.1:43121
+	out, err *testutil.Buffer
+	done     chan int // its exit code
+}
+
+// startGateway runs the gateway command on the configuration file cfg
+// until ctx ends, and waits for it to listen.
+func startGateway(t *testing.T, ctx context.Context, cfg string) *runningGateway {
+	t.Helper()
+	gw := &runningGateway{out: &testutil.Buffer{}, err: &testutil.Buffer{}, done: make(chan int, 1)}
+	go func() { gw.done <- run(ctx, []string{"gateway", "-config", cfg}, gw.out, gw.err) }()
+	testutil.WaitFor(t, "the gateway to listen", func() bool {
+		s := gw.out.String()
+		if i := strings.Index(s, "listening on "); i >= 0 {
+			gw.url, _, _ = strings.Cut(s[i+len("listening on "):], "\n")
+			return true
+		}
+		select {
+		case code := <-gw.done:
+			t.Fatalf("the gateway exited %d: %s%s", code, s, gw.err.String())
+		default:
+		}
+		return false
+	})
+	return gw
 }
 
 // TestDemoGatewayMode runs the demo's guarded pass over HTTP through the
