@@ -109,12 +109,17 @@ func (h *Handler) readCall(w http.ResponseWriter, req *http.Request, format stre
 	var interrupted atomic.Bool // the deadline was moved to now, not reached
 	if d := h.bodyTimeout(); d > 0 {
 		rc := http.NewResponseController(w)
-		if rc.SetReadDeadline(time.Now().Add(d)) == nil {
+		deadline := time.Now().Add(d)
+		if rc.SetReadDeadline(deadline) == nil {
 			// A call cut short (its client gone, the gateway shutting
-			// down) stops waiting for its body at once.
+			// down) stops waiting for its body at once. (The server also
+			// ends the call's context when the deadline itself fails a
+			// read: that is no interruption.)
 			stop := context.AfterFunc(req.Context(), func() {
-				interrupted.Store(true)
-				_ = rc.SetReadDeadline(time.Now())
+				if time.Now().Before(deadline) {
+					interrupted.Store(true)
+					_ = rc.SetReadDeadline(time.Now())
+				}
 			})
 			defer func() {
 				stop()
