@@ -28,9 +28,9 @@ import (
 // settled at release exceeds the reservation, the excess is booked then, so
 // the calls after it wait for it; a call that used less than its
 // reservation gets nothing back (a rate, unlike the in-flight budget, has
-// no refund). On a Redis store that booking is one Redis call made by the
-// releasing goroutine, bounded by the store's timeout; only releases beyond
-// their reservation make it.
+// no refund). On a Redis store that booking is one Redis call, bounded by
+// the store's timeout, and Release returns once it is made; only releases
+// beyond their reservation make it.
 //
 // Observe mode (WithMode) does not shadow RateLimit: the rate limits are
 // enforced for observe-mode calls that are admitted, and a bypassed call
