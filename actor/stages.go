@@ -157,7 +157,7 @@ func (s *state) cooldownStage(r *AcquireRequest) bool {
 	case !ok:
 		return false
 	case s.cool.shed || late(r, d.RetryAfter, now):
-		s.rejectStage(r, admission.Cooldown, &admission.External{Cooldown: &d}, nil)
+		s.rejectCooldown(r, d)
 		return true
 	case s.paced(r):
 		// Before its turn, not after it, so paced calls stay spaced when
@@ -333,6 +333,12 @@ func (s *state) verdict(j *remoteJob) {
 	}
 }
 
+// rejectCooldown rejects r for the cool-down d. (d is taken by value, so
+// that the callers' copies stay on their stacks when nothing is rejected.)
+func (s *state) rejectCooldown(r *AcquireRequest, d admission.CooldownDetail) {
+	s.rejectStage(r, admission.Cooldown, &admission.External{Cooldown: &d}, nil)
+}
+
 // rejectStage rejects r for a stage's verdict (a cool-down, a rate): it is
 // counted and announced with the capacity snapshot, ext completing it.
 func (s *state) rejectStage(r *AcquireRequest, why admission.Reason, ext *admission.External, cause error) {
@@ -354,7 +360,7 @@ func (s *state) grantStages(r *AcquireRequest) bool {
 		d, g, ok := s.cool.left(r.Model, r.Reservation.Reserved, now, true)
 		if ok {
 			s.returnSlot()
-			s.rejectStage(r, admission.Cooldown, &admission.External{Cooldown: &d}, nil)
+			s.rejectCooldown(r, d)
 			return false
 		}
 		gen = g

@@ -297,7 +297,7 @@ func (s *state) proceed(r *AcquireRequest) {
 		// no room there, it is turned away.
 		if s.gateReason() != admission.NoReason {
 			dd, _, _ := s.cool.left(r.Model, r.Reservation.Reserved, s.fx.now(), false)
-			s.rejectStage(r, admission.Cooldown, &admission.External{Cooldown: &dd}, nil)
+			s.rejectCooldown(r, dd)
 			return
 		}
 		s.markHeld(r)
