@@ -866,16 +866,29 @@ func (a *admissionActor) recovered(msg any, p any) {
 	var done chan struct{}
 	switch m := msg.(type) {
 	case *AcquireRequest:
-		if !m.answered && !m.queued {
-			m.Err = err
-			a.state.answer(m)
-		}
+		a.failRequest(m, err)
+		return
+	case *remoteJob:
+		a.failRequest(m.r, err)
+		return
+	case *parkMsg:
+		a.failRequest(m.r, err)
 		return
 	case interface{ fail(error) chan struct{} }:
 		done = m.fail(err)
 	}
 	if done != nil && len(done) == 0 {
 		done <- struct{}{}
+	}
+}
+
+// failRequest answers r with err when the engine holds it nowhere: not
+// answered, not queued, not parked on its timer, not waiting for a remote
+// verdict (those are answered when they leave).
+func (a *admissionActor) failRequest(r *AcquireRequest, err error) {
+	if !r.answered && !r.queued && !r.parked && !r.checking {
+		r.Err = err
+		a.state.answer(r)
 	}
 }
 
