@@ -675,7 +675,7 @@ func (a *admissionActor) fleetAdjust(l *Lease, held, seq int64, abandoned bool) 
 
 // bookRemote books an overrun on rates kept in Redis, on a goroutine of
 // its own (a release never waits for Redis).
-func (a *admissionActor) bookRemote(rs *rateStage, set *RateSet, over int64, l *Lease) {
+func (a *admissionActor) bookRemote(rs *rateStage, set *rateSet, over int64, l *Lease) {
 	e := a.engine
 	done := make(chan struct{})
 	l.booked = done

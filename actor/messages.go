@@ -119,7 +119,7 @@ type AcquireRequest struct {
 	turned, parked, held, checking bool
 	parkFor                        parkReason
 	parkedAt                       time.Time
-	set                            *RateSet // its rates, looked up once
+	set                            *rateSet // its rates, looked up once
 	setDone                        bool
 }
 
@@ -383,7 +383,7 @@ type wouldAdmitRequest struct {
 	detail      bool
 	result      admission.Decision
 	// remote is the call's rates in Redis, for the caller to ask.
-	remote *RateSet
+	remote *rateSet
 	rates  *rateStage
 	done   chan struct{}
 }

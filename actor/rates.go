@@ -57,18 +57,18 @@ type rateStage struct {
 	table  *pacer.Table // the engine's own store, nil when Store was given
 	remote bool         // the store may block: it is asked off the actor
 
-	own  map[string]*RateSet // Config.Model's sets, by class
-	sets map[rateSetKey]*RateSet
+	own  map[string]*rateSet // Config.Model's sets, by class
+	sets map[rateSetKey]*rateSet
 
 	checked, paced, pacedNs, fallbacks  atomic.Int64
 	overruns, overrunTokens, overrunErr atomic.Int64
 	overrunDropped                      atomic.Int64
 }
 
-// RateSet is the rates that apply to the calls of one model and class:
+// rateSet is the rates that apply to the calls of one model and class:
 // one composite, deciding every rate at once. It is immutable, so a remote
 // worker may use it off the actor.
-type RateSet struct {
+type rateSet struct {
 	comp    *pacer.Composite
 	members []rateMember
 	tokens  bool // some member counts tokens
@@ -86,7 +86,7 @@ func newRateStage(cfg *Rates) *rateStage {
 	if cfg == nil {
 		return nil
 	}
-	rs := &rateStage{cfg: *cfg, store: cfg.Store, sets: map[rateSetKey]*RateSet{}, own: map[string]*RateSet{}}
+	rs := &rateStage{cfg: *cfg, store: cfg.Store, sets: map[rateSetKey]*rateSet{}, own: map[string]*rateSet{}}
 	switch cfg.Store.(type) {
 	case nil:
 		rs.table = pacer.NewTable()
@@ -108,7 +108,7 @@ func (rs *rateStage) setTime(now time.Time) {
 
 // set returns the rates of a call of model and class, nil when none apply.
 // An error is a pacer that cannot be built (a name the store refuses).
-func (rs *rateStage) set(model, class string) (*RateSet, error) {
+func (rs *rateStage) set(model, class string) (*rateSet, error) {
 	if model == "" {
 		model = rs.cfg.Model
 	}
@@ -134,8 +134,8 @@ func (rs *rateStage) set(model, class string) (*RateSet, error) {
 	return s, nil
 }
 
-func (rs *rateStage) build(model, class string) (*RateSet, error) {
-	s := &RateSet{}
+func (rs *rateStage) build(model, class string) (*rateSet, error) {
+	s := &rateSet{}
 	add := func(scope, key string, r Rate) error {
 		for _, m := range []struct {
 			limit     string
@@ -191,7 +191,7 @@ func (rs *rateStage) build(model, class string) (*RateSet, error) {
 
 // weighted returns each member's weight, in buf: tokens for the members
 // counting tokens, requests for the others.
-func (s *RateSet) weighted(buf []float64, tokens, requests float64) []float64 {
+func (s *rateSet) weighted(buf []float64, tokens, requests float64) []float64 {
 	w := buf[:0]
 	for _, m := range s.members {
 		if m.tokens {
@@ -205,7 +205,7 @@ func (s *RateSet) weighted(buf []float64, tokens, requests float64) []float64 {
 
 // detail describes the outcome's deciding member, with the call's weight
 // and its retry-after.
-func (s *RateSet) detail(out pacer.CompositeOutcome) *admission.RateDetail {
+func (s *rateSet) detail(out pacer.CompositeOutcome) *admission.RateDetail {
 	for i, m := range s.members {
 		if m.p == out.Pacer {
 			d := m.detail
@@ -221,7 +221,7 @@ func (s *RateSet) detail(out pacer.CompositeOutcome) *admission.RateDetail {
 // decide runs the rate check of a call reserving reserved tokens, and
 // records it when it goes: NoReason, or the reason to turn the call down,
 // the detail and the cause. On a remote store it runs on a worker.
-func (rs *rateStage) decide(ctx context.Context, s *RateSet, reserved int64) (admission.Reason, *admission.External, error) {
+func (rs *rateStage) decide(ctx context.Context, s *rateSet, reserved int64) (admission.Reason, *admission.External, error) {
 	rs.checked.Add(1)
 	if len(s.members) == 1 {
 		// One rate: the pacer alone, without the composite's bookkeeping
@@ -259,7 +259,7 @@ func (rs *rateStage) decide(ctx context.Context, s *RateSet, reserved int64) (ad
 // pace books a paced call's turn, no later than maxWait from now: its
 // delay, or the reason to turn it away, the detail and the cause (a turn
 // that comes too late books nothing).
-func (rs *rateStage) pace(ctx context.Context, s *RateSet, reserved int64, maxWait time.Duration) (time.Duration, admission.Reason, *admission.External, error) {
+func (rs *rateStage) pace(ctx context.Context, s *rateSet, reserved int64, maxWait time.Duration) (time.Duration, admission.Reason, *admission.External, error) {
 	rs.checked.Add(1)
 	var buf [4]float64
 	out, err := s.comp.PaceWithin(ctx, rs.cfg.Name, max(0, maxWait), s.weighted(buf[:], float64(reserved), 1)...)
@@ -274,7 +274,7 @@ func (rs *rateStage) pace(ctx context.Context, s *RateSet, reserved int64, maxWa
 
 // peek is the advisory answer of the rates for a call: NoReason when it
 // would go, else why not and the detail. It records nothing.
-func (rs *rateStage) peek(ctx context.Context, s *RateSet, reserved int64) (admission.Reason, *admission.RateDetail) {
+func (rs *rateStage) peek(ctx context.Context, s *rateSet, reserved int64) (admission.Reason, *admission.RateDetail) {
 	var buf [4]float64
 	out, err := s.comp.Peek(ctx, rs.cfg.Name, s.weighted(buf[:], float64(reserved), 1)...)
 	why, rd, _ := rs.failure(ctx, out.Fallback, err, false)
@@ -288,7 +288,7 @@ func (rs *rateStage) peek(ctx context.Context, s *RateSet, reserved int64) (admi
 // reservation, in each tokens-per-minute limit of s, each at most one
 // window (its burst plus a minute of it) ahead of now; it returns the
 // tokens that did not fit.
-func (rs *rateStage) book(ctx context.Context, s *RateSet, over int64) (dropped int64) {
+func (rs *rateStage) book(ctx context.Context, s *rateSet, over int64) (dropped int64) {
 	rs.overruns.Add(1)
 	rs.overrunTokens.Add(over)
 	var d float64

@@ -71,7 +71,7 @@ const (
 type remoteJob struct {
 	r       *AcquireRequest
 	kind    remoteKind
-	set     *RateSet // the call's rates on a remote store, nil for none
+	set     *rateSet // the call's rates on a remote store, nil for none
 	fleet   *fleetStage
 	rates   *rateStage
 	maxWait time.Duration // remoteTurn: the latest turn the call may take
@@ -111,7 +111,7 @@ var background = context.Background()
 
 // rateSet returns r's rates, looked up once per call; nil when none apply
 // (or the bulkhead has none).
-func (s *state) rateSet(r *AcquireRequest) (*RateSet, error) {
+func (s *state) rateSet(r *AcquireRequest) (*rateSet, error) {
 	if s.rates == nil {
 		return nil, nil
 	}
@@ -384,7 +384,7 @@ func (s *state) grantStages(r *AcquireRequest) bool {
 
 // remoteStages reports whether r's admission waits for remote stages: a
 // fleet pool, or rates in Redis that are decided (not paced) at the grant.
-func (s *state) remoteStages(r *AcquireRequest) (set *RateSet, remote bool) {
+func (s *state) remoteStages(r *AcquireRequest) (set *rateSet, remote bool) {
 	if rs := s.rates; rs != nil && rs.remote && !rs.cfg.Pace {
 		set, _ = s.rateSet(r)
 	}

@@ -43,7 +43,7 @@ type effects interface {
 	fleetRelease(l *Lease)
 	fleetAdjust(l *Lease, held, seq int64, abandoned bool)
 	// bookRemote books an overrun on rates kept in Redis, off the actor.
-	bookRemote(rs *rateStage, set *RateSet, over int64, l *Lease)
+	bookRemote(rs *rateStage, set *rateSet, over int64, l *Lease)
 	// warn logs a warning.
 	warn(msg string, args ...any)
 	// answerDrain hands d's result to its caller.

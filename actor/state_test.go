@@ -59,7 +59,7 @@ func (r *recorder) fleetRelease(l *Lease)    { r.releases = append(r.releases, l
 func (r *recorder) fleetAdjust(l *Lease, held, seq int64, abandoned bool) {
 	r.adjusts = append(r.adjusts, fmt.Sprint(held, " ", seq, " ", abandoned))
 }
-func (r *recorder) bookRemote(_ *rateStage, _ *RateSet, over int64, _ *Lease) {
+func (r *recorder) bookRemote(_ *rateStage, _ *rateSet, over int64, _ *Lease) {
 	r.booked = append(r.booked, over)
 }
 func (r *recorder) warn(msg string, _ ...any)   { r.warnings = append(r.warnings, msg) }
