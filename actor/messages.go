@@ -121,6 +121,9 @@ type AcquireRequest struct {
 	parkedAt                       time.Time
 	set                            *rateSet // its rates, looked up once
 	setDone                        bool
+	// gone is the cause of a cancel message that came while a remote
+	// stage decided the call: its verdict answers it.
+	gone error
 }
 
 // reset clears the facade's fields for the next use. The engine's own
@@ -136,6 +139,7 @@ func (r *AcquireRequest) reset() {
 	r.Follower, r.FollowerCause = admission.NoReason, nil
 	r.Model, r.Deadline, r.RateWait, r.Panic = "", time.Time{}, 0, nil
 	r.turned, r.parked, r.held, r.checking, r.set, r.setDone = false, false, false, false, nil, false
+	r.gone = nil
 }
 
 func (r *AcquireRequest) MailboxNode() *mpscNode { return &r.node }

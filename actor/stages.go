@@ -310,6 +310,10 @@ func (s *state) verdict(j *remoteJob) {
 		switch {
 		case s.closed && j.why == admission.NoReason:
 			s.reject(r, admission.Shutdown, true, nil, "")
+		case r.gone != nil && j.why == admission.NoReason:
+			// Its caller left while the store booked the turn: the turn is
+			// spent, and no cancel message is on its way to end a wait.
+			s.reject(r, admission.Aborted, true, r.gone, "")
 		case !s.turned(r, j.delay, j.why, j.ext, j.cause):
 			s.proceed(r)
 		}

@@ -686,8 +686,12 @@ func (s *state) cancel(m *cancelMsg) {
 		s.checkDrains()
 		return
 	}
+	if r.checking {
+		r.gone = m.cause // a remote stage decides it: its verdict answers it
+		return
+	}
 	if !r.queued {
-		return // answered; or a remote stage, whose verdict answers it
+		return // answered
 	}
 	s.dequeue(r)
 	s.reject(r, admission.Aborted, true, m.cause, "")
