@@ -463,14 +463,13 @@ func (s *state) confirm(l *Lease) {
 // tokens and the headroom it spent go back, and the call is counted and
 // announced as a rejection (a rejection changes no token counter: the hold
 // was never counted as reserved). It returns the rejection, or nil when
-// observe mode bypasses the call instead (l.Bypass is then set).
+// observe mode bypasses the call instead (l.Bypass is then set; the call
+// still reaches the provider, so its headroom stays spent).
 func (s *state) rollback(l *Lease, why admission.Reason, ext *admission.External, cause error) error {
 	if !l.provisional {
 		return admission.Invalidf("Lease", "is not a provisional admission")
 	}
 	l.provisional, l.released = false, true
-	s.cool.refund(l.model, l.Reservation.Reserved, l.headGen)
-	l.headGen = 0
 	s.provisional--
 	s.returnSlot()
 	s.q.unserve(l.classID, l.Reservation.Reserved)
@@ -484,10 +483,15 @@ func (s *state) rollback(l *Lease, why admission.Reason, ext *admission.External
 	if l.shadow.Has(why) {
 		// Observe mode: refused after admission's own checks passed, so a
 		// race bypass, as for a queued call refused by its postcheck.
+		// It runs against the provider all the same: the headroom it
+		// spent stays spent.
 		l.released, l.deadline, l.expired = false, 0, nil
 		s.bypassLease(l, why, true, err.(*admission.RejectedError).Detail)
 		err = nil
+	} else {
+		s.cool.refund(l.model, l.Reservation.Reserved, l.headGen)
 	}
+	l.headGen = 0
 	s.pump()
 	return err
 }
