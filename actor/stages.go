@@ -23,13 +23,16 @@ import (
 //  4. a paced call's rate turn, booked before it takes a slot or a place
 //     in the queue: it waits on a timer until its turn comes;
 //  5. at the grant, with the slot held: the cool-down again, the headroom
-//     spent, and the rate decided (in-process rates, not paced);
-//  6. the remote stages, after the slot: the fleet pool, then a rate kept
-//     in Redis. The admission is provisional meanwhile (it holds its slot
-//     and tokens, is announced only when confirmed, and Drain waits for
-//     it); a worker makes the Redis calls, and its verdict comes back as
-//     a message, which confirms the admission or rolls it back, with every
-//     refund, here.
+//     spent, and the rate decided (in-process rates, not paced; with a
+//     fleet pool, once the pool has taken the hold, so that a fleet
+//     refusal spends no rate turn);
+//  6. the remote stages, after the slot: the fleet pool, then a rate
+//     (kept in Redis; an in-process one is decided as the verdict
+//     arrives). The admission is provisional meanwhile (it holds its
+//     slot and tokens, is announced only when confirmed, and Drain waits
+//     for it); a worker makes the Redis calls, and its verdict comes back
+//     as a message, which confirms the admission or rolls it back, with
+//     every refund, here.
 //
 // Feedback (a provider's answer) arrives as a message too: it starts
 // cool-downs, replaces headroom reports and moves the adaptive limit.
@@ -320,6 +323,10 @@ func (s *state) verdict(j *remoteJob) {
 		s.checkDrains()
 	case remoteAdmit:
 		l := r.Lease
+		if j.why == admission.NoReason && s.fleet != nil {
+			// The in-process rates come after the fleet pool.
+			j.why, j.ext, j.cause = s.localRate(r)
+		}
 		if j.why == admission.NoReason {
 			s.confirm(l)
 			r.Err = nil
@@ -355,7 +362,8 @@ func (s *state) rejectStage(r *AcquireRequest, why admission.Reason, ext *admiss
 // cool-down began is turned away with the time left rather than sent into
 // another 429), it spends from the model's headroom, and then its rates,
 // in-process and not paced, must let it go (a call they turn down gives
-// its headroom back). It reports whether r passes; when it does not, the
+// its headroom back); with a fleet pool, they decide once the pool has
+// taken the hold. It reports whether r passes; when it does not, the
 // slot went back and r was rejected.
 func (s *state) grantStages(r *AcquireRequest) bool {
 	var gen uint64
@@ -370,20 +378,33 @@ func (s *state) grantStages(r *AcquireRequest) bool {
 		gen = g
 	}
 	r.Lease.model, r.Lease.headGen = r.Model, gen
-	if rs := s.rates; rs != nil && !rs.remote && !rs.cfg.Pace {
-		set, err := s.rateSet(r)
-		if err == nil && set != nil {
-			rs.setTime(s.fx.now())
-			if why, ext, cause := rs.decide(background, set, r.Reservation.Reserved); why != admission.NoReason {
-				s.cool.refund(r.Model, r.Reservation.Reserved, gen)
-				r.Lease.headGen = 0
-				s.returnSlot()
-				s.rejectStage(r, why, ext, cause)
-				return false
-			}
-		}
+	if s.fleet != nil {
+		return true // the rates come after the fleet pool (verdict)
+	}
+	if why, ext, cause := s.localRate(r); why != admission.NoReason {
+		s.cool.refund(r.Model, r.Reservation.Reserved, gen)
+		r.Lease.headGen = 0
+		s.returnSlot()
+		s.rejectStage(r, why, ext, cause)
+		return false
 	}
 	return true
+}
+
+// localRate decides r's in-process rates, unless they are paced, and
+// books them when they let it go: NoReason then, or the reason to turn it
+// down, the detail and the cause.
+func (s *state) localRate(r *AcquireRequest) (admission.Reason, *admission.External, error) {
+	rs := s.rates
+	if rs == nil || rs.remote || rs.cfg.Pace {
+		return admission.NoReason, nil, nil
+	}
+	set, err := s.rateSet(r)
+	if err != nil || set == nil {
+		return admission.NoReason, nil, nil
+	}
+	rs.setTime(s.fx.now())
+	return rs.decide(background, set, r.Reservation.Reserved)
 }
 
 // remoteStages reports whether r's admission waits for remote stages: a
