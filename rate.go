@@ -37,7 +37,9 @@ import (
 // books no rate.
 type RateLimits struct {
 	// Store keeps the rate state. Nil means an in-process store on
-	// Config.Clock, private to this bulkhead. Pass a pacer.NewRedis store
+	// Config.Clock, private to this bulkhead; so does a pacer.Table, which
+	// the bulkhead then owns (it sets the table's time: use the table
+	// nowhere else). Pass a pacer.NewRedis store
 	// to share the rates between the replicas of a service: bulkheads with
 	// the same Name on one Redis share them. The store's failure policy
 	// (pacer.RedisOptions.OnFailure) decides a call while Redis is down:

@@ -16,10 +16,11 @@ import (
 // facade: requests and tokens per minute, per model and per class.
 type Rates struct {
 	// Store keeps the rate state: nil keeps it in the state machine
-	// itself, in a pacer.Table on the engine's clock; a pacer.Local (shared
-	// with others, on its own clock) is asked from the actor too, as it
-	// never blocks; any other store (Redis) is a remote stage, asked by a
-	// worker.
+	// itself, in a pacer.Table on the engine's clock; a pacer.Table given
+	// here becomes the engine's own the same way (the engine sets its time,
+	// so it must not be used elsewhere); a pacer.Local (shared with others,
+	// on its own clock) is asked from the actor too, as it never blocks;
+	// any other store (Redis) is a remote stage, asked by a worker.
 	Store pacer.Store
 	// Name prefixes the pacers' names and is their call key.
 	Name string
@@ -42,9 +43,9 @@ type Rate struct {
 
 func (r Rate) zero() bool { return r.RequestsPerMinute == 0 && r.TokensPerMinute == 0 }
 
-// maxRateSets bounds the cache of rate sets: beyond it (a flood of model
+// maxrateSets bounds the cache of rate sets: beyond it (a flood of model
 // names), sets are built per call.
-const maxRateSets = 1024
+const maxrateSets = 1024
 
 type rateSetKey struct{ model, class string }
 
@@ -87,11 +88,13 @@ func newRateStage(cfg *Rates) *rateStage {
 		return nil
 	}
 	rs := &rateStage{cfg: *cfg, store: cfg.Store, sets: map[rateSetKey]*rateSet{}, own: map[string]*rateSet{}}
-	switch cfg.Store.(type) {
+	switch st := cfg.Store.(type) {
 	case nil:
 		rs.table = pacer.NewTable()
 		rs.store = rs.table
-	case *pacer.Local, *pacer.Table:
+	case *pacer.Table:
+		rs.table = st // it decides at the time the engine gives it
+	case *pacer.Local:
 	default:
 		rs.remote = true
 	}
@@ -128,7 +131,7 @@ func (rs *rateStage) set(model, class string) (*rateSet, error) {
 	switch {
 	case model == rs.cfg.Model:
 		rs.own[class] = s
-	case len(rs.sets) < maxRateSets:
+	case len(rs.sets) < maxrateSets:
 		rs.sets[k] = s // nil too: no rate applies
 	}
 	return s, nil
