@@ -674,13 +674,23 @@ func (a *admissionActor) fleetAdjust(l *Lease, held, seq int64, abandoned bool) 
 }
 
 // bookRemote books an overrun on rates kept in Redis, on a goroutine of
-// its own (a release never waits for Redis).
+// its own (the engine never waits for Redis), and tells the state when it
+// is done. A panic there (a Redis hook's) is counted as a failed booking
+// and logged: nobody is on that goroutine to receive it.
 func (a *admissionActor) bookRemote(rs *rateStage, set *rateSet, over int64, l *Lease) {
 	e := a.engine
 	done := make(chan struct{})
 	l.booked = done
 	go func() {
-		defer close(done)
+		defer func() {
+			if p := recover(); p != nil {
+				rs.overrunErr.Add(1)
+				e.log(slog.LevelError, "bulkhead: panic while booking an overrun on the rates",
+					"admission", l.ID.String(), "overrun", over, "panic", p)
+			}
+			e.send(bookedMsg) // before done: what the releaser does next comes after it
+			close(done)
+		}()
 		if dropped := rs.book(background, set, over); dropped > 0 {
 			e.log(slog.LevelWarn, "bulkhead: overrun larger than a rate window, partly dropped",
 				"admission", l.ID.String(), "overrun", over, "dropped", dropped)
@@ -795,6 +805,8 @@ func (a *admissionActor) Receive(ctx actor.Context) {
 		s.verdict(m)
 	case *parkMsg:
 		s.unpark(m)
+	case *bookedOverrun:
+		s.booked()
 	case *feedbackRequest:
 		s.feedback(&m.f)
 		m.done <- struct{}{}

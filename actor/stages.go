@@ -445,6 +445,7 @@ func (s *state) releaseStages(l *Lease, used int64) {
 		return
 	}
 	if rs.remote {
+		s.booking++ // Drain waits for it
 		s.fx.bookRemote(rs, set, over, l)
 		return
 	}
@@ -453,6 +454,18 @@ func (s *state) releaseStages(l *Lease, used int64) {
 		s.fx.warn("bulkhead: overrun larger than a rate window, partly dropped",
 			"admission", l.ID.String(), "overrun", over, "dropped", dropped)
 	}
+}
+
+// bookedOverrun tells the state that an overrun's booking on rates kept
+// in Redis is done.
+type bookedOverrun struct{}
+
+var bookedMsg = &bookedOverrun{}
+
+// booked counts an overrun's booking done.
+func (s *state) booked() {
+	s.booking--
+	s.checkDrains()
 }
 
 // closeStages rejects the parked calls Shutdown: Close ends their wait.

@@ -125,6 +125,9 @@ type state struct {
 	parkedLine line
 	nparked    int
 	checking   int
+	// booking counts the overruns being booked on rates kept in Redis,
+	// after their release: Drain waits for them.
+	booking int
 }
 
 // newState returns the state machine for limits (assumed valid but for
@@ -1142,11 +1145,11 @@ func (s *state) listen(kinds Kinds, delta int) (timing bool) {
 func (s *state) silence() { s.listeners = [NumKinds]int{} }
 
 func (s *state) idle() bool {
-	return s.calls == 0 && s.provisional == 0 && s.pending == 0 && s.observe.InFlight == 0 && s.nparked == 0 && s.checking == 0
+	return s.calls == 0 && s.provisional == 0 && s.pending == 0 && s.observe.InFlight == 0 && s.nparked == 0 && s.checking == 0 && s.booking == 0
 }
 
 func (s *state) drainResult() admission.DrainResult {
-	return admission.DrainResult{Drained: s.idle(), InFlight: int(s.calls + s.provisional), Pending: s.pending + s.nparked + s.checking, Bypassed: int(s.observe.InFlight)}
+	return admission.DrainResult{Drained: s.idle(), InFlight: int(s.calls+s.provisional) + s.booking, Pending: s.pending + s.nparked + s.checking, Bypassed: int(s.observe.InFlight)}
 }
 
 // answerDrain replies to d with the current result.
