@@ -656,12 +656,21 @@ func (a *admissionActor) armPark(r *AcquireRequest, d time.Duration) {
 }
 
 // startRemote runs a remote job on a goroutine of its own; its verdict
-// comes back as a message.
+// comes back as a message, even when code it runs (a Redis hook) ends the
+// goroutine with runtime.Goexit.
 func (a *admissionActor) startRemote(j *remoteJob) {
 	e := a.engine
 	go func() {
+		ran := false
+		defer func() {
+			if !ran {
+				j.why, j.ext = admission.Aborted, nil
+				j.cause = errors.New("bulkhead: the admission's checks called runtime.Goexit")
+			}
+			e.send(j)
+		}()
 		j.run()
-		e.send(j)
+		ran = true
 	}()
 }
 
