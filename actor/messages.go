@@ -121,8 +121,10 @@ type AcquireRequest struct {
 	parkedAt                       time.Time
 	set                            *rateSet // its rates, looked up once
 	setDone                        bool
-	// gone is the cause of a cancel message that came while a remote
-	// stage decided the call: its verdict answers it.
+	// gone is the cause of a cancel message that came while the engine
+	// held the request nowhere it could withdraw it from: while a remote
+	// stage decided it (its verdict answers it), or before the request
+	// itself (it is turned away as it arrives).
 	gone error
 }
 

@@ -269,6 +269,9 @@ func (s *state) acquire(r *AcquireRequest) {
 	case r.ended != nil:
 		s.reject(r, admission.Aborted, true, r.ended, "")
 		return
+	case r.gone != nil:
+		s.reject(r, admission.Aborted, true, r.gone, "")
+		return
 	}
 	if _, err := s.rateSet(r); err != nil {
 		r.Err = err // a rate the store cannot name: invalid input, counted nowhere
@@ -693,12 +696,14 @@ func (s *state) cancel(m *cancelMsg) {
 		s.checkDrains()
 		return
 	}
-	if r.checking {
-		r.gone = m.cause // a remote stage decides it: its verdict answers it
-		return
-	}
 	if !r.queued {
-		return // answered
+		if r.checking || !r.answered {
+			// A remote stage decides it, and its verdict answers it; or
+			// the request is still on its way (AcquireAsync's watch fired
+			// as it was sent), and is turned away as it arrives.
+			r.gone = m.cause
+		}
+		return // else answered
 	}
 	s.dequeue(r)
 	s.reject(r, admission.Aborted, true, m.cause, "")
