@@ -15,10 +15,12 @@ import (
 // gives it back with Engine.PutRequest. The engine replies to it exactly
 // once.
 type AcquireRequest struct {
-	// Ctx is the caller's context: it cancels waiting only. The engine
-	// calls its methods on the caller's goroutine only, never while it
-	// decides: Done when the request is sent, and Err and Cause (guarded
-	// against panics) once it has ended.
+	// Ctx is the caller's context: it cancels waiting only. The admission
+	// actor never calls its methods while it decides: Done is read on the
+	// caller's goroutine when the request is sent, and Err and Cause
+	// (guarded against panics) once it has ended; the workers of the remote
+	// stages pass it to the Redis calls they make for the call (a panic
+	// there is recovered into the call's verdict).
 	Ctx context.Context
 	// Request is the caller's request, opaque to the engine: it is only
 	// carried on events.
