@@ -119,7 +119,9 @@ func (r *reservationOption) apply(o callOptions) callOptions {
 // WithReservation makes the call reserve exactly r instead of running the
 // estimator. r.Reserved may be zero; when set it must equal r.Input +
 // r.MaxOutput. A Reservation returned by Estimate round-trips. Without a
-// token budget the option is ignored.
+// token budget nothing is reserved, but r is still checked: a malformed
+// one (a negative field, a Reserved that is not the sum, a sum that
+// overflows) is a *ConfigError, as it would be with a budget.
 func WithReservation(r Reservation) Option { return &reservationOption{r: r} }
 
 type queueTimeoutOption time.Duration
