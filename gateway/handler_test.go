@@ -521,3 +521,46 @@ func TestHandlerRequestID(t *testing.T) {
 	}
 	testutil.WaitFor(t, "the calls' release", idle(b))
 }
+
+// TestUpstreamBasePath: a call's path is joined to the upstream's base
+// URL, path included, so a base URL must stop before the API's version (a
+// base URL ending in /v1 sends /v1/v1/chat/completions upstream); and
+// without clients, an upstream without api_key_env receives the caller's
+// own credentials, unchanged.
+func TestUpstreamBasePath(t *testing.T) {
+	var mu sync.Mutex
+	var seen []string
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		mu.Lock()
+		seen = append(seen, r.URL.Path+" "+r.Header.Get("Authorization"))
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"id":"c1","object":"chat.completion","choices":[],"usage":{"prompt_tokens":9,"completion_tokens":2,"total_tokens":11}}`)
+	}))
+	defer up.Close()
+	for _, tc := range []struct{ base, want string }{
+		{up.URL, "/v1/chat/completions Bearer sk-caller"},
+		{up.URL + "/openai", "/openai/v1/chat/completions Bearer sk-caller"},
+		{up.URL + "/v1", "/v1/v1/chat/completions Bearer sk-caller"},
+	} {
+		_, srv := buildGateway(t, `upstreams: {up: {base_url: "`+tc.base+`"}}
+bulkheads: {main: {max_concurrent: 4}}
+routes: [{api: openai-chat, upstream: up, bulkhead: main}]
+`, nil, io.Discard)
+		req, _ := http.NewRequest("POST", srv.URL+"/v1/chat/completions", strings.NewReader(`{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}`))
+		req.Header.Set("Authorization", "Bearer sk-caller")
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+		mu.Lock()
+		got := seen[len(seen)-1]
+		mu.Unlock()
+		if res.StatusCode != 200 || got != tc.want {
+			t.Errorf("base_url %s: %d, upstream saw %q; want %q", tc.base, res.StatusCode, got, tc.want)
+		}
+	}
+}
