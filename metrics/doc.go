@@ -29,6 +29,8 @@
 //	bulkhead_in_flight                           admissions not yet released (admitted - released)
 //	bulkhead_rejected_total{reason,class}        rejections, by reason ("queue_limit"...) and class ("" without classes)
 //	bulkhead_abandoned_total{cause}              borrowed slots given back early ("manual", "deadline")
+//	bulkhead_usage_suspect_total                 usage figures above Config.UsageCeiling, clamped to it
+//	bulkhead_usage_suspect_tokens_total          tokens clamped away from those figures
 //
 // Concurrency gate and queue:
 //
@@ -79,6 +81,7 @@
 //	bulkhead_rate_checked_total, bulkhead_rate_paced_total, bulkhead_rate_paced_seconds_total
 //	bulkhead_rate_fallbacks_total                calls the store's failure policy decided
 //	bulkhead_rate_overruns_total, bulkhead_rate_overrun_tokens_total, bulkhead_rate_overrun_errors_total
+//	bulkhead_rate_overrun_dropped_tokens_total   overrun tokens not booked (at most one window ahead)
 //
 // Fleet pool, with Config.Fleet only:
 //
