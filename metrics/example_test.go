@@ -4,14 +4,17 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"log"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/llmbulkhead/bulkhead"
+	"github.com/llmbulkhead/bulkhead/fleet"
 	"github.com/llmbulkhead/bulkhead/metrics"
 )
 
@@ -52,4 +55,24 @@ func ExampleNew() {
 	// Output:
 	// bulkhead_admitted_total{bulkhead="gpt-4o"} 1
 	// bulkhead_in_flight{bulkhead="gpt-4o"} 1
+}
+
+// A fleet pool's own counters (renewals, Redis errors, reclaimed holds),
+// exported beside its bulkhead's metrics.
+func ExampleNewPoolCollector() {
+	client := redis.NewClient(&redis.Options{Addr: "redis:6379", ContextTimeoutEnabled: true})
+	defer client.Close()
+	pool, err := fleet.New(fleet.Config{Client: client, Pool: "openai-prod", MaxConcurrent: 64, TokenBudget: -1})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close(context.Background())
+
+	c, err := metrics.NewPoolCollector(pool, metrics.Options{}) // labelled pool="openai-prod"
+	if err != nil {
+		log.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(c)
+	http.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 }
