@@ -310,6 +310,9 @@ func TestReserveLooksTwice(t *testing.T) {
 	_, client := startRedis(t)
 	cfg := testConfig(client)
 	cfg.MaxConcurrent, cfg.TokenBudget, cfg.ReclaimBatch = -1, 100, 1
+	// Nobody renews, or writes, while the holds run out: with a relearn
+	// window that would start one (see TestScriptsGenerations).
+	cfg.RelearnWindow = -1
 	var now atomic.Int64
 	now.Store(t0)
 	crashed, p := hookedPool(t, cfg, now.Load), hookedPool(t, cfg, now.Load)
@@ -334,6 +337,9 @@ func TestHoldLostAndReinstated(t *testing.T) {
 	_, client := startRedis(t)
 	cfg := testConfig(client)
 	cfg.MaxConcurrent, cfg.TokenBudget, cfg.AdjustMinInterval = 1, 100, -1
+	// No other replica writes while the hold runs out: with a relearn
+	// window that would start one (see TestScriptsGenerations).
+	cfg.RelearnWindow = -1
 	var now atomic.Int64
 	now.Store(t0)
 	paused, other := hookedPool(t, cfg, now.Load), hookedPool(t, cfg, now.Load)
@@ -357,6 +363,7 @@ func TestHoldLostAndReinstated(t *testing.T) {
 // closed when t ends.
 func hookedPool(t *testing.T, cfg Config, now func() int64) *Pool {
 	t.Helper()
+	createState(t, cfg, now())
 	p, err := newPool(cfg, now)
 	if err != nil {
 		t.Fatal(err)
