@@ -18,21 +18,32 @@ func (p *Pool) renewer() {
 		renew.Stop()
 		gen.Stop()
 	}()
+	// A failed renewal is tried again within BreakerCooldown: until it
+	// succeeds, leases may run out, and then reserves wait for it.
+	retry := min(p.s.renewEvery, p.s.BreakerCooldown)
 	for {
 		select {
 		case <-p.stop:
 			return
 		case <-renew.C():
-			p.renewAll()
-			renew = p.clk.NewTimer(p.s.renewEvery)
-		case <-p.kickRenew:
-			p.renewAll()
-		case <-gen.C():
-			if p.stateChanged() {
-				p.renewAll()
+			next := p.s.renewEvery
+			if !p.renewAll() {
+				next = retry
 			}
+			renew = p.clk.NewTimer(next)
+			continue
+		case <-p.kickRenew:
+			if p.renewAll() {
+				continue
+			}
+		case <-gen.C():
 			gen = p.clk.NewTimer(p.s.GenCheckEvery)
+			if !p.stateChanged() || p.renewAll() {
+				continue
+			}
 		}
+		renew.Stop()
+		renew = p.clk.NewTimer(retry)
 	}
 }
 
@@ -78,16 +89,17 @@ func (p *Pool) snapshot() ([][]entry, seen) {
 }
 
 // renewAll renews every live hold, registering again (reinstating) those
-// Redis does not have. It stops at the first failure; the next round
-// retries.
-func (p *Pool) renewAll() {
+// Redis does not have. It stops at the first failure, and reports whether
+// none failed.
+func (p *Pool) renewAll() bool {
 	chunks, sn := p.snapshot()
+	defer p.relapse()
 	for _, chunk := range chunks {
 		start := p.clk.Now()
 		r, err := p.st.renew(context.Background(), p.scriptNow(), sn, true, chunk)
 		if err != nil {
 			p.failed(opRenew, err)
-			return
+			return false
 		}
 		p.mu.Lock()
 		p.observeLocked(r, p.viewLocked(r))
@@ -124,6 +136,21 @@ func (p *Pool) renewAll() {
 		sn = p.seen
 		p.mu.Unlock()
 	}
+	return true
+}
+
+// relapse finds when the first live hold's lease runs out, after a
+// renewal.
+func (p *Pool) relapse() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	first := true
+	for _, hd := range p.live {
+		if first || hd.leaseEnd.Before(p.lapseAt) {
+			p.lapseAt, first = hd.leaseEnd, false
+		}
+	}
+	p.lapsedLocked(p.clk.Now())
 }
 
 // sentLocked notes that Redis has e's values of hd.

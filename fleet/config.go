@@ -51,7 +51,9 @@ const breakerErrors = 3
 // unreachable, slower than Config.CallTimeout, answers with an error, or the
 // circuit breaker is open after repeated failures. It does not apply when
 // the caller's own context ended first, nor to invalid input, nor to a
-// relearn window (Redis answers; see Config.RelearnWindow).
+// relearn window (Redis answers; see Config.RelearnWindow), nor to a pool
+// whose leases ran out while Redis answers again (it refuses until its
+// holds are registered; see Config.LeaseTTL).
 type FailurePolicy uint8
 
 const (
@@ -132,10 +134,25 @@ type Config struct {
 	// replica crashed) is reclaimed by any replica once it has passed, so
 	// a crashed replica's capacity comes back within LeaseTTL. Zero means
 	// 30s.
+	//
+	// A lease cannot tell a crashed replica from one that is only stopped:
+	// a process paused (SIGSTOP, a long garbage collection, a frozen VM) or
+	// cut off from Redis for longer than LeaseTTL while its calls run has
+	// its holds reclaimed, and other replicas may fill their slots, so the
+	// fleet runs more than its limits until those calls end. Choose a TTL
+	// well above the pauses you expect. A pool whose leases ran out
+	// unrenewed refuses new holds (Reason Relearning, without asking Redis)
+	// until it has registered all its live ones again, so it adds nothing
+	// to the excess when it resumes; those registrations count even above
+	// the limits, and block new admissions fleet-wide until the pool is
+	// back under them.
 	LeaseTTL time.Duration
 
-	// RenewEvery is how often the pool renews its live holds' leases. Zero
-	// means LeaseTTL/3; it must be less than LeaseTTL.
+	// RenewEvery is how often the pool renews its live holds' leases; a
+	// failed renewal is tried again within BreakerCooldown. Zero means
+	// LeaseTTL/3; it must be less than LeaseTTL. A hold's lease runs out
+	// only when its renewals fail, or come late, for LeaseTTL - RenewEvery
+	// in a row.
 	RenewEvery time.Duration
 
 	// RenewBatch bounds the holds renewed, and the releases and

@@ -41,6 +41,11 @@
 // cannot tell a new pool from a lost one, so a pool's first use costs one
 // window too, unless it was created by a handle with no window.
 //
+// Leases cannot tell a crashed replica from a paused one: a replica paused
+// for longer than its leases has its holds reclaimed while its calls run,
+// and others may take their capacity. Once it runs again it refuses new
+// holds until it has registered its live ones, so it adds nothing more.
+//
 // When Redis fails (unreachable, slower than Config.CallTimeout, errors),
 // Config.OnFailure decides: FailClosed rejects (the default), FailOpen
 // admits without a hold and registers it once Redis is back, FailLocalShare

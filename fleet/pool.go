@@ -24,11 +24,13 @@ const retryDelay = 50 * time.Millisecond
 // Reserve runs on the caller's goroutine, one Redis round trip. Release and
 // Adjust never block: a background sender batches them. A background renewer
 // extends the leases of the live holds every RenewEvery, registers again the
-// holds Redis lost (after a restart, a failover or FLUSHALL) and those the
-// failure policy admitted without Redis, and watches the pool's generation
-// while holds are live. Renewals go on through
+// holds Redis lost (after a restart, a failover, FLUSHALL, or a lease that
+// ran out) and those the failure policy admitted without Redis, and watches
+// the pool's generation while holds are live. Renewals go on through
 // outages: a hold is never dropped because Redis is down, and it is dropped
-// by Redis only when its lease runs out without renewal.
+// by Redis only when its lease runs out without renewal. While a live
+// hold's lease has run out unrenewed, Reserve refuses (Reason Relearning)
+// until the renewer has registered every live hold again.
 //
 // A Pool is safe for concurrent use. Close it to release its holds and stop
 // its goroutines.
@@ -52,6 +54,8 @@ type Pool struct {
 	seen        seen   // the newest state of the pool this replica has seen
 	genText     string // genNum in decimal, for the Views
 	genNum      int64
+	lapseAt     time.Time // when the first live hold's lease runs out unless renewed
+	lapsed      bool      // a lease ran out: reserves wait for the renewal
 	relQ        []pendingRelease
 	// relSent is closed once the release batch on its way has been
 	// answered (or failed); nil or closed when none is.
@@ -173,7 +177,16 @@ func (p *Pool) Reserve(ctx context.Context, id ID, h Hold, high bool) (Result, e
 	slotLimit, tokenLimit := p.slotLimit, p.tokenLimitLocked(high)
 	view := View{MaxConcurrent: slotLimit, TokenBudget: tokenLimit}
 	sn := p.seen
-	skip := p.breakerLocked(started)
+	lapsed := p.lapsedLocked(started)
+	if lapsed && p.fails < breakerErrors {
+		// Redis may have handed this replica's running calls' capacity to
+		// others: take none more before they are registered again.
+		p.stats.Reserves.Relearning++
+		kick(p.kickRenew)
+		p.mu.Unlock()
+		return Result{Reason: Relearning}, nil
+	}
+	skip := p.breakerLocked(started, !lapsed)
 	var released []pendingRelease
 	var inFlight chan struct{}
 	if skip == nil {
@@ -323,6 +336,9 @@ func (p *Pool) fallback(id ID, h Hold, cause error, started time.Time, sent bool
 // addLocked records a new live hold.
 func (p *Pool) addLocked(id ID, h Hold, started time.Time, unaccounted bool) {
 	hd := &hold{h: h, unaccounted: unaccounted, leaseEnd: started.Add(p.s.LeaseTTL)}
+	if len(p.live) == 0 || hd.leaseEnd.Before(p.lapseAt) {
+		p.lapseAt = hd.leaseEnd
+	}
 	if !unaccounted {
 		hd.sent = h
 	} else {
@@ -502,13 +518,32 @@ func (p *Pool) observeLocked(r reply, view View) {
 	}
 }
 
+// lapsedLocked reports whether the lease of one of the live holds has run
+// out at now, unrenewed (the process was paused, or Redis unreachable, for
+// longer than LeaseTTL). Redis may have reclaimed such a hold and handed
+// its capacity out again while its call went on.
+func (p *Pool) lapsedLocked(now time.Time) bool {
+	lapsed := len(p.live) > 0 && !now.Before(p.lapseAt)
+	switch {
+	case lapsed && !p.lapsed:
+		p.stats.Lapses++
+		p.log.Warn("fleet: leases not renewed within LeaseTTL; no new holds until the live ones are registered again",
+			"live", len(p.live), "lease_ttl", p.s.LeaseTTL)
+	case !lapsed && p.lapsed:
+		p.log.Info("fleet: live holds registered again")
+	}
+	p.lapsed = lapsed
+	return lapsed
+}
+
 // breakerLocked returns the error that skips Redis while the breaker is
-// open, or nil to call Redis (as the probe, once the cooldown is over).
-func (p *Pool) breakerLocked(now time.Time) error {
+// open, or nil to call Redis (as the probe, once the cooldown is over, if
+// probe allows).
+func (p *Pool) breakerLocked(now time.Time, probe bool) error {
 	if p.fails < breakerErrors {
 		return nil
 	}
-	if p.probing || now.Before(p.openUntil) {
+	if !probe || p.probing || now.Before(p.openUntil) {
 		return fmt.Errorf("%w: circuit breaker open after %d consecutive failures, the last: %w", ErrUnavailable, p.fails, p.lastErr)
 	}
 	p.probing = true

@@ -9,6 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/llmbulkhead/bulkhead/clock"
 	"github.com/llmbulkhead/bulkhead/internal/redistest"
 )
 
@@ -235,6 +236,75 @@ func closeAll(t *testing.T, client redis.UniversalClient, pools []*Pool) {
 	checkLedger(t, client, pools[0].st.keys)
 }
 
+// TestPausedReplica pauses a replica past its lease TTL while its calls
+// run (its clock moves on while none of its Redis calls get through): the
+// other replica reclaims its holds and fills the slots, which leases
+// cannot prevent. Once the paused replica runs again it must refuse new
+// holds, without asking Redis, until it has registered its live ones
+// again; then Redis counts them, over the limit, and admits nothing new.
+func TestPausedReplica(t *testing.T) {
+	_, client := startRedis(t)
+	cfg := testConfig(client)
+	cfg.MaxConcurrent, cfg.TokenBudget = 2, -1
+	cfg.RelearnWindow = -1 // the pool's generation plays no part here
+	clk := clock.NewMock()
+	cfg.Clock = clk
+	var now atomic.Int64
+	now.Store(t0)
+	var gate sync.RWMutex // write-locked: the paused replica's scripts wait
+	paused := hookedPool(t, cfg, func() int64 {
+		gate.RLock()
+		defer gate.RUnlock()
+		return now.Load()
+	})
+	other := hookedPool(t, cfg, now.Load)
+
+	reserveOK(t, paused, idn(1), Hold{1, 10}, false)
+	reserveOK(t, paused, idn(2), Hold{1, 10}, false)
+	// The pause: past the lease, the other replica reclaims both holds.
+	now.Add(cfg.LeaseTTL.Microseconds())
+	reserveOK(t, other, idn(3), Hold{1, 10}, false)
+	reserveOK(t, other, idn(4), Hold{1, 10}, false)
+	other.Release(idn(3))
+	poll(t, 5*time.Second, "the release", func() bool { return checkLedger(t, client, paused.st.keys).slots == 1 })
+
+	// The paused replica resumes: its clock has moved past its leases, and
+	// its renewal is on its way to Redis but not there yet.
+	gate.Lock()
+	clk.Add(cfg.LeaseTTL)
+	got := make(chan Result, 1)
+	go func() {
+		res, err := paused.Reserve(bg, idn(5), Hold{1, 10}, false)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- res
+	}()
+	var res Result
+	select {
+	case res = <-got:
+	case <-time.After(2 * time.Second): // it is waiting for Redis
+		gate.Unlock()
+		res = <-got
+		t.Fatalf("the reserve went to Redis before the live holds were registered again: %+v", res)
+	}
+	gate.Unlock()
+	if res.Admitted || res.Reason != Relearning || res.Fallback != nil {
+		t.Fatalf("reserve after the pause: %+v; want Relearning", res)
+	}
+	poll(t, 5*time.Second, "the live holds registered again", func() bool {
+		return paused.Stats().Renews.Reinstated == 2
+	})
+	if l := checkLedger(t, client, paused.st.keys); l.slots != 3 {
+		t.Fatalf("%d slots held, want 3: the two registered again, over the limit, and the other replica's", l.slots)
+	}
+	wantReject(t, paused, idn(6), Hold{1, 10}, false, Slots)
+	other.Release(idn(4))
+	paused.Release(idn(1))
+	poll(t, 5*time.Second, "the releases", func() bool { return checkLedger(t, client, paused.st.keys).slots == 1 })
+	reserveOK(t, paused, idn(7), Hold{1, 10}, false)
+}
+
 // TestNewPoolRelearns checks the cost of the relearn window on a pool's
 // first use: Redis cannot tell a new pool from one whose state it lost, so
 // nothing is admitted for the first RelearnWindow, unless a pool handle
@@ -273,4 +343,48 @@ func TestNewPoolRelearns(t *testing.T) {
 	}
 	defer other.Close(bg)
 	reserveOK(t, other, idn(3), Hold{1, 1}, false)
+}
+
+// TestLapseDuringOutage checks which outcome a replica whose leases ran out
+// during a Redis outage gets: while the breaker is open the failure policy
+// decides (FailOpen admits without a hold, as during any outage); once
+// its live holds are registered again it reserves in Redis as before.
+func TestLapseDuringOutage(t *testing.T) {
+	srv, client := startRedis(t)
+	cfg := faultConfig(client)
+	cfg.OnFailure = FailOpen
+	clk := clock.NewMock()
+	cfg.Clock = clk
+	p := mustPool(t, cfg)
+	reserveOK(t, p, idn(1), Hold{1, 10}, false)
+	srv.Stop()
+	for i := 0; !p.Stats().BreakerOpen; i++ {
+		if i > breakerErrors {
+			t.Fatal("the breaker does not open")
+		}
+		p.Reserve(bg, idn(100+i), Hold{1, 10}, false)
+	}
+	clk.Add(cfg.LeaseTTL) // the renewals fail meanwhile
+	res, err := p.Reserve(bg, idn(2), Hold{1, 10}, false)
+	if err != nil || !res.Admitted || !res.Unaccounted || res.Fallback == nil {
+		t.Fatalf("reserve with lapsed leases during the outage: %+v, %v; want the policy's admission", res, err)
+	}
+	if st := p.Stats(); st.Lapses != 1 {
+		t.Fatalf("%d lapses", st.Lapses)
+	}
+	srv.Restart()
+	poll(t, 5*time.Second, "the live holds registered again", func() bool {
+		clk.Add(cfg.BreakerCooldown) // the renewer's next attempt
+		st := p.Stats()
+		return st.Unaccounted == 0 && !st.BreakerOpen && st.Renews.Reinstated >= 2
+	})
+	// Redis decides again (it restarted empty: its new generation's window
+	// may still be on).
+	res, err = p.Reserve(bg, idn(3), Hold{1, 10}, false)
+	if err != nil || res.Fallback != nil || res.View.Gen == "" {
+		t.Fatalf("after the outage: %+v, %v; want Redis's answer", res, err)
+	}
+	if st := p.Stats(); st.Lapses != 1 {
+		t.Fatalf("stats %+v", st)
+	}
 }

@@ -34,10 +34,12 @@ const (
 	// Tokens: the hold does not fit the fleet-wide token budget.
 	Tokens
 	// Relearning: the holders of running calls are registering them
-	// again; retry shortly. The pool's state in Redis is new (the pool's
-	// first use; Redis lost the state or came back with an older one;
-	// leases ran out while nobody could renew them) and inside its relearn
-	// window.
+	// again; retry shortly. Either the pool's state in Redis is new (the
+	// pool's first use; Redis lost the state or came back with an older
+	// one; leases ran out while nobody could renew them) and inside its
+	// relearn window, or this replica's own leases ran out unrenewed and
+	// it has not registered its live holds again yet (then Redis was not
+	// asked, and Result.View is zero).
 	Relearning
 	// Released: the ID was released already; a late retry of its reserve
 	// must not bring the hold back.
@@ -93,7 +95,7 @@ type Result struct {
 	// Reason says why the reserve was not admitted.
 	Reason Reason
 	// View is the fleet-wide state the decision saw; zero when Redis did
-	// not answer.
+	// not answer, or was not asked.
 	View View
 	// Fallback is non-nil when Redis failed and the failure policy decided
 	// (FailOpen and FailLocalShare admit, FailClosed rejects with Reason
@@ -123,6 +125,11 @@ type Stats struct {
 	// change: Redis lost the pool's state or came back with an older one,
 	// or leases ran out while no replica could renew them.
 	StateLosses uint64
+	// Lapses counts the times this pool found the lease of one of its live
+	// holds run out, unrenewed: the process was paused, or cut off from
+	// Redis, for longer than LeaseTTL. Reserves are refused (Reason
+	// Relearning) until the live holds are registered again.
+	Lapses uint64
 	// Unaccounted is the number of live holds admitted by the failure
 	// policy and not yet registered with Redis.
 	Unaccounted int64
