@@ -23,7 +23,6 @@ type model struct {
 	gone                      map[ID]int64
 	slots, tokens             int64
 	gen, seq                  int64 // gen 0: no aggregate
-	at, until                 int64
 	reclaimed                 int
 	dirty                     bool
 	starts                    map[string]int // generations started, by cause (shared by clones)
@@ -50,8 +49,7 @@ func (m *model) clone() *model {
 // start begins a new generation.
 func (m *model) start(now int64, sn seen, cause string) {
 	m.starts[cause]++
-	m.gen = max(now, m.gen+1, sn.gen+1)
-	m.until = now + m.relearn
+	m.gen = max(now+m.relearn, m.gen+1, sn.gen+1)
 	m.dirty = true
 }
 
@@ -64,7 +62,7 @@ func (m *model) prelude(now int64, sn seen) {
 			m.slots += h.slots
 			m.tokens += h.tokens
 		}
-		m.seq, m.at = 0, now
+		m.seq, m.gen = now, 0
 		m.start(now, sn, "new or lost")
 	case sn.newer(seen{m.gen, m.seq}):
 		m.start(now, sn, "rewound")
@@ -74,7 +72,7 @@ func (m *model) prelude(now int64, sn seen) {
 			delete(m.gone, id)
 		}
 	}
-	if now < m.until {
+	if now < m.gen {
 		return
 	}
 	var expired []ID
@@ -82,13 +80,13 @@ func (m *model) prelude(now int64, sn seen) {
 	for id, h := range m.holds {
 		if h.exp <= now {
 			expired = append(expired, id)
-			unrenewed = unrenewed || h.exp > m.until
+			unrenewed = unrenewed || h.exp > m.gen
 		}
 	}
 	if len(expired) == 0 {
 		return
 	}
-	if m.quiet > 0 && now-m.at >= m.quiet && unrenewed {
+	if m.quiet > 0 && now-m.seq >= m.quiet && unrenewed {
 		m.start(now, sn, "unrenewed")
 		return
 	}
@@ -111,8 +109,7 @@ func (m *model) prelude(now int64, sn seen) {
 // finish bumps the write sequence when the script wrote.
 func (m *model) finish(now int64) {
 	if m.dirty {
-		m.seq++
-		m.at = now
+		m.seq = max(m.seq+1, now)
 	}
 }
 
@@ -134,7 +131,7 @@ func (m *model) reserve(now int64, sn seen, id ID, h Hold, slotLimit, tokenLimit
 		return codeDuplicate
 	case m.gone[id] != 0:
 		return codeReleased
-	case now < m.until:
+	case now < m.gen:
 		return codeRelearning
 	case slotLimit >= 0 && m.slots+h.Slots > slotLimit:
 		return codeSlots
@@ -275,7 +272,7 @@ func TestModel(t *testing.T) {
 			if err != nil {
 				rt.Fatalf("%s: %v", what, err)
 			}
-			want := reply{slots: m.slots, tokens: m.tokens, seen: seen{m.gen, m.seq}, until: m.until, now: now, reclaimed: m.reclaimed}
+			want := reply{slots: m.slots, tokens: m.tokens, seen: seen{m.gen, m.seq}, now: now, reclaimed: m.reclaimed}
 			rep.extra = nil
 			if !reflect.DeepEqual(rep, want) {
 				rt.Fatalf("%s: Redis %+v, model %+v", what, rep, want)

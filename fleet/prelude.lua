@@ -3,9 +3,10 @@
 -- KEYS[1] holds  ZSET  admission ID -> lease expiry (µs, server time)
 -- KEYS[2] vals   HASH  admission ID -> "slots tokens seq"
 -- KEYS[3] agg    HASH  slots, tokens (sums over vals); gen (the
---                      generation), born (when it started), until (the
---                      end of its relearn window); seq (bumped by every
---                      script that writes), at (that script's time)
+--                      generation: its number is the end of its relearn
+--                      window, µs); seq (the write sequence: every script
+--                      that writes raises it by one at least, and to its
+--                      own time, so it also tells when the last write was)
 -- KEYS[4] gone   ZSET  released admission ID -> tombstone expiry (µs)
 -- ARGV[1] the time in µs, or "" to read Redis TIME (tests only set it)
 -- ARGV[2] lease TTL µs, ARGV[3] tombstone µs, ARGV[4] reclaim batch
@@ -16,8 +17,8 @@
 -- ARGV[7] the newest generation the caller has seen ("" none), ARGV[8] the
 --         highest seq it has seen in it
 --
--- Every reply starts { slots, tokens, gen, seq, until, now, reclaimed } and
--- goes on with what the operation adds. Times are integer microseconds,
+-- Every reply starts { slots, tokens, gen, seq, now, reclaimed } and goes
+-- on with what the operation adds. Times are integer microseconds,
 -- exact in Lua doubles below 2^53.
 local K_HOLDS, K_VALS, K_AGG, K_GONE = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local now = tonumber(ARGV[1])
@@ -45,27 +46,26 @@ local function fmt(s, t, q)
   return string.format('%.0f %.0f %.0f', s, t, q)
 end
 
-local agg = redis.call('HMGET', K_AGG, 'slots', 'tokens', 'gen', 'seq', 'at', 'until')
-local slots, tokens, gen = tonumber(agg[1]), tonumber(agg[2]), tonumber(agg[3])
-local seq, at, until_ = tonumber(agg[4]), tonumber(agg[5]), tonumber(agg[6])
--- dirty: the script changed the state, so it bumps seq.
+local agg = redis.call('HMGET', K_AGG, 'slots', 'tokens', 'gen', 'seq')
+local slots, tokens = tonumber(agg[1]), tonumber(agg[2])
+local gen, seq = tonumber(agg[3]), tonumber(agg[4])
+-- dirty: the script changed the state, so it raises seq.
 local dirty = false
 
--- start begins a new generation: its number exceeds every one the caller
--- or the state knew, and no reserve is admitted, nor any hold reclaimed,
--- until its relearn window is over, while the holders of running calls
--- register them again.
+-- start begins a new generation, whose number exceeds every one the caller
+-- or the state knew. Until it has passed, which is at the end of the
+-- relearn window, no reserve is admitted nor any hold reclaimed, while the
+-- holders of running calls register them again.
 local function start()
-  gen = math.max(now, (gen or 0) + 1, (seenGen or 0) + 1)
-  until_ = now + relearn
-  redis.call('HSET', K_AGG, 'gen', num(gen), 'born', num(now), 'until', num(until_))
+  gen = math.max(now + relearn, (gen or 0) + 1, (seenGen or 0) + 1)
+  redis.call('HSET', K_AGG, 'gen', num(gen))
   dirty = true
 end
 
 if not (slots and tokens and gen) then
   -- The pool is new, or Redis lost its state: rebuild the sums from vals
   -- (usually empty) under a new generation.
-  slots, tokens, seq, at = 0, 0, 0, now
+  slots, tokens, seq = 0, 0, now
   local all = redis.call('HVALS', K_VALS)
   for i = 1, #all do
     local s, t = parse(all[i])
@@ -73,10 +73,9 @@ if not (slots and tokens and gen) then
   end
   gen = nil
   start()
-elseif not (seq and at and until_) then
+elseif not seq then
   -- The state of an earlier version of these scripts: carry it on.
-  seq, at, until_ = 0, now, 0
-  dirty = true
+  seq, dirty = now, true
 elseif seenGen and (seenGen > gen or (seenGen == gen and seenSeq > seq)) then
   -- The state is older than one the caller has seen: Redis came back from
   -- a snapshot, or a lagging replica took over.
@@ -88,11 +87,11 @@ end
 -- quiet µs, after the window, are not trusted: Redis was unreachable (or
 -- came back with an old state), so their holders could not renew them.
 local reclaimed = 0
-if now >= until_ then
+if now >= gen then
   local expired = redis.call('ZRANGEBYSCORE', K_HOLDS, '-inf', now, 'LIMIT', 0, batch)
   if #expired > 0 then
-    if quiet > 0 and now - at >= quiet
-        and #redis.call('ZRANGEBYSCORE', K_HOLDS, '(' .. num(until_), now, 'LIMIT', 0, 1) > 0 then
+    if quiet > 0 and now - seq >= quiet
+        and #redis.call('ZRANGEBYSCORE', K_HOLDS, '(' .. num(gen), now, 'LIMIT', 0, 1) > 0 then
       start()
     else
       local vs = redis.call('HMGET', K_VALS, unpack(expired))
@@ -153,10 +152,10 @@ end
 local function finish(extra)
   if dirty then
     -- (Redis writes these integers below 2^53 exactly: no exponent.)
-    seq, at = seq + 1, now
-    redis.call('HSET', K_AGG, 'slots', slots, 'tokens', tokens, 'seq', seq, 'at', now)
+    seq = math.max(seq + 1, now)
+    redis.call('HSET', K_AGG, 'slots', slots, 'tokens', tokens, 'seq', seq)
   end
-  local r = { slots, tokens, gen, seq, until_, now, reclaimed }
-  for i = 1, #extra do r[7 + i] = extra[i] end
+  local r = { slots, tokens, gen, seq, now, reclaimed }
+  for i = 1, #extra do r[6 + i] = extra[i] end
   return r
 end

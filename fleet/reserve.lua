@@ -16,7 +16,7 @@ if cur then
   code, expiry = 2, tonumber(cur)
 elseif released(id) then
   code = -2
-elseif now < until_ then
+elseif now < gen then
   code = -3
 elseif slotLimit >= 0 and slots + s > slotLimit then
   code = 0

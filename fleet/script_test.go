@@ -1,7 +1,6 @@
 package fleet
 
 import (
-	"strconv"
 	"testing"
 	"time"
 
@@ -158,8 +157,10 @@ func TestScripts(t *testing.T) {
 			code, r := f.reserve(1, 40, seen{})
 			f.want("reserve", code, codeAdmitted)
 			f.sums(r, 1, 40)
-			// The pool's creation was its first write, this reserve the second.
-			if r.seen != (seen{t0, 2}) || r.until != t0 || r.now != t0 || r.extra[1] != t0+tTTL {
+			// The pool was created at t0, with a window that ended then. Its
+			// creation and this reserve wrote at t0: the sequence is at
+			// least the time, and grows by one at least.
+			if r.seen != (seen{t0, t0 + 2}) || r.now != t0 || r.extra[1] != t0+tTTL {
 				f.t.Fatalf("reply %+v", r)
 			}
 		}},
@@ -366,11 +367,8 @@ func TestScripts(t *testing.T) {
 			code, r := f.reserve(3, 30, r.seen)
 			f.want("reserve right after the loss", code, codeRelearning)
 			f.sums(r, 2, 70)
-			if r.seen != (seen{t0 + 1000, 1}) || r.until != t0+1000+tRelearn {
-				f.t.Fatalf("new state %+v until %d", r.seen, r.until)
-			}
-			if born := f.client.HGet(bg, f.st.keys[2], "born").Val(); born != strconv.FormatInt(t0+1000, 10) {
-				f.t.Fatalf("born %s", born)
+			if r.seen != (seen{t0 + 1000 + tRelearn, t0 + 1001}) {
+				f.t.Fatalf("new state %+v", r.seen)
 			}
 		}},
 		{"relearn window start and end", func(f *fixture) {
@@ -380,7 +378,7 @@ func TestScripts(t *testing.T) {
 			f.now += 1000
 			code, r := f.reserve(2, 10, old)
 			f.want("window start", code, codeRelearning)
-			until := r.until
+			until := r.gen // the generation's number is the window's end
 			f.now = until - 1
 			code, _ = f.reserve(2, 10, old)
 			f.want("window end - 1µs", code, codeRelearning)
@@ -424,8 +422,8 @@ func TestScriptsGenerations(t *testing.T) {
 		{"a new pool admits nothing for its relearn window", true, 0, func(f *fixture) {
 			code, r := f.reserve(1, 10, seen{})
 			f.want("first reserve", code, codeRelearning)
-			if r.seen != (seen{t0, 1}) || r.until != t0+tRelearn {
-				f.t.Fatalf("new pool %+v until %d", r.seen, r.until)
+			if r.seen != (seen{t0 + tRelearn, t0 + 1}) {
+				f.t.Fatalf("new pool %+v", r.seen)
 			}
 			f.now = t0 + tRelearn
 			code, _ = f.reserve(1, 10, r.seen)
@@ -468,13 +466,13 @@ func TestScriptsGenerations(t *testing.T) {
 			f.restore(snap)
 			code, r := f.reserve(3, 10, r.seen)
 			f.want("a replica that saw a later write", code, codeRelearning)
-			if r.gen != f.now || r.until != f.now+tRelearn || r.reclaimed != 0 {
-				f.t.Fatalf("after the rewind %+v until %d reclaimed %d", r.seen, r.until, r.reclaimed)
+			if r.gen != f.now+tRelearn || r.reclaimed != 0 {
+				f.t.Fatalf("after the rewind %+v reclaimed %d", r.seen, r.reclaimed)
 			}
 			f.sums(r, 1, 10) // 1 kept, though its lease ran out
 			f.want("1's holder renews", f.renew(true, entry{idn(1), Hold{1, 10}, 0}).extra[0], codeRenewed)
 			f.want("2's holder registers again", f.renew(true, entry{idn(2), Hold{1, 20}, 0}).extra[0], codeReinstated)
-			f.now = r.until
+			f.now = r.gen
 			code, r = f.reserve(3, 10, seen{})
 			f.want("after the window, the pool is full", code, codeSlots)
 			f.sums(r, 2, 30)
@@ -486,7 +484,7 @@ func TestScriptsGenerations(t *testing.T) {
 			f.now += 1000
 			_, r := f.reserve(2, 10, seen{})
 			newer := r.seen
-			if newer.gen != f.now {
+			if newer.gen != f.now+tRelearn {
 				f.t.Fatalf("generation after the loss %d", newer.gen)
 			}
 			f.restore(snap)
@@ -503,7 +501,7 @@ func TestScriptsGenerations(t *testing.T) {
 			f.now += tTTL // both leases ran out
 			_, r := f.reserve(3, 10, seen{})
 			f.sums(r, 2, 20)
-			f.now = r.until - 1
+			f.now = r.gen - 1
 			r = f.renew(true, entry{idn(1), Hold{1, 10}, 0})
 			f.want("1's holder renews", r.extra[0], codeRenewed)
 			if r.reclaimed != 0 {
@@ -523,8 +521,8 @@ func TestScriptsGenerations(t *testing.T) {
 			f.now += tTTL - tQuiet
 			code, r := f.reserve(2, 10, seen{})
 			f.want("after the gap", code, codeRelearning)
-			if r.gen <= t0 || r.until != f.now+tRelearn || r.reclaimed != 0 {
-				f.t.Fatalf("after the gap %+v until %d reclaimed %d", r.seen, r.until, r.reclaimed)
+			if r.gen != f.now+tRelearn || r.reclaimed != 0 {
+				f.t.Fatalf("after the gap %+v reclaimed %d", r.seen, r.reclaimed)
 			}
 			f.sums(r, 1, 10)
 			f.want("1's holder renews", f.renew(true, entry{idn(1), Hold{1, 10}, 0}).extra[0], codeRenewed)
@@ -556,12 +554,15 @@ func TestScriptsGenerations(t *testing.T) {
 		}},
 		{"the state of an earlier version is carried on", false, 0, func(f *fixture) {
 			f.reserve(1, 10, seen{})
-			f.client.HDel(bg, f.st.keys[2], "seq", "at", "until")
+			// What they wrote: the sums, the generation (then the time it
+			// began), and when it began.
+			f.client.HDel(bg, f.st.keys[2], "seq")
+			f.client.HSet(bg, f.st.keys[2], "born", t0)
 			f.now += 1000
 			code, r := f.reserve(2, 10, seen{})
 			f.want("reserve", code, codeAdmitted)
-			if r.seen != (seen{t0, 1}) || r.until != 0 {
-				f.t.Fatalf("%+v until %d", r.seen, r.until)
+			if r.seen != (seen{t0, t0 + 1001}) {
+				f.t.Fatalf("%+v", r.seen)
 			}
 			f.sums(r, 2, 20)
 		}},

@@ -69,7 +69,7 @@ const (
 type reply struct {
 	slots, tokens int64
 	seen                // the pool's generation and write sequence
-	until, now    int64 // µs, server time: the relearn window's end, the script's time
+	now           int64 // µs, server time: the script's time
 	reclaimed     int
 	extra         []int64 // the operation's codes or counts
 }
@@ -77,7 +77,9 @@ type reply struct {
 // seen is a pool's generation and the sequence of its last write, as a
 // replica last saw them. Generations only grow, and so does the sequence
 // within one, so a state older than one a replica has seen shows as a
-// smaller pair.
+// smaller pair. (A generation's number is the end of its relearn window,
+// and the sequence is at least the time of the last write, both in µs of
+// server time.)
 type seen struct {
 	gen, seq int64
 }
@@ -222,7 +224,7 @@ func (s *store) run(ctx context.Context, o op, sc *redis.Script, args []any, wan
 }
 
 // replyHead is the number of values every reply starts with.
-const replyHead = 7
+const replyHead = 6
 
 func decode(vals []any, want int) (reply, bool) {
 	if len(vals) != replyHead+want {
@@ -237,7 +239,7 @@ func decode(vals []any, want int) (reply, bool) {
 		head[i] = v
 	}
 	r := reply{slots: head[0], tokens: head[1], seen: seen{head[2], head[3]},
-		until: head[4], now: head[5], reclaimed: int(head[6])}
+		now: head[4], reclaimed: int(head[5])}
 	r.extra = make([]int64, want)
 	for i := range r.extra {
 		v, isInt := vals[replyHead+i].(int64)
