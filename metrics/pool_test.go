@@ -25,7 +25,8 @@ func TestPoolCollector(t *testing.T) {
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = client.Close() })
 	pool, err := fleet.New(fleet.Config{Client: client, Pool: "gpt", MaxConcurrent: 2, TokenBudget: -1,
-		LeaseTTL: 2 * time.Second, CallTimeout: time.Second})
+		LeaseTTL: 2 * time.Second, CallTimeout: time.Second,
+		RelearnWindow: -1}) // a new pool would admit nothing for its first window
 	if err != nil {
 		t.Fatal(err)
 	}
