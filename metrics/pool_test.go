@@ -60,6 +60,7 @@ func TestPoolCollector(t *testing.T) {
 		`bulkhead_fleet_limit_tokens{bulkhead="gpt",pool="gpt"}`:                             -1,
 		`bulkhead_fleet_local_holds{bulkhead="gpt",pool="gpt"}`:                              1,
 		`bulkhead_fleet_breaker_open{bulkhead="gpt",pool="gpt"}`:                             0,
+		`bulkhead_fleet_lease_lapse_total{bulkhead="gpt",pool="gpt"}`:                        0,
 		`bulkhead_fleet_checked_total{bulkhead="gpt"}`:                                       1,
 		`bulkhead_fleet_admitted_total{bulkhead="gpt"}`:                                      1,
 		`bulkhead_fleet_view_in_flight{bulkhead="gpt"}`:                                      1,
