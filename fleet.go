@@ -19,7 +19,8 @@ type FleetDetail struct {
 	// TokenBudget less the pool's high-priority reserve.
 	MaxConcurrent, TokenBudget int64
 	// Generation is the pool's generation: it changes when Redis loses the
-	// pool's state.
+	// pool's state or comes back with an older one, and when leases ran
+	// out while no replica could renew them.
 	Generation string
 	// Fallback is the Redis error when the pool could not decide.
 	Fallback error
@@ -40,7 +41,7 @@ func (d *FleetDetail) explain(why Reason, reserved int64) string {
 	case d.Fallback != nil:
 		return pool + "Redis failed" // the error follows, as the cause
 	}
-	return pool + "Redis lost the pool's state; running calls are registering again"
+	return pool + "relearning: running calls are registering their holds again (the pool's state in Redis is new, lost or rewound, or this replica's leases ran out)"
 }
 
 // FleetStats counts what the fleet pool decided for this bulkhead. The

@@ -118,7 +118,8 @@
 //	bulkhead_fleet_local_holds, bulkhead_fleet_local_tokens     this replica's live holds
 //	bulkhead_fleet_renew_total{status}           lease renewals ("renewed", "reinstated", "released", "lost")
 //	bulkhead_fleet_reclaimed_total               expired holds this replica reclaimed
-//	bulkhead_fleet_state_loss_total              times Redis lost the pool's state
+//	bulkhead_fleet_state_loss_total              times Redis lost or rewound the pool's state
+//	bulkhead_fleet_lease_lapse_total             times this replica's leases ran out unrenewed
 //	bulkhead_fleet_unaccounted_admissions        holds admitted by the failure policy, not yet in Redis
 //	bulkhead_fleet_release_backlog               releases waiting to be sent
 //	bulkhead_fleet_adjust_total{result}          usage adjustments ("applied", "stale", "lost", "coalesced")

@@ -422,7 +422,7 @@ func newMachine(t *rapid.T, classes bool, seen map[string]int, rdb *redis.Client
 		// outcomes as without it. Closed after the bulkhead (cleanups run
 		// last first).
 		pool, err := fleet.New(fleet.Config{Client: rdb, Pool: fmt.Sprintf("model%d", rateRuns.Add(1)), MaxConcurrent: 1 << 20,
-			TokenBudget: -1, CallTimeout: 10 * time.Second})
+			TokenBudget: -1, CallTimeout: 10 * time.Second, RelearnWindow: -1}) // a pool created deliberately: no first window
 		if err != nil {
 			t.Fatal(err)
 		}
