@@ -135,10 +135,14 @@ type LogConfig struct {
 
 // UpstreamConfig is one provider.
 type UpstreamConfig struct {
-	// BaseURL is the provider's base URL, such as https://api.openai.com.
+	// BaseURL is the provider's base URL, such as https://api.openai.com,
+	// without the API's version: a call's path (/v1/chat/completions) is
+	// joined to it as it came, after any path the base URL has.
 	BaseURL string `yaml:"base_url"`
 	// APIKeyEnv names the environment variable holding the API key sent
-	// upstream; empty passes the clients' own credentials.
+	// upstream in place of the caller's. Empty passes the caller's own
+	// credentials upstream; that is allowed only without clients: with
+	// clients, every upstream a route uses needs one.
 	APIKeyEnv string `yaml:"api_key_env"`
 	// HeaderTimeout bounds the wait for the upstream's response headers;
 	// zero means none.
@@ -186,7 +190,9 @@ type RouteConfig struct {
 	// API is "openai-chat", "openai-responses", "anthropic-messages" or
 	// "gemini".
 	API string `yaml:"api"`
-	// Models narrows the route to these models (see Route.Models).
+	// Models narrows the route to these models (see Route.Models). A
+	// route without Models takes the calls of every model that no other
+	// route of its API names; an API has at most one such route.
 	Models []string `yaml:"models"`
 	// Upstream and Bulkhead name an upstream and a bulkhead.
 	Upstream string `yaml:"upstream"`
@@ -268,20 +274,30 @@ type ClassLimits struct {
 	MaxInFlightTokens       *int64 `yaml:"max_tokens"`
 }
 
-// RateConfig is a bulkhead's rate limits (see bulkhead.RateLimits).
+// RateConfig is a bulkhead's rate limits (see bulkhead.RateLimits), counted
+// per model: a bulkhead that serves several models gives each its own.
 type RateConfig struct {
 	// Redis, when set, names a server of the redis section on which the
-	// rates are kept, shared by every replica; empty keeps them in-process.
-	Redis             string          `yaml:"redis"`
-	Pace              bool            `yaml:"pace"`
-	RequestsPerMinute float64         `yaml:"requests_per_minute"`
-	TokensPerMinute   float64         `yaml:"tokens_per_minute"`
-	RequestBurst      float64         `yaml:"request_burst"`
-	TokenBurst        float64         `yaml:"token_burst"`
-	PerClass          map[string]Rate `yaml:"per_class"`
+	// rates are kept, shared by every replica; empty keeps them in this
+	// process, so that each replica enforces them on its own.
+	Redis string `yaml:"redis"`
+	// Pace makes a call over the rate wait for its turn (within its queue
+	// timeout) instead of being answered 429.
+	Pace bool `yaml:"pace"`
+	// RequestsPerMinute, TokensPerMinute, RequestBurst and TokenBurst are
+	// the per-model rate (see Rate).
+	RequestsPerMinute float64 `yaml:"requests_per_minute"`
+	TokensPerMinute   float64 `yaml:"tokens_per_minute"`
+	RequestBurst      float64 `yaml:"request_burst"`
+	TokenBurst        float64 `yaml:"token_burst"`
+	// PerClass are rates of their own for the classes it names.
+	PerClass map[string]Rate `yaml:"per_class"`
 }
 
-// Rate is one class's rate.
+// Rate is one rate (see bulkhead.Rate): RequestBurst N lets N+1 calls
+// through at once after a quiet period, then one per
+// 60/RequestsPerMinute seconds; TokenBurst is the same in tokens, each
+// call weighing its reservation (TokensPerMinute needs token_budget).
 type Rate struct {
 	RequestsPerMinute float64 `yaml:"requests_per_minute"`
 	TokensPerMinute   float64 `yaml:"tokens_per_minute"`
