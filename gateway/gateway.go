@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -196,7 +197,7 @@ func Build(cfg *Config, file string, getenv func(string) string, logger *slog.Lo
 	h.BodyBudget, h.BodyTimeout = cfg.BodyBudgetBytes, time.Duration(cfg.BodyTimeout)
 	g.proxy = h
 	if logger == nil {
-		logger = newLogger(cfg.Log.Format)
+		logger = NewLogger(os.Stderr, cfg.Log.Format)
 	}
 	f := &front{next: h, g: g, clients: clients, logger: logger, mode: cfg.Log.Requests}
 	for _, rc := range cfg.Routes {

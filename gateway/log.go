@@ -3,9 +3,9 @@ package gateway
 import (
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"net/http"
-	"os"
 	"strconv"
 	"sync"
 	"time"
@@ -14,14 +14,41 @@ import (
 	"github.com/llmbulkhead/bulkhead/stream"
 )
 
-// newLogger is the request log on standard error, in format ("json" or
-// "text").
-func newLogger(format string) *slog.Logger {
+// NewLogger returns the request log Build writes when it is given none (on
+// standard error): one line per request on w, JSON (format "json" or "")
+// or text ("text"), as slog's JSON and text handlers write lines. Its JSON
+// request lines are built without reflection and written in one Write
+// each; other records it writes as slog's JSON handler does. Writes to w
+// are serialised.
+func NewLogger(w io.Writer, format string) *slog.Logger {
+	lw := &lockedWriter{w: w}
 	if format == "text" {
-		return slog.New(slog.NewTextHandler(os.Stderr, nil))
+		return slog.New(slog.NewTextHandler(lw, nil))
 	}
-	return slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	return slog.New(&lineHandler{JSONHandler: slog.NewJSONHandler(lw, nil), w: lw})
 }
+
+// lockedWriter serialises the writes to w.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+// lineHandler is NewLogger's JSON handler: the front writes its request
+// lines to w itself, other records go through slog's handler.
+type lineHandler struct {
+	*slog.JSONHandler
+	w *lockedWriter
+}
+
+// lineWriters keep the writers of request lines.
+var lineWriters = sync.Pool{New: func() any { return &jsonWriter{b: make([]byte, 0, 512)} }}
 
 // The request log's modes (LogConfig.Requests).
 const (
@@ -109,47 +136,97 @@ func (f *front) log(r *http.Request, rec *recorder, start time.Time, retry strin
 	if note.end == endUpstream {
 		level = slog.LevelWarn
 	}
-	attrs := make([]slog.Attr, 0, 20)
-	attrs = append(attrs,
-		slog.String("method", r.Method), slog.String("path", r.URL.Path),
-		slog.Int("status", status), slog.String("end", note.end), slog.Int64("bytes", rec.bytes),
-		slog.Float64("duration_ms", ms(time.Since(start))))
-	if !note.header.IsZero() {
-		attrs = append(attrs, slog.Float64("header_ms", ms(note.header.Sub(start))))
+	now := time.Now()
+	if lh, ok := f.logger.Handler().(*lineHandler); ok {
+		if !lh.Enabled(r.Context(), level) {
+			return
+		}
+		w := lineWriters.Get().(*jsonWriter)
+		f.appendLine(w, now, level, r, rec, start, status, retry)
+		_, _ = lh.w.Write(w.b)
+		if cap(w.b) <= maxPooledBuffer {
+			lineWriters.Put(w)
+		}
+		return
 	}
-	attrs = append(attrs, slog.String("tag", r.Header.Get(RequestIDHeader)))
+	attrs := make(attrList, 0, 20)
+	f.fields(&attrs, r, rec, start, now, status, retry)
+	f.logger.LogAttrs(r.Context(), level, "request", attrs...)
+}
+
+// appendLine writes the request's line, at now, in w (emptied first): the
+// JSON line slog's JSON handler writes for the same record.
+func (f *front) appendLine(w *jsonWriter, now time.Time, level slog.Level, r *http.Request, rec *recorder, start time.Time, status int, retry string) {
+	w.b = w.b[:0]
+	w.open()
+	w.time("time", now)
+	w.str("level", level.String())
+	w.str("msg", "request")
+	f.fields(w, r, rec, start, now, status, retry)
+	w.end()
+	w.b = append(w.b, '\n')
+}
+
+// fieldSink receives the fields of a request line: a JSON line being
+// written, or slog attributes.
+type fieldSink interface {
+	str(k, v string)
+	int(k string, v int64)
+	float(k string, v float64)
+}
+
+// attrList collects a request line's fields as slog attributes.
+type attrList []slog.Attr
+
+func (a *attrList) str(k, v string)           { *a = append(*a, slog.String(k, v)) }
+func (a *attrList) int(k string, v int64)     { *a = append(*a, slog.Int64(k, v)) }
+func (a *attrList) float(k string, v float64) { *a = append(*a, slog.Float64(k, v)) }
+
+// fields writes the request's fields to out, in their order on the line;
+// the request ended at now.
+func (f *front) fields(out fieldSink, r *http.Request, rec *recorder, start, now time.Time, status int, retry string) {
+	note := rec.note
+	out.str("method", r.Method)
+	out.str("path", r.URL.Path)
+	out.int("status", int64(status))
+	out.str("end", note.end)
+	out.int("bytes", rec.bytes)
+	out.float("duration_ms", ms(now.Sub(start)))
+	if !note.header.IsZero() {
+		out.float("header_ms", ms(note.header.Sub(start)))
+	}
+	out.str("tag", r.Header.Get(RequestIDHeader))
 	if c := note.client; c != nil {
-		attrs = append(attrs, slog.String("key_id", c.name))
+		out.str("key_id", c.name)
 	}
 	if note.route >= 0 {
-		attrs = append(attrs, slog.Int("route", note.route))
+		out.int("route", int64(note.route))
 		if note.route < len(f.bulkhead) {
-			attrs = append(attrs, slog.String("bulkhead", f.bulkhead[note.route]))
+			out.str("bulkhead", f.bulkhead[note.route])
 		}
 	}
 	if note.model != "" {
-		attrs = append(attrs, slog.String("model", note.model))
+		out.str("model", note.model)
 	}
 	if note.class != "" {
-		attrs = append(attrs, slog.String("tenant", note.class))
+		out.str("tenant", note.class)
 	}
 	if note.high {
-		attrs = append(attrs, slog.String("priority", "high"))
+		out.str("priority", "high")
 	}
 	if id := rec.Header().Get(stream.AdmissionIDHeader); id != "" {
-		attrs = append(attrs, slog.String("admission_id", id))
+		out.str("admission_id", id)
 	}
 	if reason := rec.Header().Get("X-Bulkhead-Reason"); reason != "" {
-		attrs = append(attrs, slog.String("shed", reason))
+		out.str("shed", reason)
 	}
 	if retry != "" {
 		if count, err := strconv.Atoi(retry); err == nil {
-			attrs = append(attrs, slog.Int("retry", count))
+			out.int("retry", int64(count))
 		} else {
-			attrs = append(attrs, slog.String("retry", retry))
+			out.str("retry", retry)
 		}
 	}
-	f.logger.LogAttrs(r.Context(), level, "request", attrs...)
 }
 
 // ms is d in milliseconds, to the microsecond.
