@@ -3,14 +3,13 @@ package benchmarks
 import (
 	"context"
 	"io"
-	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/llmbulkhead/bulkhead"
 	"github.com/llmbulkhead/bulkhead/gateway"
 )
 
@@ -43,7 +42,7 @@ routes:
 	if err != nil {
 		b.Fatal(err)
 	}
-	g, err := gateway.Build(cfg, "bench.yaml", nil, slog.New(slog.NewJSONHandler(io.Discard, nil)))
+	g, err := gateway.Build(cfg, "bench.yaml", nil, gateway.NewLogger(io.Discard, "json"))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -97,8 +96,9 @@ func cpuTime() time.Duration {
 // BenchmarkGatewayHandler is the CPU a Build gateway's handler spends on
 // one call, in process (no client connection; the served calls go to a
 // fake upstream on loopback, whose own cost is in the figure): served
-// plain and streamed, and shed, every slot of the bulkhead being held, the
-// call answered 503. The request log is on, to io.Discard.
+// plain and streamed, and shed: the bulkhead's one slot is held by a
+// stream through the gateway, and each call is answered 503. The request
+// log is on, to io.Discard.
 func BenchmarkGatewayHandler(b *testing.B) {
 	release := make(chan struct{})
 	defer close(release)
@@ -119,14 +119,25 @@ func BenchmarkGatewayHandler(b *testing.B) {
 		}
 	})
 	b.Run("shed", func(b *testing.B) {
-		g := buildGateway(b, up.URL, 1)
-		p, err := g.Bulkheads["bench"].Acquire(context.Background(), &bulkhead.Request{Model: "gpt-4o-mini"})
+		hold := make(chan struct{})
+		upHold := fakeUpstream(hold)
+		defer upHold.Close()
+		g := buildGateway(b, upHold.URL, 1)
+		srv := httptest.NewServer(g.Handler)
+		defer srv.Close()
+		res, err := http.Post(srv.URL+"/v1/chat/completions", "application/json",
+			strings.NewReader(`{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"hold"}]}`))
 		if err != nil {
 			b.Fatal(err)
 		}
-		defer p.Release(nil)
+		if _, err := res.Body.Read(make([]byte, 16)); err != nil {
+			b.Fatal(err)
+		}
 		if st := serveCalls(b, g.Handler, plain); st != http.StatusServiceUnavailable {
 			b.Fatalf("status %d", st)
 		}
+		close(hold)
+		io.Copy(io.Discard, res.Body)
+		res.Body.Close()
 	})
 }
