@@ -45,6 +45,7 @@ const (
 // options are the command's flags.
 type options struct {
 	gateway, nginx     string
+	baseline           string
 	rate               float64
 	rounds             int
 	dur                time.Duration
@@ -78,6 +79,7 @@ func main() {
 	var o options
 	flag.StringVar(&o.gateway, "gateway", "", "the bulkhead command to measure (required; scripts/bench-gateway.sh builds it)")
 	flag.StringVar(&o.nginx, "nginx", nginxBinary(), "nginx; empty skips it")
+	flag.StringVar(&o.baseline, "baseline", "", "another build of the bulkhead command, measured beside -gateway as target baseline (before and after a change)")
 	flag.Float64Var(&o.rate, "rate", 500, "calls per second in the latency and shed rounds")
 	flag.IntVar(&o.rounds, "rounds", 3, "rounds of each target in the latency and shed phases")
 	flag.DurationVar(&o.dur, "dur", 5*time.Second, "the length of one round")
@@ -117,7 +119,7 @@ type bench struct {
 	upstream string
 	procs    map[string]*proc // by target name; none for direct
 	addrs    map[string]string
-	names    []string // the targets: direct, nginx (when there), goproxy (when asked), gateway
+	names    []string // the targets: direct, nginx (when there), goproxy and baseline (when asked), gateway
 }
 
 func run(o options) error {
@@ -160,7 +162,16 @@ func run(o options) error {
 		b.procs["goproxy"], b.addrs["goproxy"] = p, addr
 		b.names = append(b.names, "goproxy")
 	}
-	p, addr, err := startGateway(o.gateway, dir, b.upstream, o.limit, o.queue, o.logMode)
+	if o.baseline != "" {
+		p, addr, err := startGateway("baseline", o.baseline, dir, b.upstream, o.limit, o.queue, o.logMode)
+		if err != nil {
+			return err
+		}
+		defer p.stop()
+		b.procs["baseline"], b.addrs["baseline"] = p, addr
+		b.names = append(b.names, "baseline")
+	}
+	p, addr, err := startGateway("gateway", o.gateway, dir, b.upstream, o.limit, o.queue, o.logMode)
 	if err != nil {
 		return err
 	}
@@ -202,6 +213,7 @@ type measured struct {
 	cpu     time.Duration
 	peakRSS int64
 	rounds  []stats
+	cpus    []float64 // CPU seconds per 1,000 calls, by round
 }
 
 func (m *measured) add(res []result, d time.Duration, before, after usage) {
@@ -210,6 +222,9 @@ func (m *measured) add(res []result, d time.Duration, before, after usage) {
 	m.cpu += after.cpu - before.cpu
 	m.peakRSS = max(m.peakRSS, after.peakRSS)
 	m.rounds = append(m.rounds, summarise(res, d))
+	if len(res) > 0 {
+		m.cpus = append(m.cpus, (after.cpu-before.cpu).Seconds()/float64(len(res))*1000)
+	}
 }
 
 // round runs one round against a target and measures its processes.
@@ -274,14 +289,14 @@ func (b *bench) latency() map[string]float64 {
 	fmt.Printf("\nLatency at %.0f calls/s, upstream answering at once (streamed: %d deltas, each its own chunk); %d rounds of each, interleaved\n",
 		o.rate, o.events, o.rounds)
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "mode\ttarget\tcalls\tshed/other/failed\tp50 ms\tp99 ms\tadded p50\tadded p99\tround p50s\tCPU s/1k calls\tpeak RSS MiB\t")
+	fmt.Fprintln(tw, "mode\ttarget\tcalls\tshed/other/failed\tp50 ms\tp99 ms\tadded p50\tadded p99\tround p50s\tCPU s/1k calls\tround CPUs\tpeak RSS MiB\t")
 	cpuPer := map[string]float64{}
 	for _, mode := range o.modes {
 		direct := summarise(results[mode]["direct"].res, results[mode]["direct"].dur)
 		for _, name := range b.names {
 			m := results[mode][name]
 			s := summarise(m.res, m.dur)
-			var rp []string
+			var rp, rc []string
 			for _, rs := range m.rounds {
 				rp = append(rp, ms(rs.p50))
 			}
@@ -292,19 +307,25 @@ func (b *bench) latency() map[string]float64 {
 				cpuPer[mode+"/"+name] = per
 				cpu = fmt.Sprintf("%.3f", per)
 				rss = fmt.Sprintf("%.1f", float64(m.peakRSS)/(1<<20))
+				for _, c := range m.cpus {
+					rc = append(rc, fmt.Sprintf("%.3f", c))
+				}
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%d/%d/%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", mode, name, s.calls, s.shed, s.other, s.failed, ms(s.p50), ms(s.p99),
-				added50, added99, strings.Join(rp, " "), cpu, rss)
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d/%d/%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", mode, name, s.calls, s.shed, s.other, s.failed, ms(s.p50), ms(s.p99),
+				added50, added99, strings.Join(rp, " "), cpu, strings.Join(rc, " "), rss)
 		}
 	}
 	tw.Flush()
-	if _, ok := b.procs["nginx"]; ok {
+	for _, other := range []string{"nginx", "baseline"} {
+		if _, ok := b.procs[other]; !ok {
+			continue
+		}
 		for _, mode := range o.modes {
 			d := summarise(results[mode]["direct"].res, results[mode]["direct"].dur)
 			g := summarise(results[mode]["gateway"].res, results[mode]["gateway"].dur)
-			n := summarise(results[mode]["nginx"].res, results[mode]["nginx"].dur)
-			fmt.Printf("%s: gateway/nginx CPU per call %.2fx, added p50 %.2fx\n", mode,
-				cpuPer[mode+"/gateway"]/cpuPer[mode+"/nginx"], float64(g.p50-d.p50)/float64(n.p50-d.p50))
+			n := summarise(results[mode][other].res, results[mode][other].dur)
+			fmt.Printf("%s: gateway/%s CPU per call %.2fx, added p50 %.2fx\n", mode, other,
+				cpuPer[mode+"/gateway"]/cpuPer[mode+"/"+other], float64(g.p50-d.p50)/float64(n.p50-d.p50))
 		}
 	}
 	return cpuPer

@@ -181,15 +181,16 @@ routes:
 `, listen, logMode, upstream, limit, queue)
 }
 
-// startGateway runs the gateway command bin with a configuration for the
-// upstream; its output (the request log) goes to dir/gateway.out.
-func startGateway(bin, dir, upstream string, limit, queue int, logMode string) (*proc, string, error) {
+// startGateway runs the gateway command bin, as target name, with a
+// configuration for the upstream; its output (the request log) goes to
+// dir/<name>.out.
+func startGateway(name, bin, dir, upstream string, limit, queue int, logMode string) (*proc, string, error) {
 	addr := freePort()
-	cfg := filepath.Join(dir, "gateway.yaml")
+	cfg := filepath.Join(dir, name+".yaml")
 	if err := os.WriteFile(cfg, []byte(gatewayConfig(addr, upstream, limit, queue, logMode)), 0o600); err != nil {
 		return nil, "", err
 	}
-	p, err := launch("gateway", dir, addr, false, bin, "gateway", "-config", cfg)
+	p, err := launch(name, dir, addr, false, bin, "gateway", "-config", cfg)
 	return p, addr, err
 }
 
