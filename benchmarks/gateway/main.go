@@ -118,6 +118,7 @@ type bench struct {
 	dir      string
 	upstream string
 	procs    map[string]*proc // by target name; none for direct
+	up       *proc            // the fake upstream
 	addrs    map[string]string
 	names    []string // the targets: direct, nginx (when there), goproxy and baseline (when asked), gateway
 }
@@ -139,6 +140,7 @@ func run(o options) error {
 		return err
 	}
 	defer up.stop()
+	b.up = up
 	b.names = append(b.names, "direct")
 	b.addrs["direct"] = b.upstream
 	if o.nginx == "" {
@@ -213,7 +215,9 @@ type measured struct {
 	cpu     time.Duration
 	peakRSS int64
 	rounds  []stats
-	cpus    []float64 // CPU seconds per 1,000 calls, by round
+	cpus    []float64     // CPU seconds per 1,000 calls, by round
+	harness time.Duration // the CPU time of the load generator and the upstream
+	busy    []float64     // the share of the machine's CPU time in use, by round (every process)
 }
 
 func (m *measured) add(res []result, d time.Duration, before, after usage) {
@@ -235,10 +239,17 @@ func (b *bench) round(t *target, rate float64, m *measured) stats {
 		p.resetPeak()
 		before = p.usage()
 	}
+	harness0 := cpuTime(os.Getpid()) + b.up.usage().cpu
+	busy0, total0 := machineCPU()
 	res := t.run(rate, b.o.dur)
 	var after usage
 	if p != nil {
 		after = p.usage()
+	}
+	busy1, total1 := machineCPU()
+	m.harness += cpuTime(os.Getpid()) + b.up.usage().cpu - harness0
+	if total1 > total0 {
+		m.busy = append(m.busy, (busy1-busy0)/(total1-total0))
 	}
 	m.add(res, b.o.dur, before, after)
 	return m.rounds[len(m.rounds)-1]
@@ -370,6 +381,18 @@ func (b *bench) shedCost(served map[string]float64) {
 	tw.Flush()
 }
 
+// mean is the mean of xs, 0 for none.
+func mean(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	sum := 0.0
+	for _, x := range xs {
+		sum += x
+	}
+	return sum / float64(len(xs))
+}
+
 // added is what a proxy's quantile adds to the direct call's.
 func added(proxy, direct time.Duration) string {
 	if proxy >= 1<<62 || direct >= 1<<62 {
@@ -404,7 +427,7 @@ func (b *bench) overload() {
 		}
 		fmt.Printf("\nOverload, %s: the upstream takes %v per call; limit %d; rounds of %v\n", mode, o.overloadDelay, o.limit, o.dur)
 		tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "target\trate/s\tx\tserved/s\tshed\tfailed\tp99 ms (all)\tp99 ms (served)\tCPU s/1k calls\tpeak RSS MiB\t")
+		fmt.Fprintln(tw, "target\trate/s\tx\tserved/s\tshed\tfailed\tp99 ms (all)\tp99 ms (served)\tCPU s/1k calls\tpeak RSS MiB\tharness cores\tmachine busy\t")
 		knee := map[string]float64{}
 		peak := map[string]float64{}
 		runAt := func(name string, rate float64, label string) stats {
@@ -413,8 +436,9 @@ func (b *bench) overload() {
 			s := b.round(t, rate, m)
 			t.pool.closeIdle()
 			peak[name] = max(peak[name], s.goodput)
-			fmt.Fprintf(tw, "%s\t%.0f\t%s\t%.0f\t%d\t%d\t%s\t%s\t%.3f\t%.1f\t\n", name, rate, label, s.goodput, s.shed, s.failed+s.other,
-				ms(s.p99), ms(s.okP99), m.cpu.Seconds()/float64(s.calls)*1000, float64(m.peakRSS)/(1<<20))
+			fmt.Fprintf(tw, "%s\t%.0f\t%s\t%.0f\t%d\t%d\t%s\t%s\t%.3f\t%.1f\t%.2f\t%.0f%%\t\n", name, rate, label, s.goodput, s.shed, s.failed+s.other,
+				ms(s.p99), ms(s.okP99), m.cpu.Seconds()/float64(s.calls)*1000, float64(m.peakRSS)/(1<<20),
+				m.harness.Seconds()/m.dur.Seconds(), 100*mean(m.busy))
 			time.Sleep(time.Second) // the answers of the round drain
 			return s
 		}

@@ -80,6 +80,27 @@ func cpuTime(pid int) time.Duration {
 	return time.Duration(utime+stime) * clockTick
 }
 
+// machineCPU reads the machine's busy and total CPU time so far, in clock
+// ticks, from /proc/stat (every process, this benchmark's and others').
+func machineCPU() (busy, total float64) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line) // cpu user nice system idle iowait irq softirq steal ...
+	for i, v := range f[1:] {
+		n, _ := strconv.ParseFloat(v, 64)
+		if i < 8 { // guest time is counted in user already
+			total += n
+			if i != 3 && i != 4 {
+				busy += n
+			}
+		}
+	}
+	return busy, total
+}
+
 // statusKB reads a "kB" line of /proc/<pid>/status.
 func statusKB(pid int, key string) int64 {
 	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
