@@ -21,10 +21,11 @@ import (
 
 // target is where calls go: an address and the request written to it.
 type target struct {
-	name string
-	addr string
-	req  []byte // the whole request: head and body
-	pool connPool
+	name    string
+	addr    string
+	req     []byte        // the whole request: head and body
+	timeout time.Duration // bounds a call; zero means callTimeout
+	pool    connPool
 
 	mu       sync.Mutex
 	firstErr error // the first error of a call, for the report
@@ -69,7 +70,7 @@ type result struct {
 // due when all are busy counts as failed.
 const maxConns = 12000
 
-// callTimeout bounds one call.
+// callTimeout bounds one call, unless its target says otherwise.
 const callTimeout = 10 * time.Second
 
 // run sends calls to t at rate per second for d, and returns each call's
@@ -102,7 +103,11 @@ func (t *target) call(due time.Time) outcome {
 	if err != nil {
 		return failed
 	}
-	status, reuse, err := c.do(t.req, due.Add(callTimeout))
+	timeout := t.timeout
+	if timeout == 0 {
+		timeout = callTimeout
+	}
+	status, reuse, err := c.do(t.req, due.Add(timeout))
 	if err != nil {
 		t.noteErr(err)
 		c.close()

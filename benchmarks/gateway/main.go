@@ -32,6 +32,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -348,37 +349,51 @@ func (b *bench) latency() map[string]float64 {
 // "mode/proxy".
 func (b *bench) shedCost(served map[string]float64) {
 	o := b.o
-	hold := o.dur + 3*time.Second
-	fmt.Printf("\nShed calls at %.0f calls/s, every slot held; %d rounds of each\n", o.rate, o.rounds)
-	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "target\tcalls\tshed\tp50 ms\tp99 ms\tCPU s/1k shed\tserved plain s/1k\tratio\t")
+	var names []string
 	for _, name := range b.names[1:] {
-		if name == "goproxy" { // no limit: nothing is shed
-			continue
+		if name != "goproxy" { // no limit: nothing is shed
+			names = append(names, name)
 		}
+	}
+	// Every slot of every proxy is held for the whole phase.
+	hold := time.Duration(o.rounds*len(names))*(o.dur+time.Second) + 5*time.Second
+	var holding sync.WaitGroup
+	targets, results := map[string]*target{}, map[string]*measured{}
+	for _, name := range names {
 		holder := newTarget(name, b.addrs[name], plainBody, fmt.Sprintf("X-Bench-Delay-Ms: %d\r\n", hold.Milliseconds()))
-		t := newTarget(name, b.addrs[name], plainBody, "X-Bench-Delay-Ms: 0\r\n")
-		t.run(o.rate, time.Second/2)
-		m := &measured{}
-		for r := 0; r < o.rounds; r++ {
-			done := make(chan struct{})
-			for i := 0; i < o.limit+o.queue; i++ {
-				go func() { holder.call(time.Now()); done <- struct{}{} }()
-			}
-			time.Sleep(300 * time.Millisecond) // every slot taken
-			b.round(t, o.rate, m)
-			for i := 0; i < o.limit+o.queue; i++ {
-				<-done
-			}
+		holder.timeout = hold + 10*time.Second
+		for range o.limit + o.queue {
+			holding.Add(1)
+			go func() { defer holding.Done(); holder.call(time.Now()) }()
 		}
-		holder.pool.closeIdle()
-		t.pool.closeIdle()
+		targets[name], results[name] = newTarget(name, b.addrs[name], plainBody, "X-Bench-Delay-Ms: 0\r\n"), &measured{}
+	}
+	time.Sleep(500 * time.Millisecond) // every slot taken
+	for r := 0; r < o.rounds; r++ {
+		for i := range names {
+			name := names[(i+r)%len(names)]
+			b.round(targets[name], o.rate, results[name])
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	fmt.Printf("\nShed calls at %.0f calls/s, every slot held; %d rounds of each, interleaved\n", o.rate, o.rounds)
+	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "target\tcalls\tshed\tp50 ms\tp99 ms\tCPU s/1k shed\tround CPUs\tserved plain s/1k\tratio\t")
+	for _, name := range names {
+		m := results[name]
+		targets[name].pool.closeIdle()
 		s := summarise(m.res, m.dur)
 		per := m.cpu.Seconds() / float64(s.calls) * 1000
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%.3f\t%.3f\t%.2f\t\n", name, s.calls, s.shed, ms(quantileOf(m.res, 0.5)), ms(quantileOf(m.res, 0.99)),
-			per, served["plain/"+name], per/served["plain/"+name])
+		var rc []string
+		for _, c := range m.cpus {
+			rc = append(rc, fmt.Sprintf("%.3f", c))
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%.3f\t%s\t%.3f\t%.2f\t\n", name, s.calls, s.shed, ms(quantileOf(m.res, 0.5)), ms(quantileOf(m.res, 0.99)),
+			per, strings.Join(rc, " "), served["plain/"+name], per/served["plain/"+name])
 	}
 	tw.Flush()
+	fmt.Printf("(waiting %v for the held calls to end)\n", hold.Round(time.Second))
+	holding.Wait()
 }
 
 // mean is the mean of xs, 0 for none.

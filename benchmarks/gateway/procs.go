@@ -285,6 +285,7 @@ http {
       proxy_http_version 1.1;
       proxy_set_header Connection "";
       proxy_buffering off;
+      proxy_read_timeout 600s;
     }
   }
 }
