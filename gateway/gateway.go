@@ -60,6 +60,7 @@ type Gateway struct {
 	collectors []*metrics.Collector
 	pools      []*fleet.Pool
 	clients    map[string]*redis.Client
+	logger     *slog.Logger // the request log
 }
 
 // Build makes the gateway cfg describes: file names the configuration for
@@ -207,6 +208,7 @@ func Build(cfg *Config, file string, getenv func(string) string, logger *slog.Lo
 	if logger == nil {
 		logger = NewLogger(os.Stderr, cfg.Log.Format)
 	}
+	g.logger = logger
 	f := &front{next: h, g: g, clients: clients, logger: logger, mode: cfg.Log.Requests}
 	for _, rc := range cfg.Routes {
 		f.bulkhead = append(f.bulkhead, rc.Bulkhead)
@@ -448,6 +450,9 @@ func (g *Gateway) Shutdown(ctx context.Context) map[string]bulkhead.DrainResult 
 	}
 	for _, c := range g.clients {
 		_ = c.Close()
+	}
+	if g.logger != nil {
+		flushLogs(g.logger) // the last calls' lines
 	}
 	return left
 }

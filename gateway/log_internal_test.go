@@ -8,9 +8,11 @@ import (
 	"log/slog"
 	"net/http/httptest"
 	"reflect"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/llmbulkhead/bulkhead/internal/testutil"
 	"github.com/llmbulkhead/bulkhead/stream"
 )
 
@@ -91,16 +93,60 @@ func TestRequestLineIsSlogs(t *testing.T) {
 // JSON handler does, and text lines for format "text".
 func TestNewLoggerLevels(t *testing.T) {
 	var b bytes.Buffer
-	NewLogger(&b, "json").Info("hello", "n", 1)
+	logger := NewLogger(&b, "json")
+	logger.Info("hello", "n", 1)
+	flushLogs(logger)
 	if m := orderedJSON(t, b.Bytes()); len(m) != 4 || m[2][1] != "hello" || m[3][0] != "n" {
 		t.Errorf("json: %s", b.Bytes())
 	}
 	b.Reset()
-	NewLogger(&b, "text").Info("hello", "n", 1)
+	logger = NewLogger(&b, "text")
+	logger.Info("hello", "n", 1)
+	flushLogs(logger)
 	if !bytes.Contains(b.Bytes(), []byte("msg=hello n=1")) {
 		t.Errorf("text: %s", b.Bytes())
 	}
-	if _, ok := NewLogger(io.Discard, "").Handler().(*lineHandler); !ok {
+	if lh, ok := NewLogger(io.Discard, "").Handler().(*lineHandler); !ok || !lh.json {
 		t.Error("json is the default")
+	}
+}
+
+// countingWriter counts its writes.
+type countingWriter struct {
+	mu     sync.Mutex
+	writes int
+	b      bytes.Buffer
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.writes++
+	return c.b.Write(p)
+}
+
+func (c *countingWriter) lines() (lines, writes int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return bytes.Count(c.b.Bytes(), []byte("\n")), c.writes
+}
+
+// TestNewLoggerGathersLines: lines logged together reach the writer
+// together, within the delay, not in one write each; flushLogs (which
+// Gateway.Shutdown calls) writes what waits at once.
+func TestNewLoggerGathersLines(t *testing.T) {
+	var w countingWriter
+	logger := NewLogger(&w, "json")
+	for i := range 50 {
+		logger.Info("line", "i", i)
+	}
+	testutil.WaitFor(t, "the lines", func() bool { n, _ := w.lines(); return n == 50 })
+	if _, writes := w.lines(); writes > 3 {
+		t.Errorf("50 lines in %d writes", writes)
+	}
+	logger.Info("last")
+	flushLogs(logger)
+	if n, _ := w.lines(); n != 51 {
+		t.Errorf("after the flush: %d lines", n)
 	}
 }
