@@ -7,7 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/http/httputil"
 	"net/url"
 	"sync"
@@ -52,7 +54,8 @@ type Route struct {
 	// Transport sends the admitted requests. Nil means a clone of
 	// http.DefaultTransport that keeps DefaultMaxIdleConnsPerHost idle
 	// connections to each upstream (the default's 2 would make most calls
-	// at a few hundred a second open a new one). Set its timeouts
+	// at a few hundred a second open a new one), and whose connections
+	// tell a streamed answer when to flush (see Handler). Set its timeouts
 	// (ResponseHeaderTimeout) for an upstream that may hang, and its
 	// MaxIdleConnsPerHost to about the calls in flight at once.
 	Transport http.RoundTripper
@@ -75,6 +78,12 @@ type Route struct {
 // upstream request and releases its admission at once. A request to a path
 // that is not a route's API endpoint is answered 404; a request to one that
 // is not a POST is passed upstream without admission.
+//
+// A streamed answer goes to the client as the upstream sends it, flushed
+// when the next read of the upstream would wait: events that arrive
+// together leave in one write, and an event the upstream follows with a
+// pause leaves at once. With a Route.Transport of its own, or an upstream
+// answering over HTTP/2, every write is flushed.
 //
 // The Handler reads a call's body itself, before admission, and bounds
 // the memory that takes whatever clients declare: the body grows as its
@@ -212,8 +221,9 @@ func proxy(r Route, index int, g *gate) *routeProxy {
 			MaxBodyBytes: r.MaxBodyBytes,
 		},
 		// No FlushInterval: the proxy flushes every write of an event
-		// stream and of a body of unknown length by itself (streams go to
-		// the client event by event), and writes a plain response whole.
+		// stream and of a body of unknown length by itself (a streamed
+		// call's coalescer defers it to the moment the upstream pauses),
+		// and writes a plain response whole.
 		BufferPool: copyBuffers,
 		ModifyResponse: func(resp *http.Response) error {
 			if resp.Header.Get(RequestIDHeader) == "" && resp.Request != nil { // the provider's own ID stands
@@ -245,6 +255,14 @@ func proxy(r Route, index int, g *gate) *routeProxy {
 var defaultTransport = func() *http.Transport {
 	t := http.DefaultTransport.(*http.Transport).Clone()
 	t.MaxIdleConns, t.MaxIdleConnsPerHost = 0, DefaultMaxIdleConnsPerHost
+	dial := t.DialContext
+	t.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return watch(c), nil // streamed answers flush when it would wait (see coalescer)
+	}
 	return t
 }()
 
@@ -363,7 +381,19 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	default:
 		rp.gate.calls.Add(1)
 		defer rp.gate.calls.Add(-1)
-		forward(w, req.WithContext(stream.WithCall(req.Context(), call)), rp, model)
+		ctx := stream.WithCall(req.Context(), call)
+		if call.Stream {
+			c := &coalescer{ResponseWriter: w}
+			defer func() {
+				p := recover()
+				c.finish(p != nil)
+				if p != nil {
+					panic(p) // an aborted stream (http.ErrAbortHandler) goes on aborting
+				}
+			}()
+			w, ctx = c, httptrace.WithClientTrace(ctx, c.trace())
+		}
+		forward(w, req.WithContext(ctx), rp, model)
 	}
 }
 
