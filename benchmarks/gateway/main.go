@@ -56,6 +56,7 @@ type options struct {
 	overloadDelay      time.Duration
 	sweepStart, factor float64
 	sweepMax           float64
+	knee               float64
 	phases             map[string]bool
 	perf               string
 	modes              []string
@@ -92,6 +93,7 @@ func main() {
 	flag.Float64Var(&o.sweepStart, "sweep-start", 400, "the first rate of the overload sweep")
 	flag.Float64Var(&o.factor, "sweep-factor", 1.25, "the ratio of two rates of the sweep")
 	flag.Float64Var(&o.sweepMax, "sweep-max", 12000, "the highest rate of the sweep")
+	flag.Float64Var(&o.knee, "knee", 0, "skip the sweep: run 1x, 2x and 4x this rate for every proxy")
 	phases := flag.String("phases", "latency,shed,overload", "the phases to run")
 	flag.StringVar(&o.perf, "perf", "", "record the gateway with perf (perf record -g) into this file, over every phase")
 	modes := flag.String("modes", "plain,streamed", "the kinds of call to measure")
@@ -456,6 +458,11 @@ func (b *bench) overload() {
 				m.harness.Seconds()/m.dur.Seconds(), 100*mean(m.busy))
 			time.Sleep(time.Second) // the answers of the round drain
 			return s
+		}
+		if o.knee > 0 { // no sweep: the same rates for every proxy
+			for _, name := range proxies {
+				knee[name] = o.knee
+			}
 		}
 		for rate := o.sweepStart; rate <= o.sweepMax && len(knee) < len(proxies); rate *= o.factor {
 			for _, name := range proxies {
