@@ -2,12 +2,11 @@ package bulkhead
 
 import (
 	"math"
-	"math/bits"
-	"sync"
-	"sync/atomic"
 	"time"
 
-	"github.com/llmbulkhead/bulkhead/internal/adaptive"
+	"github.com/llmbulkhead/bulkhead/actor"
+	"github.com/llmbulkhead/bulkhead/actor/adaptive"
+	"github.com/llmbulkhead/bulkhead/actor/admission"
 )
 
 // Adaptive moves the bulkhead's MaxConcurrent (and, with a token budget,
@@ -185,25 +184,16 @@ type Feedback struct {
 // in use. Permit.Feedback is the same for an admitted call, and knows:
 // prefer it. It also measures the call's latency. A stream.Transport (and
 // so the gateway) reports every call it sends that way.
-func (b *Bulkhead) Feedback(f Feedback) error { return b.feedback(f, 0, 0) }
+func (b *Bulkhead) Feedback(f Feedback) error { return b.feedback(f, nil) }
 
-// feedback reports f for a call admitted with inFlight in flight, at the
-// controller's epoch (both zero when unknown).
-func (b *Bulkhead) feedback(f Feedback, inFlight int, epoch uint64) error {
+// feedback hands f, about admission l (nil for none), to the engine.
+func (b *Bulkhead) feedback(f Feedback, l *actor.Lease) error {
 	if err := f.validate(); err != nil {
 		return err
 	}
-	now := b.clk.Now()
-	if f.RetryAfter > 0 {
-		b.cool.start(b.modelOf(f.Model), now.Add(f.RetryAfter))
-	}
-	if f.Headroom != nil {
-		b.cool.report(b.modelOf(f.Model), f.Headroom)
-	}
-	if b.adapt == nil {
-		return nil
-	}
-	return b.adapt.observe(b, adaptive.Sample{At: now, Outcome: adaptive.Outcome(f.Outcome), Latency: f.Latency, InFlight: inFlight, Epoch: epoch})
+	b.eng.Feedback(actor.Feedback{Model: f.Model, Outcome: adaptive.Outcome(f.Outcome), Latency: f.Latency,
+		RetryAfter: f.RetryAfter, Headroom: (*admission.Headroom)(f.Headroom), Lease: l})
+	return nil
 }
 
 // The outcomes are the rules', value for value.
@@ -252,11 +242,7 @@ func (p *Permit) FeedbackHeadroom(o Outcome, retryAfter time.Duration, h *Headro
 	if !p.fed.CompareAndSwap(false, true) {
 		return nil
 	}
-	b := p.b
-	if !p.admittedAt.IsZero() {
-		f.Latency = max(0, b.clk.Now().Sub(p.admittedAt))
-	}
-	return b.feedback(f, p.inFlight, p.epoch)
+	return p.b.feedback(f, &p.l)
 }
 
 // AdaptiveStats is the adaptive limits' state (see Config.Adaptive).
@@ -279,30 +265,9 @@ type AdaptiveStats struct {
 	LastChange time.Time
 }
 
-// adaptiveLimits is a bulkhead's adaptive controller.
-type adaptiveLimits struct {
-	// inFlight counts the admissions not yet released, so that a success
-	// can tell whether it found the limit in use; epoch is 1 + the
-	// decreases decided, so that a call can tell whether it was admitted
-	// before the last one.
-	inFlight atomic.Int64
-	epoch    atomic.Uint64
-
-	rule                 AdaptiveRule
-	minBudget, maxBudget int64
-	hasBudget            bool
-
-	mu  sync.Mutex
-	ctl *adaptive.Controller
-	// seen is the concurrency limit last seen (or applied).
-	seen                          int
-	samples, increases, decreases int64
-	lastChange                    time.Time
-}
-
-// newAdaptive validates cfg.Adaptive and builds the controller, nil
-// without one.
-func newAdaptive(cfg *Config) (*adaptiveLimits, error) {
+// adaptiveConfig validates cfg.Adaptive and returns the engine's form of
+// it, with its defaults filled in; nil without one.
+func adaptiveConfig(cfg *Config) (*actor.Adaptive, error) {
 	a := cfg.Adaptive
 	if a == nil {
 		return nil, nil
@@ -354,14 +319,13 @@ func newAdaptive(cfg *Config) (*adaptiveLimits, error) {
 	if p.Window == 0 {
 		p.Window = time.Second
 	}
-	al := &adaptiveLimits{rule: a.Rule, ctl: adaptive.New(p), seen: cfg.MaxConcurrent}
-	al.epoch.Store(1)
+	ac := &actor.Adaptive{Params: p}
 	tb := cfg.TokenBudget
 	if tb == nil {
 		if a.MinBudget != 0 || a.MaxBudget != 0 {
 			return nil, invalidf(f+"MinBudget", "applies only with Config.TokenBudget")
 		}
-		return al, nil
+		return ac, nil
 	}
 	if err := checkNonNegative(f+"MinBudget", a.MinBudget); err != nil {
 		return nil, err
@@ -369,126 +333,15 @@ func newAdaptive(cfg *Config) (*adaptiveLimits, error) {
 	if err := checkNonNegative(f+"MaxBudget", a.MaxBudget); err != nil {
 		return nil, err
 	}
-	al.hasBudget, al.maxBudget, al.minBudget = true, a.MaxBudget, a.MinBudget
-	if al.maxBudget == 0 {
-		al.maxBudget = tb.Budget
+	ac.HasBudget, ac.MaxBudget, ac.MinBudget = true, a.MaxBudget, a.MinBudget
+	if ac.MaxBudget == 0 {
+		ac.MaxBudget = tb.Budget
 	}
-	if al.minBudget == 0 {
-		al.minBudget = scale(al.maxBudget, p.Min, p.Max)
+	if ac.MinBudget == 0 {
+		ac.MinBudget = adaptive.Scale(ac.MaxBudget, p.Min, p.Max)
 	}
-	if al.minBudget > al.maxBudget {
-		return nil, invalidf(f+"MinBudget", "must not exceed MaxBudget (%d), got %d", al.maxBudget, al.minBudget)
+	if ac.MinBudget > ac.MaxBudget {
+		return nil, invalidf(f+"MinBudget", "must not exceed MaxBudget (%d), got %d", ac.MaxBudget, ac.MinBudget)
 	}
-	return al, nil
-}
-
-// scale returns v × n / d, for 0 <= n <= d, 0 < d, without overflow.
-func scale(v int64, n, d int) int64 {
-	hi, lo := bits.Mul64(uint64(v), uint64(n))
-	q, _ := bits.Div64(hi, lo, uint64(d)) // hi < d as n <= d
-	return int64(q)
-}
-
-// budgetFor returns the token budget for a concurrency limit of n.
-func (a *adaptiveLimits) budgetFor(n, maxN int) int64 {
-	return max(a.minBudget, min(a.maxBudget, scale(a.maxBudget, min(n, maxN), maxN)))
-}
-
-// admitted counts admission p in flight and notes the controller's epoch
-// and, for the Gradient rule (the one that reads latency), the time.
-func (a *adaptiveLimits) admitted(p *Permit) {
-	if p.l.Bypass != nil {
-		return
-	}
-	p.inFlight = int(min(a.inFlight.Add(1), math.MaxInt32))
-	if !p.granted {
-		a.grant(p)
-	}
-	p.counted = true
-}
-
-// grant notes the controller's epoch and, for the Gradient rule, the time,
-// as admission p is granted its slot.
-func (a *adaptiveLimits) grant(p *Permit) {
-	p.epoch = a.epoch.Load()
-	if a.rule == Gradient {
-		p.admittedAt = p.b.clk.Now()
-	}
-}
-
-// maxApplies bounds the retries of a change that keeps losing races with
-// the caller's ApplyLimits.
-const maxApplies = 8
-
-// observe feeds sample s to the rule and applies the change it asks for.
-func (a *adaptiveLimits) observe(b *Bulkhead, s adaptive.Sample) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.samples++
-	// The rule judges the sample against the limit last seen, so that a
-	// sample that moves nothing (the common case) costs no round trip to
-	// the engine; a move is made on the current limits.
-	move := a.ctl.Observe(a.seen, s)
-	a.epoch.Store(1 + a.ctl.Decreases())
-	if move.Kind == adaptive.Hold {
-		return nil
-	}
-	p := a.ctl.Params()
-	for range maxApplies {
-		cur := b.Limits()
-		a.seen = cur.MaxConcurrent
-		if cur.MaxConcurrent == 0 || (cur.TokenBudget != nil && cur.TokenBudget.Budget == 0) || cur.Revision == math.MaxInt64 {
-			return nil // a kill switch: the caller's to lift
-		}
-		n := a.ctl.Next(cur.MaxConcurrent, move)
-		if n == cur.MaxConcurrent {
-			return nil
-		}
-		next := cur.Clone()
-		next.Revision++
-		next.MaxConcurrent = n
-		if a.hasBudget && next.TokenBudget != nil {
-			next.TokenBudget.Budget = a.budgetFor(n, p.Max)
-		}
-		if testHookAdaptiveApply != nil {
-			testHookAdaptiveApply()
-		}
-		res, err := b.ApplyLimits(next)
-		if err != nil {
-			return err
-		}
-		if res.Applied {
-			if n > cur.MaxConcurrent {
-				a.increases++
-			} else {
-				a.decreases++
-			}
-			a.lastChange, a.seen = s.At, n
-			return nil
-		}
-		// The caller applied limits meanwhile: move from theirs.
-	}
-	return nil
-}
-
-// testHookAdaptiveApply, when set by a test, is called just before the
-// controller applies a change, so the test can apply limits of its own.
-var testHookAdaptiveApply func()
-
-// stats returns the controller's state, with the current limits l.
-func (a *adaptiveLimits) stats(l Limits) *AdaptiveStats {
-	if a == nil {
-		return nil
-	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	p := a.ctl.Params()
-	st := &AdaptiveStats{
-		Rule: a.rule, MaxConcurrent: l.MaxConcurrent, MinConcurrent: p.Min, MaxConcurrentBound: p.Max,
-		Samples: a.samples, Increases: a.increases, Decreases: a.decreases, LastChange: a.lastChange,
-	}
-	if l.TokenBudget != nil && a.hasBudget {
-		st.Budget, st.MinBudget, st.MaxBudget = l.TokenBudget.Budget, a.minBudget, a.maxBudget
-	}
-	return st
+	return ac, nil
 }

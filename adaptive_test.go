@@ -328,26 +328,18 @@ func TestCooldownExtended(t *testing.T) {
 	_ = r.tok.Release(nil)
 }
 
-// A change that loses the race with the caller's own ApplyLimits is made
-// again on the caller's limits.
-func TestAdaptiveStaleRevisionRetried(t *testing.T) {
+// A change starts from the limits in force: the caller's own ApplyLimits
+// (its queue, its limit) is kept, and the change takes the next revision.
+func TestAdaptiveStartsFromCallersLimits(t *testing.T) {
 	clk := clock.NewMock()
 	b := newBulkhead(t, adaptiveConfig(clk, bulkhead.Adaptive{Backoff: 0.5}))
-	raced := false
-	bulkhead.SetAdaptiveApplyHook(func() {
-		if raced {
-			return
-		}
-		raced = true
-		l := b.Limits()
-		l.Revision = 10
-		l.MaxConcurrent = 6
-		l.MaxQueue = 2
-		if res, err := b.ApplyLimits(l); err != nil || !res.Applied {
-			t.Errorf("the caller's ApplyLimits: %+v, %v", res, err)
-		}
-	})
-	defer bulkhead.SetAdaptiveApplyHook(nil)
+	l := b.Limits()
+	l.Revision = 10
+	l.MaxConcurrent = 6
+	l.MaxQueue = 2
+	if res, err := b.ApplyLimits(l); err != nil || !res.Applied {
+		t.Fatalf("the caller's ApplyLimits: %+v, %v", res, err)
+	}
 	clk.Add(time.Second)
 	if err := b.Feedback(bulkhead.Feedback{Outcome: bulkhead.OutcomeRateLimited}); err != nil {
 		t.Fatal(err)

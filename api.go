@@ -3,14 +3,17 @@ package bulkhead
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"runtime"
 	"runtime/debug"
+	"sync/atomic"
 	"time"
 
+	"github.com/llmbulkhead/bulkhead/actor"
+	"github.com/llmbulkhead/bulkhead/actor/admission"
+	"github.com/llmbulkhead/bulkhead/classes"
 	"github.com/llmbulkhead/bulkhead/clock"
-	"github.com/llmbulkhead/bulkhead/internal/actor"
-	"github.com/llmbulkhead/bulkhead/internal/admission"
-	"github.com/llmbulkhead/bulkhead/internal/classes"
+	"github.com/llmbulkhead/bulkhead/pacer"
 )
 
 // Bulkhead is an admission controller for LLM calls. Its methods are safe
@@ -22,19 +25,18 @@ type Bulkhead struct {
 	timeout   time.Duration
 	// dedup is in-flight deduplication, nil when off.
 	dedup *deduper
-	// rate is the rate limits, nil without any.
-	rate *rateLimiter
-	// fleet is the fleet pool, nil without one.
-	fleet *fleetPool
 	// clk is Config.Clock, or the wall clock; model is Config.Model.
 	clk   clock.Clock
 	model string
-	// cool is the cool-downs, by model; adapt the adaptive limits, nil
-	// without Config.Adaptive.
-	cool  *cooldowns
-	adapt *adaptiveLimits
-	// grant is the check the engine makes as it grants a call its slot.
-	grant actor.Checker
+	// log is Config.Logger, or a logger that discards. usageCeiling is
+	// Config.UsageCeiling with the default applied; suspect and
+	// suspectTokens count the usage figures clamped to it.
+	log          *slog.Logger
+	usageCeiling int64
+	// remoteRates is set when the rate limits are kept in Redis: a
+	// release waits for the overrun it books there.
+	remoteRates            bool
+	suspect, suspectTokens atomic.Int64
 }
 
 // New validates cfg and starts a Bulkhead.
@@ -42,23 +44,29 @@ func New(cfg Config) (*Bulkhead, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	rate, err := newRateLimiter(&cfg)
+	rates, err := rateConfig(&cfg)
 	if err != nil {
 		return nil, err
 	}
-	adapt, err := newAdaptive(&cfg)
+	adapt, err := adaptiveConfig(&cfg)
 	if err != nil {
 		return nil, err
 	}
-	b := &Bulkhead{timeout: cfg.QueueTimeout, rate: rate, clk: clock.OrReal(cfg.Clock), model: cfg.Model, adapt: adapt}
-	mode := HoldCooldown
-	if cfg.Adaptive != nil {
-		mode = cfg.Adaptive.Cooldown
+	b := &Bulkhead{timeout: cfg.QueueTimeout, clk: clock.OrReal(cfg.Clock), model: cfg.Model,
+		log: cfg.Logger, usageCeiling: cfg.UsageCeiling}
+	if b.log == nil {
+		b.log = slog.New(slog.DiscardHandler)
 	}
-	b.cool = newCooldowns(b.clk, mode)
-	b.grant = grantCheck{b}
-	if cfg.Fleet != nil {
-		b.fleet = &fleetPool{Pool: cfg.Fleet}
+	if b.usageCeiling == 0 {
+		b.usageCeiling = DefaultUsageCeiling
+	}
+	shed := cfg.Adaptive != nil && cfg.Adaptive.Cooldown == ShedCooldown
+	if rates != nil {
+		switch rates.Store.(type) {
+		case nil, *pacer.Local, *pacer.Table:
+		default:
+			b.remoteRates = true
+		}
 	}
 	limits := Limits{Revision: cfg.InitialRevision, MaxConcurrent: cfg.MaxConcurrent, MaxQueue: cfg.MaxQueue}
 	if tb := cfg.TokenBudget; tb != nil {
@@ -73,7 +81,8 @@ func New(cfg Config) (*Bulkhead, error) {
 		limits.Classes = cfg.Classes
 	}
 	eng, err := actor.Start(actor.Config{Limits: engineLimits(limits), Clock: cfg.Clock, Logger: cfg.Logger, Dedup: cfg.Dedup != nil,
-		Queue: actor.QueuePolicy{Fair: cfg.Queue.Fair, Weights: cfg.Queue.Weights, WaitForCapacity: cfg.Queue.WaitForCapacity}})
+		Queue: actor.QueuePolicy{Fair: cfg.Queue.Fair, Weights: cfg.Queue.Weights, WaitForCapacity: cfg.Queue.WaitForCapacity},
+		Model: cfg.Model, ShedCooldown: shed, Adaptive: adapt, Rates: rates, Fleet: cfg.Fleet, OnPark: onPark})
 	if err != nil {
 		return nil, publicError(err)
 	}
@@ -82,6 +91,18 @@ func New(cfg Config) (*Bulkhead, error) {
 		b.dedup = newDeduper(*cfg.Dedup)
 	}
 	return b, nil
+}
+
+// testHookRateWait, when set by a test, is called on the engine each time a
+// call starts to wait on its own timer (a paced turn, or a cool-down before
+// it), so the test can move a mock clock.
+var testHookRateWait func(time.Duration)
+
+// onPark calls testHookRateWait, when a test has set it.
+func onPark(d time.Duration) {
+	if h := testHookRateWait; h != nil {
+		h(d)
+	}
 }
 
 // reserve validates req and computes its reservation, exactly once per
@@ -128,10 +149,11 @@ func (b *Bulkhead) acquire(ctx context.Context, req *Request, o *callOptions, me
 }
 
 // send sends r, prepared with its permit p, to the engine and returns the
-// admission or the rejection, tagged with tag. r goes back to the pool.
-func (b *Bulkhead) send(r *actor.AcquireRequest, p *Permit, tag string) (*Permit, error) {
-	r.Check = b.grant
+// admission, the panic of code run for its remote checks (if any) and the
+// rejection, tagged with tag. r goes back to the pool.
+func (b *Bulkhead) send(r *actor.AcquireRequest, p *Permit, tag string) (*Permit, any, error) {
 	err := b.eng.Acquire(r)
+	pv := r.Panic
 	switch {
 	case err == nil:
 		r.Spare = nil
@@ -141,13 +163,17 @@ func (b *Bulkhead) send(r *actor.AcquireRequest, p *Permit, tag string) (*Permit
 		r.Spare, p = nil, nil
 	default:
 		// A permit that a rejected call did not need stays with the pooled
-		// request for the next call, so rejections allocate no permit.
-		r.Spare = p
+		// request for the next call, so rejections allocate no permit; not
+		// one whose admission was rolled back (its lease has been used).
+		r.Spare = nil
+		if p.l.ID == (admission.ID{}) {
+			r.Spare = p
+		}
 		p = nil
 		err = withTag(publicError(err), tag)
 	}
 	b.eng.PutRequest(r)
-	return p, err
+	return p, pv, err
 }
 
 // prepare validates a call and fills a request for it, from newRequest,
@@ -169,8 +195,7 @@ func (b *Bulkhead) prepare(ctx context.Context, req *Request, o *callOptions, me
 	if p == nil {
 		p = &Permit{b: b}
 	}
-	p.headGen, p.headModel, p.granted, p.held = 0, "", false, false
-	r.Spare = p // for the engine's grant check to note the headroom spent
+	r.Spare = nil
 	r.Ctx = ctx
 	r.Request = call(req, o.tag)
 	r.Priority = admission.Priority(o.priority)
@@ -184,6 +209,12 @@ func (b *Bulkhead) prepare(ctx context.Context, req *Request, o *callOptions, me
 	r.Class = class
 	r.BorrowedDeadline = o.borrowedDeadline
 	r.Shadow = o.shadowSet
+	r.Model = b.modelOf(req.model())
+	if dl, ok := ctx.Deadline(); ok {
+		// Context deadlines are on the wall clock; the engine's are on the
+		// bulkhead's.
+		r.Deadline = b.clk.Now().Add(time.Until(dl))
+	}
 	return r, p, nil
 }
 
@@ -227,19 +258,7 @@ func (b *Bulkhead) WouldAdmit(req *Request, opts ...Option) (Decision, error) {
 	if err != nil {
 		return Decision{}, err
 	}
-	cooling := b.cool.armed.Load()
-	// While a cool-down may run, the detail says whether the queue has room
-	// to hold the call.
-	d := b.eng.WouldAdmit(class, admission.Priority(o.priority), admission.Reservation(res), o.detail || cooling)
-	if d.Admit && cooling {
-		b.wouldAdmitCooldown(req, res.Reserved, &d)
-	}
-	if !o.detail {
-		d.Detail = nil
-	}
-	if d.Admit && b.rate != nil {
-		b.wouldAdmitRate(req, class, res, &d)
-	}
+	d := b.eng.WouldAdmit(class, admission.Priority(o.priority), admission.Reservation(res), b.modelOf(req.model()), b.timeout, o.detail)
 	return Decision{Admit: d.Admit, Reason: Reason(d.Reason), Detail: rejectDetailFor(d.Detail, Reason(d.Reason))}, nil
 }
 
@@ -259,10 +278,7 @@ func (b *Bulkhead) Estimate(req *Request) (*Reservation, error) {
 func (b *Bulkhead) Stats() Stats {
 	st := stats(b.eng.Stats())
 	st.Events.Backlog = b.eng.Backlog()
-	st.Rate = b.rate.stats()
-	st.Fleet = b.fleet.stats()
-	st.Cooldown = b.cool.stats()
-	st.Adaptive = b.adapt.stats(st.Limits)
+	st.Calls.SuspectUsage, st.Calls.SuspectTokens = b.suspect.Load(), b.suspectTokens.Load()
 	return st
 }
 
@@ -324,10 +340,6 @@ func (b *Bulkhead) Subscribe(h Hooks) (unsubscribe func()) {
 // idempotent and final.
 func (b *Bulkhead) Close() {
 	b.eng.Close()
-	b.cool.close()
-	if b.rate != nil {
-		b.rate.closeOnce.Do(func() { close(b.rate.closing) })
-	}
 }
 
 // Drain waits until nothing is in flight or queued (an admission whose
@@ -501,9 +513,6 @@ func runWithDeadline[T any](ctx context.Context, p *Permit, fn func(context.Cont
 // deadlineExpired cancels fn's context with the deadline error and returns
 // it.
 func deadlineExpired[T any](p *Permit, deadline time.Duration, cancel context.CancelCauseFunc) (T, error) {
-	if p.b.fleet != nil {
-		p.fleetAbandon() // the engine gave the slot back: so does the fleet hold
-	}
 	err := deadlineError(p, deadline)
 	cancel(err)
 	var zero T

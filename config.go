@@ -5,9 +5,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/llmbulkhead/bulkhead/actor"
 	"github.com/llmbulkhead/bulkhead/clock"
 	"github.com/llmbulkhead/bulkhead/fleet"
-	"github.com/llmbulkhead/bulkhead/internal/actor"
 )
 
 // Config configures a Bulkhead. The zero value of each optional field is
@@ -77,10 +77,25 @@ type Config struct {
 	// clock.NewMock().
 	Clock clock.Clock
 
-	// Logger receives the bulkhead's own diagnostics (recovered panics). Nil
-	// means silence. A handler that panics loses its record, nothing else.
+	// Logger receives the bulkhead's own diagnostics (recovered panics,
+	// suspect usage figures, overruns too large to book). Nil means
+	// silence. A handler that panics loses its record, nothing else.
 	Logger *slog.Logger
+
+	// UsageCeiling is the most tokens (Input + Output) that one call's
+	// usage may report. A figure above it is taken for an error of the
+	// provider or of whatever read it, not for usage: it is logged, counted
+	// in Stats().Calls.SuspectUsage and clamped to the ceiling, so that it
+	// can neither hold the token budget nor book a tokens-per-minute rate
+	// far beyond what any call uses. Zero means DefaultUsageCeiling; it
+	// must not be negative.
+	UsageCeiling int64
 }
+
+// DefaultUsageCeiling is the UsageCeiling of a Config that sets none:
+// 16 million tokens, more than any model takes in and gives out in one call
+// today.
+const DefaultUsageCeiling = 16_000_000
 
 // TokenBudget bounds the tokens that admitted calls may hold at once. It is
 // an in-flight ceiling, not a spend cap: each admission holds its
@@ -168,6 +183,9 @@ func (cfg *Config) validate() error {
 		return invalidf("Config.QueueTimeout", "must be >= 0, got %v", cfg.QueueTimeout)
 	}
 	if err := checkNonNegative("Config.InitialRevision", cfg.InitialRevision); err != nil {
+		return err
+	}
+	if err := checkNonNegative("Config.UsageCeiling", cfg.UsageCeiling); err != nil {
 		return err
 	}
 	if err := cfg.Queue.validate(cfg.Classes); err != nil {

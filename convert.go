@@ -1,13 +1,13 @@
 package bulkhead
 
 // This file converts between the engine's own types (package
-// internal/admission) and the public ones, at the boundary and on cold
+// actor/admission) and the public ones, at the boundary and on cold
 // paths only: rejections, statistics, events and limits.
 
 import (
 	"errors"
 
-	"github.com/llmbulkhead/bulkhead/internal/admission"
+	"github.com/llmbulkhead/bulkhead/actor/admission"
 )
 
 // publicError turns an engine error into the public one: a rejection into
@@ -188,6 +188,28 @@ func stats(s admission.Stats) Stats {
 	}
 	if d := s.Dedup; d != nil {
 		out.Dedup = &DedupStats{Active: d.Active, Hits: d.Hits}
+	}
+	if r := s.Rate; r != nil {
+		rs := RateStats(*r)
+		out.Rate = &rs
+	}
+	if f := s.Fleet; f != nil {
+		fs := FleetStats(*f)
+		out.Fleet = &fs
+	}
+	if a := s.Adaptive; a != nil {
+		as := AdaptiveStats{Rule: AdaptiveRule(a.Rule), MaxConcurrent: a.MaxConcurrent, MinConcurrent: a.MinConcurrent,
+			MaxConcurrentBound: a.MaxConcurrentBound, Budget: a.Budget, MinBudget: a.MinBudget, MaxBudget: a.MaxBudget,
+			Samples: a.Samples, Increases: a.Increases, Decreases: a.Decreases, LastChange: a.LastChange}
+		out.Adaptive = &as
+	}
+	cd := s.Cooldown
+	out.Cooldown = CooldownStats{Active: cd.Active, Started: cd.Started, Held: cd.Held, HeadroomReports: cd.HeadroomReports}
+	if len(cd.Headroom) > 0 {
+		out.Cooldown.Headroom = make(map[string]HeadroomStats, len(cd.Headroom))
+		for m, h := range cd.Headroom {
+			out.Cooldown.Headroom[m] = HeadroomStats(h)
+		}
 	}
 	if cs := s.Classes; cs != nil {
 		out.Classes = &ClassesStats{

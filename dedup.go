@@ -11,9 +11,9 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/llmbulkhead/bulkhead/internal/actor"
-	"github.com/llmbulkhead/bulkhead/internal/admission"
-	"github.com/llmbulkhead/bulkhead/internal/dedup"
+	"github.com/llmbulkhead/bulkhead/actor"
+	"github.com/llmbulkhead/bulkhead/actor/admission"
+	"github.com/llmbulkhead/bulkhead/dedup"
 )
 
 // DedupConfig configures in-flight deduplication (Config.Dedup).
@@ -572,7 +572,7 @@ func follow[T any](ctx context.Context, b *Bulkhead, r *actor.AcquireRequest, p 
 // and emitted, or in observe mode a bypass, after which fn runs.
 func followerEnd[T any](ctx context.Context, b *Bulkhead, r *actor.AcquireRequest, p *Permit, o *callOptions, fn func(context.Context, *RunContext) (T, error), why admission.Reason, cause error) (T, error) {
 	r.Follower, r.FollowerCause = why, cause
-	p, err := b.send(r, p, o.tag)
+	p, _, err := b.send(r, p, o.tag) // a follower's end runs no remote check
 	if err != nil {
 		var zero T
 		return zero, err

@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/llmbulkhead/bulkhead/internal/actor"
+	"github.com/llmbulkhead/bulkhead/actor"
 )
 
 // BenchmarkDedupKey is the default dedup key alone, as a Run builds it: the

@@ -84,7 +84,10 @@ func TestHugeReservationBesideAnother(t *testing.T) {
 // TestReportUsageOverflow: a report whose hold does not fit an int64, or
 // whose cumulative usage does not, is an error and changes nothing.
 func TestReportUsageOverflow(t *testing.T) {
-	b := budgetBulkhead(t, 4, top, 0)
+	cfg := bulkhead.Interactive("gpt-4o", 4)
+	cfg.TokenBudget = &bulkhead.TokenBudget{Budget: top}
+	cfg.UsageCeiling = top // the engine's own arithmetic, unclamped
+	b := newBulkhead(t, cfg)
 	var events int
 	b.Subscribe(bulkhead.Hooks{Usage: func(bulkhead.UsageEvent) { events++ }})
 	p := mustAcquire(t, b, req("a", 0), override(10, 20))
@@ -140,6 +143,7 @@ func TestTotalsSaturate(t *testing.T) {
 	cfg := bulkhead.Interactive("gpt-4o", 4)
 	cfg.TokenBudget = &bulkhead.TokenBudget{Budget: top}
 	cfg.Classes = &bulkhead.Classes{Default: "a", Limits: map[string]bulkhead.ClassLimits{"a": {MaxInFlightTokens: bulkhead.Ceiling[int64](top)}}}
+	cfg.UsageCeiling = top // the engine's own arithmetic, unclamped
 	b := newBulkhead(t, cfg)
 
 	// An invalid final usage releases everything and counts nothing.
@@ -178,7 +182,9 @@ func TestTotalsSaturate(t *testing.T) {
 // TestOverReservationWithoutBudget: without a budget nothing is reserved,
 // so nothing is over the reservation.
 func TestOverReservationWithoutBudget(t *testing.T) {
-	b := newBulkhead(t, bulkhead.Interactive("gpt-4o", 1))
+	cfg := bulkhead.Interactive("gpt-4o", 1)
+	cfg.UsageCeiling = top
+	b := newBulkhead(t, cfg)
 	var events []bulkhead.UsageEvent
 	b.Subscribe(bulkhead.Hooks{Usage: func(e bulkhead.UsageEvent) { events = append(events, e) }})
 	p := mustAcquire(t, b, req("a", 0))

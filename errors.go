@@ -7,8 +7,8 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/llmbulkhead/bulkhead/internal/actor"
-	"github.com/llmbulkhead/bulkhead/internal/admission"
+	"github.com/llmbulkhead/bulkhead/actor"
+	"github.com/llmbulkhead/bulkhead/actor/admission"
 )
 
 // Reason says why a call was not admitted.

@@ -3,7 +3,7 @@ package bulkhead
 import (
 	"time"
 
-	"github.com/llmbulkhead/bulkhead/internal/dedup"
+	"github.com/llmbulkhead/bulkhead/dedup"
 )
 
 // SetDedupHash replaces b's dedup digest, for tests that force collisions.
@@ -18,10 +18,7 @@ func CanonicalKey(r *Request) string { return string(appendCanonical(nil, r)) }
 // Unshareable reports whether followers cannot share v without ShareResult.
 func Unshareable(v any) bool { return unshareable(v) }
 
-// SetRateWaitHook sets the hook called once a Pace-mode wait's timer is
-// armed; nil removes it.
+// SetRateWaitHook sets the hook called once a paced call's timer is armed
+// (for its turn, or for a cool-down before it), for the bulkheads created
+// after; nil removes it.
 func SetRateWaitHook(f func(time.Duration)) { testHookRateWait = f }
-
-// SetAdaptiveApplyHook sets the hook called just before the adaptive
-// controller applies a change; nil removes it.
-func SetAdaptiveApplyHook(f func()) { testHookAdaptiveApply = f }

@@ -1,14 +1,10 @@
 package bulkhead
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"sync"
-	"sync/atomic"
 
 	"github.com/llmbulkhead/bulkhead/fleet"
-	"github.com/llmbulkhead/bulkhead/internal/admission"
 )
 
 // FleetDetail is the fleet pool's state when it turned a call away.
@@ -23,7 +19,8 @@ type FleetDetail struct {
 	// TokenBudget less the pool's high-priority reserve.
 	MaxConcurrent, TokenBudget int64
 	// Generation is the pool's generation: it changes when Redis loses the
-	// pool's state.
+	// pool's state or comes back with an older one, and when leases ran
+	// out while no replica could renew them.
 	Generation string
 	// Fallback is the Redis error when the pool could not decide.
 	Fallback error
@@ -44,7 +41,7 @@ func (d *FleetDetail) explain(why Reason, reserved int64) string {
 	case d.Fallback != nil:
 		return pool + "Redis failed" // the error follows, as the cause
 	}
-	return pool + "Redis lost the pool's state; running calls are registering again"
+	return pool + "relearning: running calls are registering their holds again (the pool's state in Redis is new, lost or rewound, or this replica's leases ran out)"
 }
 
 // FleetStats counts what the fleet pool decided for this bulkhead. The
@@ -60,96 +57,4 @@ type FleetStats struct {
 	// View is the pool's fleet-wide state as the last reply showed it.
 	InFlight, InFlightTokens   int64
 	MaxConcurrent, TokenBudget int64
-}
-
-// fleetPool is a bulkhead's fleet pool and its counters.
-type fleetPool struct {
-	*fleet.Pool
-	checked, admitted, policy atomic.Int64
-	mu                        sync.Mutex
-	view                      fleet.View
-}
-
-func fleetID(p *Permit) fleet.ID { return fleet.ID(p.l.ID) }
-
-// fleetReserve takes provisional admission p's hold in the fleet pool, on
-// the caller's goroutine: NoReason when it holds, else why it is turned
-// away, the detail and the cause.
-func (b *Bulkhead) fleetReserve(ctx context.Context, p *Permit) (admission.Reason, *admission.External, error) {
-	f := b.fleet
-	f.checked.Add(1)
-	reserved := p.l.Reservation.Reserved
-	res, err := f.Reserve(ctx, fleetID(p), fleet.Hold{Slots: 1, Tokens: reserved}, p.l.Priority == admission.High)
-	if res.View.Gen != "" {
-		f.mu.Lock()
-		f.view = res.View
-		f.mu.Unlock()
-	}
-	d := &admission.FleetDetail{Pool: f.Name(), InFlight: res.View.Slots, InFlightTokens: res.View.Tokens,
-		MaxConcurrent: res.View.MaxConcurrent, TokenBudget: res.View.TokenBudget, Generation: res.View.Gen, Fallback: res.Fallback}
-	switch {
-	case err != nil && ctx.Err() != nil:
-		return admission.Aborted, nil, context.Cause(ctx)
-	case errors.Is(err, fleet.ErrClosed):
-		d.Fallback = err
-		return admission.FleetUnavailable, &admission.External{Fleet: d}, nil
-	case err != nil:
-		d.Fallback = err // invalid input: a bug of ours
-		return admission.FleetUnavailable, &admission.External{Fleet: d}, err
-	case res.Admitted:
-		f.admitted.Add(1)
-		if res.Fallback != nil {
-			f.policy.Add(1)
-		}
-		return admission.NoReason, nil, nil
-	}
-	ext := &admission.External{Constraint: admission.ConstraintFleet, Fleet: d}
-	switch res.Reason {
-	case fleet.Slots:
-		return admission.ConcurrencyLimit, ext, res.Fallback
-	case fleet.Tokens:
-		// A decision of Redis's own names the fleet's budget; one of the
-		// failure policy's (a full local share) says nothing of it.
-		budget := res.View.TokenBudget
-		ext.NeverFits = res.Fallback == nil && budget >= 0 && reserved > budget
-		return admission.BudgetLimit, ext, res.Fallback
-	}
-	ext.Constraint = ""
-	return admission.FleetUnavailable, ext, res.Fallback
-}
-
-// fleetRelease ends p's fleet hold, in the background.
-func (b *Bulkhead) fleetRelease(p *Permit) {
-	if b.fleet != nil && p.l.Bypass == nil {
-		b.fleet.Release(fleetID(p))
-	}
-}
-
-// fleetAdjust moves p's fleet hold to the hold a usage report left it
-// with, in the background. Sequences are twice the usage sequence, and an
-// abandoned slot the odd one after, so the pool applies them in order.
-func (b *Bulkhead) fleetAdjust(p *Permit, held int64, seq int64, abandoned bool) {
-	if b.fleet == nil || p.l.Bypass != nil {
-		return
-	}
-	slots := int64(1)
-	fseq := uint64(seq) * 2
-	if abandoned {
-		slots, fseq = 0, fseq+1
-	}
-	b.fleet.Adjust(fleetID(p), fleet.Hold{Slots: slots, Tokens: held}, fseq)
-}
-
-// stats returns the fleet counters, nil without a pool.
-func (f *fleetPool) stats() *FleetStats {
-	if f == nil {
-		return nil
-	}
-	f.mu.Lock()
-	v := f.view
-	f.mu.Unlock()
-	return &FleetStats{
-		Checked: f.checked.Load(), Admitted: f.admitted.Load(), PolicyAdmitted: f.policy.Load(),
-		InFlight: v.Slots, InFlightTokens: v.Tokens, MaxConcurrent: v.MaxConcurrent, TokenBudget: v.TokenBudget,
-	}
 }

@@ -30,11 +30,13 @@ func fleetRedis(t *testing.T) (*redistest.Server, *redis.Client) {
 }
 
 // newFleetPool opens a pool, closed when the test ends (after the
-// bulkheads' cleanup, which runs first).
+// bulkheads' cleanup, which runs first). It has no relearn window: a new
+// pool would otherwise admit nothing for its first window.
 func newFleetPool(t *testing.T, client *redis.Client, name string, maxConc, budget int64, policy fleet.FailurePolicy) *fleet.Pool {
 	t.Helper()
 	p, err := fleet.New(fleet.Config{Client: client, Pool: name, MaxConcurrent: maxConc, TokenBudget: budget,
-		LeaseTTL: 2 * time.Second, OnFailure: policy, CallTimeout: 5 * time.Second, BreakerCooldown: 50 * time.Millisecond})
+		LeaseTTL: 2 * time.Second, OnFailure: policy, CallTimeout: 5 * time.Second, BreakerCooldown: 50 * time.Millisecond,
+		RelearnWindow: -1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,7 +4,7 @@ import (
 	"context"
 	"sync"
 
-	"github.com/llmbulkhead/bulkhead/internal/actor"
+	"github.com/llmbulkhead/bulkhead/actor"
 )
 
 // AcquireFuture is the pending answer of AcquireAsync: for callers that send
@@ -15,9 +15,10 @@ type AcquireFuture struct {
 	p    *Permit
 	stop func() bool
 
-	once sync.Once
-	res  *Permit
-	err  error
+	once  sync.Once
+	res   *Permit
+	err   error
+	panic any
 }
 
 // Done returns a channel closed once the answer is in. It is safe to select
@@ -35,16 +36,17 @@ func (f *AcquireFuture) Result() (*Permit, error) {
 			return // failed before it was sent; err is set
 		}
 		f.stop()
+		f.panic = f.r.Panic
 		if f.r.Err != nil {
 			_, tag := callOf(f.r.Request)
 			f.err = withTag(publicError(f.r.Err), tag)
 			return
 		}
 		f.res = f.p
-		if b := f.p.b; b.adapt != nil {
-			b.adapt.admitted(f.p)
-		}
 	})
+	if f.panic != nil {
+		panic(f.panic)
+	}
 	return f.res, f.err
 }
 
@@ -62,46 +64,18 @@ var closedChan = func() chan struct{} {
 // A call that is not queued is decided before AcquireAsync returns, and a
 // queued one when a release, a timeout or new limits let it through, on
 // the goroutine that caused it; rate limits on the in-process store are
-// checked in that same step. With a fleet pool, or rate limits kept in
-// Redis or in pace mode, the checks outside the engine run on a goroutine
-// of the call's own, so the answer may come a moment later.
+// checked in that same step. A paced call waits for its turn on a timer of
+// the engine's; with a fleet pool or rate limits kept in Redis, the Redis
+// calls run on a worker of the engine's, and the answer comes once they
+// have. Result panics, on the goroutine that calls it, with the panic of
+// code run for the call's checks (its context, a Redis hook), as Acquire
+// does.
 func (b *Bulkhead) AcquireAsync(ctx context.Context, req *Request, opts ...Option) *AcquireFuture {
 	o := resolve(opts)
-	if b.fleet != nil || b.rate != nil && (b.rate.pace || !b.rate.local) {
-		// The rate check and the fleet reserve (Redis round trips, or a
-		// Pace-mode wait) happen around the engine's answer, so the call
-		// runs on a goroutine of its own. (Rate limits on the in-process
-		// store are checked by the engine itself, as the slot is granted.)
-		r, p, err := b.prepare(ctx, req, &o, "AcquireAsync", b.eng.NewRequest)
-		if err != nil {
-			return &AcquireFuture{done: closedChan, err: err}
-		}
-		done := make(chan struct{})
-		f := &AcquireFuture{done: done}
-		go func() {
-			defer close(done)
-			f.res, f.err = b.admit(ctx, r, p, &o)
-		}()
-		return f
-	}
 	r, p, err := b.prepare(ctx, req, &o, "AcquireAsync", b.eng.NewAsyncRequest)
 	if err != nil {
-		f := &AcquireFuture{done: closedChan, err: err}
-		return f
+		return &AcquireFuture{done: closedChan, err: err}
 	}
-	if b.rate != nil {
-		set, err := b.rateOf(r)
-		if err != nil {
-			return &AcquireFuture{done: closedChan, err: publicError(err)}
-		}
-		if set != nil {
-			r.CheckArg = set
-		}
-	}
-	if b.cool.armed.Load() {
-		b.cooldown(ctx, r) // refuses at once, or leaves the engine to hold it
-	}
-	r.Check = b.grant
 	done, stop := b.eng.AcquireAsync(r)
 	return &AcquireFuture{done: done, r: r, p: p, stop: stop}
 }

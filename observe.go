@@ -1,8 +1,8 @@
 package bulkhead
 
 import (
-	"github.com/llmbulkhead/bulkhead/internal/actor"
-	"github.com/llmbulkhead/bulkhead/internal/admission"
+	"github.com/llmbulkhead/bulkhead/actor"
+	"github.com/llmbulkhead/bulkhead/actor/admission"
 )
 
 // Mode is how Run treats a call that its limits would turn away.

@@ -3,7 +3,7 @@ package bulkhead
 import (
 	"time"
 
-	"github.com/llmbulkhead/bulkhead/internal/admission"
+	"github.com/llmbulkhead/bulkhead/actor/admission"
 )
 
 // Option is a per-call choice for Acquire, AcquireAsync, Run and

@@ -1,12 +1,10 @@
 package bulkhead
 
 import (
-	"sync"
 	"sync/atomic"
-	"time"
 
-	"github.com/llmbulkhead/bulkhead/internal/actor"
-	"github.com/llmbulkhead/bulkhead/internal/admission"
+	"github.com/llmbulkhead/bulkhead/actor"
+	"github.com/llmbulkhead/bulkhead/actor/admission"
 )
 
 // Permit is one admission: it holds a slot and the token reservation until
@@ -20,85 +18,31 @@ type Permit struct {
 	l   actor.Lease
 	b   *Bulkhead
 	run RunContext
-	// used is the largest cumulative usage (Input + Output) reported, for
-	// the rate limits' overrun booking at release.
-	used atomic.Int64
-	// The fleet hold's state, with Config.Fleet: the last hold and usage
-	// sequence sent, and whether the slot was abandoned.
-	fleetMu        sync.Mutex
-	fleetSeq       int64
-	fleetHeld      int64
-	fleetAbandoned bool
-	// With Config.Adaptive: counted is set when the admission is counted
-	// in flight, with the count then (itself included), the controller's
-	// epoch and, for the Gradient rule, the time.
-	counted    bool
-	inFlight   int
-	epoch      uint64
-	admittedAt time.Time
-	// granted is set when the engine's grant check noted epoch (and
-	// admittedAt) as it granted the slot: the moment of admission, which an
-	// AcquireAsync caller may read much later.
-	granted bool
-	// held is set once the engine held the call back for a cool-down.
-	held bool
 	// fed is set by the first Feedback.
 	fed atomic.Bool
-	// headGen is the headroom report of headModel the admission spent
-	// from, 0 for none (set by the engine's grant check).
-	headGen   uint64
-	headModel string
 }
 
-// fleetReport sends the hold a usage report left the admission with to the
-// fleet pool, when the report changed it.
-func (p *Permit) fleetReport(rep admission.UsageReport) {
-	p.fleetMu.Lock()
-	defer p.fleetMu.Unlock()
-	if rep.Sequence <= p.fleetSeq {
-		return
-	}
-	p.fleetSeq, p.fleetHeld = rep.Sequence, rep.Held
-	p.b.fleetAdjust(p, p.fleetHeld, p.fleetSeq, p.fleetAbandoned)
-}
-
-// fleetAbandon tells the fleet pool that the admission gave its slot back.
-func (p *Permit) fleetAbandon() {
-	p.fleetMu.Lock()
-	defer p.fleetMu.Unlock()
-	if p.fleetAbandoned {
-		return
-	}
-	p.fleetAbandoned = true
-	held := p.fleetHeld
-	if p.fleetSeq == 0 {
-		held = p.l.Reservation.Reserved
-	}
-	p.b.fleetAdjust(p, held, p.fleetSeq, true)
-}
-
-// release settles the admission with usage u (nil: the last report) and
-// books, on a tokens-per-minute rate, what it used beyond its reservation.
-// It reports whether this was the first release.
+// release settles the admission with usage u (nil: the last report),
+// clamped to the usage ceiling. The engine ends its fleet hold and books
+// on the rates what it used beyond its reservation. It reports whether
+// this was the first release.
 func (p *Permit) release(u *admission.Usage) bool {
+	if u != nil {
+		c := *u
+		u = &c
+		p.b.clampUsage(p, u)
+	}
 	if !p.l.Release(u) {
 		return false
 	}
-	p.b.fleetRelease(p)
-	if p.counted {
-		p.b.adapt.inFlight.Add(-1)
-	}
-	if p.b.rate != nil {
-		used := p.used.Load()
-		if u != nil && u.Valid() {
-			used = u.Total()
-		}
-		p.b.bookOverrun(p, used)
+	if p.b.remoteRates && p.l.Bypass == nil {
+		// An overrun is booked in Redis before Release returns, as the
+		// rates of the calls after it are.
+		p.l.Settled()
 	}
 	return true
 }
 
-// ID returns the admission's unique ID.
 func (p *Permit) ID() ID {
 	if p == nil {
 		return ID{}
@@ -168,13 +112,7 @@ func (p *Permit) AbandonBorrowedConcurrency() bool {
 	if p == nil {
 		return false
 	}
-	if !p.l.Abandon() {
-		return false
-	}
-	if p.b.fleet != nil {
-		p.fleetAbandon()
-	}
-	return true
+	return p.l.Abandon()
 }
 
 // Release returns the slot and the token hold. When usage is not nil it is
@@ -232,14 +170,11 @@ func (p *Permit) ReportUsage(u Usage, prog *Progressive) (UsageReport, error) {
 			return UsageReport{}, err
 		}
 	}
-	rep, err := p.b.eng.ReportUsage(&p.l, admission.Usage(u), (*admission.Progressive)(prog))
+	au := admission.Usage(u)
+	p.b.clampUsage(p, &au)
+	rep, err := p.b.eng.ReportUsage(&p.l, au, (*admission.Progressive)(prog))
 	if err != nil {
 		return UsageReport{}, publicError(err)
-	}
-	for prev := p.used.Load(); rep.Consumed > prev && !p.used.CompareAndSwap(prev, rep.Consumed); prev = p.used.Load() {
-	}
-	if p.b.fleet != nil && !p.l.Released() {
-		p.fleetReport(rep)
 	}
 	return usageReport(rep), nil
 }
@@ -298,3 +233,26 @@ func (rc *RunContext) SetUsage(u Usage) error {
 // AbandonBorrowedConcurrency gives back early the slot the call borrowed
 // from the classes' shared pool; see Permit.AbandonBorrowedConcurrency.
 func (rc *RunContext) AbandonBorrowedConcurrency() bool { return rc.p.AbandonBorrowedConcurrency() }
+
+// clampUsage clamps a valid usage figure above the usage ceiling to it,
+// and counts and logs it: a figure so large is an error of the provider
+// or of its reader, and taken as it is it would hold the budget, or book a
+// tokens-per-minute rate, for days. Input is kept up to the ceiling and
+// Output gets what is left; the breakdown follows its totals.
+func (b *Bulkhead) clampUsage(p *Permit, u *admission.Usage) {
+	ceiling := b.usageCeiling
+	if u.Input <= ceiling && u.Output <= ceiling-u.Input {
+		return
+	}
+	b.suspect.Add(1)
+	excess := u.Input - ceiling + u.Output // no overflow: Input + Output fits
+	for prev := b.suspectTokens.Load(); !b.suspectTokens.CompareAndSwap(prev, admission.AddSat(prev, excess)); prev = b.suspectTokens.Load() {
+	}
+	b.log.Warn("bulkhead: usage above the ceiling, clamped to it",
+		"admission", p.ID().String(), "input", u.Input, "output", u.Output, "ceiling", ceiling)
+	u.Input = min(u.Input, ceiling)
+	u.Output = min(u.Output, ceiling-u.Input)
+	u.CachedInput = min(u.CachedInput, u.Input)
+	u.CacheCreation = min(u.CacheCreation, u.Input-u.CachedInput)
+	u.Reasoning = min(u.Reasoning, u.Output)
+}

@@ -3,6 +3,7 @@ package bulkhead_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"math"
 	"strings"
 	"sync"
@@ -544,4 +545,85 @@ func TestRateLimitAcquireAsyncLocalDecidesInline(t *testing.T) {
 	}
 	_, err = f.Result()
 	wantRate(t, err, time.Second, "model", "gpt-4o", "requests")
+}
+
+// TestRateHugeOverrun checks that a huge usage figure locks a model out of
+// its token rate for one window at most: 60k tokens a minute, and a release
+// reporting a billion tokens (which the usage ceiling first clamps to 16
+// million, counted) books a minute and drops the rest, counted and logged.
+func TestRateHugeOverrun(t *testing.T) {
+	forRateStores(t, func(t *testing.T, clk *clock.Mock, store pacer.Store) {
+		var logs strings.Builder
+		cfg := rateConfig(clk, &bulkhead.RateLimits{Store: store, PerModel: bulkhead.Rate{TokensPerMinute: 60_000}})
+		cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+		b := newBulkhead(t, cfg)
+		a := mustAcquire(t, b, req("a", 999)) // 1000 tokens
+		if err := a.Release(&bulkhead.Usage{Input: 1e9}); err != nil {
+			t.Fatal(err)
+		}
+		// The schedule moves one window (a minute) ahead of now, the
+		// reservation's second included: not 11.6 days.
+		_, err := b.Acquire(context.Background(), req("b", 99))
+		wantRate(t, err, time.Minute, "model", "gpt-4o", "tokens")
+		st := b.Stats()
+		over := int64(bulkhead.DefaultUsageCeiling - 1000)
+		if r := st.Rate; r.Overruns != 1 || r.OverrunTokens != over || r.OverrunDropped != over-59_000 || r.OverrunErrors != 0 {
+			t.Fatalf("rate stats %+v; want %d overrun tokens, all but 59000 dropped", r, over)
+		}
+		if st.Calls.SuspectUsage != 1 || st.Calls.SuspectTokens != 1e9-bulkhead.DefaultUsageCeiling {
+			t.Fatalf("suspect usage %d (%d tokens), want 1 (%d)", st.Calls.SuspectUsage, st.Calls.SuspectTokens, int64(1e9-bulkhead.DefaultUsageCeiling))
+		}
+		if tb := st.TokenBudget; tb.TotalConsumed != bulkhead.DefaultUsageCeiling {
+			t.Fatalf("consumed %d, want the ceiling", tb.TotalConsumed)
+		}
+		for _, want := range []string{"usage above the ceiling", "overrun larger than a rate window", "dropped="} {
+			if !strings.Contains(logs.String(), want) {
+				t.Errorf("log lacks %q:\n%s", want, logs.String())
+			}
+		}
+	})
+}
+
+// TestUsageCeiling checks that a usage figure above Config.UsageCeiling is
+// clamped (the breakdown with it), counted and logged, in a report and at
+// release, and that a negative ceiling is invalid.
+func TestUsageCeiling(t *testing.T) {
+	var logs strings.Builder
+	cfg := bulkhead.Interactive("gpt-4o", 2)
+	cfg.TokenBudget = &bulkhead.TokenBudget{Budget: 10_000}
+	cfg.UsageCeiling = 5000
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	b := newBulkhead(t, cfg)
+	p := mustAcquire(t, b, req("a", 99))
+	rep, err := p.ReportUsage(bulkhead.Usage{Input: 4000, Output: 3000, Reasoning: 3000}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Held != 5000 {
+		t.Fatalf("held %d after a report above the ceiling, want 5000", rep.Held)
+	}
+	if err := p.Release(&bulkhead.Usage{Input: 1 << 62, CachedInput: 1 << 61}); err != nil {
+		t.Fatal(err)
+	}
+	st := b.Stats()
+	if st.Calls.SuspectUsage != 2 || st.Calls.SuspectTokens != 2000+(1<<62)-5000 {
+		t.Fatalf("suspect %d (%d tokens), want 2", st.Calls.SuspectUsage, st.Calls.SuspectTokens)
+	}
+	if st.TokenBudget.TotalConsumed != 5000 || st.TokenBudget.InFlightTokens != 0 {
+		t.Fatalf("budget %+v; want 5000 consumed", st.TokenBudget)
+	}
+	if n := strings.Count(logs.String(), "usage above the ceiling"); n != 2 {
+		t.Fatalf("%d log lines, want 2:\n%s", n, logs.String())
+	}
+	// A figure at the ceiling is not suspect.
+	q := mustAcquire(t, b, req("b", 99))
+	_ = q.Release(&bulkhead.Usage{Input: 2500, Output: 2500})
+	if b.Stats().Calls.SuspectUsage != 2 {
+		t.Fatal("a figure at the ceiling counted as suspect")
+	}
+	bad := bulkhead.Interactive("gpt-4o", 1)
+	bad.UsageCeiling = -1
+	if _, err := bulkhead.New(bad); !errors.Is(err, bulkhead.ErrInvalid) || !strings.Contains(err.Error(), "UsageCeiling") {
+		t.Fatalf("negative ceiling: %v", err)
+	}
 }

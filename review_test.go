@@ -132,7 +132,8 @@ func TestFleetDeadlineAbandonFreesFleetSlot(t *testing.T) {
 // match context.DeadlineExceeded.
 func TestFleetTimeoutIsNotTheCallersDeadline(t *testing.T) {
 	srv, client := fleetRedis(t)
-	pool, err := fleet.New(fleet.Config{Client: client, Pool: "slow", MaxConcurrent: 4, TokenBudget: -1, CallTimeout: 50 * time.Millisecond})
+	pool, err := fleet.New(fleet.Config{Client: client, Pool: "slow", MaxConcurrent: 4, TokenBudget: -1, CallTimeout: 50 * time.Millisecond,
+		RelearnWindow: -1}) // a new pool would admit nothing for its first window
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,7 +156,8 @@ func TestFleetLocalShareRejection(t *testing.T) {
 	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialerRetries: 1})
 	defer client.Close()
 	pool, err := fleet.New(fleet.Config{Client: client, Pool: "share", MaxConcurrent: -1, TokenBudget: 1000,
-		OnFailure: fleet.FailLocalShare, LocalShare: fleet.Share{Slots: 10, Tokens: 15}, CallTimeout: 100 * time.Millisecond})
+		OnFailure: fleet.FailLocalShare, LocalShare: fleet.Share{Slots: 10, Tokens: 15}, CallTimeout: 100 * time.Millisecond,
+		RelearnWindow: -1}) // a new pool would admit nothing for its first window
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -45,3 +45,28 @@ func TestDrainSeesIdlenessReachedThroughApplyLimits(t *testing.T) {
 		t.Fatal("Drain missed the idleness reached through ApplyLimits")
 	}
 }
+
+// TestDrainIdleWithEndedContext: a closed bulkhead with nothing in flight,
+// queued or left to deliver is drained, even for a context that has already
+// ended (Drain used to race the context against the event actor's answer
+// and report such a bulkhead not drained nearly every time).
+func TestDrainIdleWithEndedContext(t *testing.T) {
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	for i := 0; i < 200; i++ {
+		b, err := bulkhead.New(bulkhead.Interactive("gpt-4o", 1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i%2 == 1 { // half of them used before they close
+			p := mustAcquire(t, b, req("a", 0))
+			_ = p.Release(nil)
+			testutil.WaitFor(t, "events delivered", func() bool { return b.Stats().Events.Backlog == 0 })
+		}
+		b.Close()
+		res, err := b.Drain(ended)
+		if !res.Drained || err != nil {
+			t.Fatalf("run %d: Drain = %+v, %v; want drained", i, res, err)
+		}
+	}
+}

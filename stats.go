@@ -84,6 +84,11 @@ type CallStats struct {
 	// Rejected counts every rejection; RejectedByReason splits them.
 	Rejected         int64
 	RejectedByReason map[Reason]int64
+	// SuspectUsage counts the usage figures above Config.UsageCeiling,
+	// each logged and clamped to it; SuspectTokens sums the tokens clamped
+	// away (saturating at math.MaxInt64).
+	SuspectUsage  int64
+	SuspectTokens int64
 }
 
 // BudgetStats is the token budget's state and its cumulative ledger.

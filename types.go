@@ -4,7 +4,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/llmbulkhead/bulkhead/internal/admission"
+	"github.com/llmbulkhead/bulkhead/actor/admission"
 )
 
 // ID identifies one admission. It is a random RFC 4122 version 4 UUID,
@@ -89,7 +89,8 @@ type DrainResult struct {
 	// event had been delivered.
 	Drained bool
 	// InFlight is the number of admissions not yet released when Drain
-	// gave up.
+	// gave up (or whose release was still booking its overrun on rates
+	// kept in Redis).
 	InFlight int
 	// Pending is the number of queued calls when Drain gave up.
 	Pending int

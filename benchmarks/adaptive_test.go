@@ -21,6 +21,23 @@ func BenchmarkAdaptive(b *testing.B) {
 	}
 	b.Run("baseline", func(b *testing.B) { benchAcquireRelease(b, budgetConfig(1<<30)) })
 	b.Run("adaptive", func(b *testing.B) { benchAcquireRelease(b, adaptiveCfg()) })
+	// A cool-down armed for another model: the cost of looking, for a call
+	// whose own model is not cooling down.
+	b.Run("cooldown-armed", func(b *testing.B) {
+		bh := newBench(b, budgetConfig(1<<30))
+		if err := bh.Feedback(bulkhead.Feedback{Model: "other", Outcome: bulkhead.OutcomeRateLimited, RetryAfter: bulkhead.MaxRetryAfter}); err != nil {
+			b.Fatal(err)
+		}
+		ctx := context.Background()
+		b.ReportAllocs()
+		for b.Loop() {
+			p, err := bh.Acquire(ctx, benchRequest)
+			if err != nil {
+				b.Fatal(err)
+			}
+			_ = p.Release(nil)
+		}
+	})
 	parallel := func(b *testing.B, cfg bulkhead.Config) {
 		bh := newBench(b, cfg)
 		b.ReportAllocs()

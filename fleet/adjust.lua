@@ -1,9 +1,9 @@
 -- adjust: set live holds to absolute values, ordered by usage sequence.
--- ARGV[5..] groups of four: id, slots, tokens, seq.
+-- ARGV[9..] groups of four: id, slots, tokens, seq.
 -- Extra reply: one code per group: 1 applied, 2 stale (seq not newer), 0
 -- lost (no such hold). An applied report also renews the lease.
 local codes = {}
-for i = 5, #ARGV - 3, 4 do
+for i = 9, #ARGV - 3, 4 do
   local id = ARGV[i]
   local s, t, q = tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
   local os, ot, oq = parse(redis.call('HGET', K_VALS, id))

@@ -18,44 +18,57 @@ func (p *Pool) renewer() {
 		renew.Stop()
 		gen.Stop()
 	}()
+	// A failed renewal is tried again within BreakerCooldown: until it
+	// succeeds, leases may run out, and then reserves wait for it.
+	retry := min(p.s.renewEvery, p.s.BreakerCooldown)
 	for {
 		select {
 		case <-p.stop:
 			return
 		case <-renew.C():
-			p.renewAll()
-			renew = p.clk.NewTimer(p.s.renewEvery)
-		case <-p.kickRenew:
-			p.renewAll()
-		case <-gen.C():
-			if p.genChanged() {
-				p.renewAll()
+			next := p.s.renewEvery
+			if !p.renewAll() {
+				next = retry
 			}
+			renew = p.clk.NewTimer(next)
+			continue
+		case <-p.kickRenew:
+			if p.renewAll() {
+				continue
+			}
+		case <-gen.C():
 			gen = p.clk.NewTimer(p.s.GenCheckEvery)
+			if !p.stateChanged() || p.renewAll() {
+				continue
+			}
 		}
+		renew.Stop()
+		renew = p.clk.NewTimer(retry)
 	}
 }
 
-// genChanged reports whether this replica holds live holds and the pool's
-// generation in Redis is not the one it knows (or is gone). While the
-// breaker is open it does not ask: the renewals probe Redis.
-func (p *Pool) genChanged() bool {
+// stateChanged reports whether this replica holds live holds and the
+// pool's state in Redis is not one it knows: another generation (or none),
+// or an older write than one it has seen. While the breaker is open it
+// does not ask: the renewals probe Redis.
+func (p *Pool) stateChanged() bool {
 	p.mu.Lock()
-	known, n, open := p.gen, len(p.live), p.fails >= breakerErrors
+	known, n, open := p.seen, len(p.live), p.fails >= breakerErrors
 	p.mu.Unlock()
 	if n == 0 || open {
 		return false
 	}
-	gen, err := p.st.gen(context.Background())
+	cur, err := p.st.state(context.Background())
 	if err != nil {
 		p.failed(opGen, err)
 		return false
 	}
-	return gen != known
+	return cur.gen != known.gen || cur.seq < known.seq
 }
 
-// snapshot returns the live holds' current values, in chunks of RenewBatch.
-func (p *Pool) snapshot() [][]entry {
+// snapshot returns the live holds' current values, in chunks of RenewBatch,
+// and what this replica has seen of the pool.
+func (p *Pool) snapshot() ([][]entry, seen) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var chunks [][]entry
@@ -72,19 +85,21 @@ func (p *Pool) snapshot() [][]entry {
 	if cur != nil {
 		chunks = append(chunks, cur)
 	}
-	return chunks
+	return chunks, p.seen
 }
 
 // renewAll renews every live hold, registering again (reinstating) those
-// Redis does not have. It stops at the first failure; the next round
-// retries.
-func (p *Pool) renewAll() {
-	for _, chunk := range p.snapshot() {
+// Redis does not have. It stops at the first failure, and reports whether
+// none failed.
+func (p *Pool) renewAll() bool {
+	chunks, sn := p.snapshot()
+	defer p.relapse()
+	for _, chunk := range chunks {
 		start := p.clk.Now()
-		r, err := p.st.renew(context.Background(), p.scriptNow(), true, chunk)
+		r, err := p.st.renew(context.Background(), p.scriptNow(), sn, true, chunk)
 		if err != nil {
 			p.failed(opRenew, err)
-			return
+			return false
 		}
 		p.mu.Lock()
 		p.observeLocked(r, p.viewLocked(r))
@@ -118,8 +133,24 @@ func (p *Pool) renewAll() {
 				rs.Lost++
 			}
 		}
+		sn = p.seen
 		p.mu.Unlock()
 	}
+	return true
+}
+
+// relapse finds when the first live hold's lease runs out, after a
+// renewal.
+func (p *Pool) relapse() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	first := true
+	for _, hd := range p.live {
+		if first || hd.leaseEnd.Before(p.lapseAt) {
+			p.lapseAt, first = hd.leaseEnd, false
+		}
+	}
+	p.lapsedLocked(p.clk.Now())
 }
 
 // sentLocked notes that Redis has e's values of hd.
@@ -134,7 +165,7 @@ func (p *Pool) sentLocked(e entry, hd *hold) {
 // with the pool's current limits.
 func (p *Pool) viewLocked(r reply) View {
 	return View{Slots: r.slots, Tokens: r.tokens, MaxConcurrent: p.slotLimit,
-		TokenBudget: p.tokenBudget, Gen: r.gen, Reclaimed: r.reclaimed}
+		TokenBudget: p.tokenBudget, Gen: p.genLocked(r.gen), Reclaimed: r.reclaimed}
 }
 
 // sender sends the queued releases and the due adjustments, retrying
@@ -189,12 +220,13 @@ func (p *Pool) flushReleases() time.Time {
 		// that it sees the capacity the batch frees.
 		sent := make(chan struct{})
 		p.relSent = sent
+		sn := p.seen
 		p.mu.Unlock()
 		ids := make([]ID, n)
 		for i := range batch {
 			ids[i] = batch[i].id
 		}
-		r, err := p.st.release(context.Background(), p.scriptNow(), ids)
+		r, err := p.st.release(context.Background(), p.scriptNow(), sn, ids)
 		now := p.clk.Now()
 		p.mu.Lock()
 		if err != nil {
@@ -238,11 +270,12 @@ func (p *Pool) flushAdjusts() time.Time {
 				es = append(es, entry{id: id, h: hd.h, seq: hd.seq})
 			}
 		}
+		sn := p.seen
 		p.mu.Unlock()
 		if len(es) == 0 {
 			return next
 		}
-		r, err := p.st.adjust(context.Background(), p.scriptNow(), es)
+		r, err := p.st.adjust(context.Background(), p.scriptNow(), sn, es)
 		if err != nil {
 			p.failed(opAdjust, err)
 			p.mu.Lock()

@@ -47,7 +47,7 @@ func BenchmarkReserve(b *testing.B) {
 				return err
 			}
 			p.forget(id) // released here, synchronously, instead of by the sender
-			_, err := p.st.release(bg, 0, []ID{id})
+			_, err := p.st.release(bg, 0, seen{}, []ID{id})
 			return err
 		}},
 	}

@@ -50,7 +50,10 @@ const breakerErrors = 3
 // FailurePolicy says what Reserve does when Redis cannot decide: it is
 // unreachable, slower than Config.CallTimeout, answers with an error, or the
 // circuit breaker is open after repeated failures. It does not apply when
-// the caller's own context ended first, nor to invalid input.
+// the caller's own context ended first, nor to invalid input, nor to a
+// relearn window (Redis answers; see Config.RelearnWindow), nor to a pool
+// whose leases ran out while Redis answers again (it refuses until its
+// holds are registered; see Config.LeaseTTL).
 type FailurePolicy uint8
 
 const (
@@ -61,12 +64,15 @@ const (
 	// FailOpen admits the reserve without a Redis hold (Result.Unaccounted);
 	// the pool registers the hold once Redis answers again. During an
 	// outage every replica admits on its own, so the fleet may exceed its
-	// limits.
+	// limits, and stays over them after Redis is back until the calls
+	// admitted meanwhile end.
 	FailOpen
 	// FailLocalShare admits the reserve without a Redis hold only while
 	// this replica's live holds and the new one fit in Config.LocalShare;
 	// beyond it the reserve is rejected with Reason Slots or Tokens. Set the
-	// share to about the limits divided by the number of replicas.
+	// share to about the limits divided by the number of replicas: the
+	// fleet then stays within its limits during an outage only if the
+	// shares of all replicas together fit them.
 	FailLocalShare
 )
 
@@ -125,12 +131,28 @@ type Config struct {
 	HighPriorityReserve int64
 
 	// LeaseTTL is each hold's lease: a hold its replica stops renewing (the
-	// replica crashed) is reclaimed by any replica once it has passed.
-	// Zero means 30s.
+	// replica crashed) is reclaimed by any replica once it has passed, so
+	// a crashed replica's capacity comes back within LeaseTTL. Zero means
+	// 30s.
+	//
+	// A lease cannot tell a crashed replica from one that is only stopped:
+	// a process paused (SIGSTOP, a long garbage collection, a frozen VM) or
+	// cut off from Redis for longer than LeaseTTL while its calls run has
+	// its holds reclaimed, and other replicas may fill their slots, so the
+	// fleet runs more than its limits until those calls end. Choose a TTL
+	// well above the pauses you expect. A pool whose leases ran out
+	// unrenewed refuses new holds (Reason Relearning, without asking Redis)
+	// until it has registered all its live ones again, so it adds nothing
+	// to the excess when it resumes; those registrations count even above
+	// the limits, and block new admissions fleet-wide until the pool is
+	// back under them.
 	LeaseTTL time.Duration
 
-	// RenewEvery is how often the pool renews its live holds' leases. Zero
-	// means LeaseTTL/3; it must be less than LeaseTTL.
+	// RenewEvery is how often the pool renews its live holds' leases; a
+	// failed renewal is tried again within BreakerCooldown. Zero means
+	// LeaseTTL/3; it must be less than LeaseTTL. A hold's lease runs out
+	// only when its renewals fail, or come late, for LeaseTTL - RenewEvery
+	// in a row.
 	RenewEvery time.Duration
 
 	// RenewBatch bounds the holds renewed, and the releases and
@@ -149,16 +171,39 @@ type Config struct {
 	// replica keep on its own.
 	LocalShare Share
 
-	// RelearnWindow is how long after Redis lost the pool's state a replica
-	// that knew the pool before is refused (Reason Relearning), while the
-	// replicas with running calls register their holds again. It should
-	// exceed GenCheckEvery, and RenewEvery when holds may be renewed late.
-	// Zero means 2s; negative turns it off.
+	// RelearnWindow is how long the pool admits nothing, on every replica
+	// (Reason Relearning), after its state in Redis starts a new
+	// generation, while the replicas with running calls register their
+	// holds again; no hold is reclaimed meanwhile either. A new generation
+	// starts when the pool's state is missing (Redis lost it: a restart
+	// without persistence, FLUSHALL), when it is older than one a replica
+	// has seen (Redis came back from an older snapshot, or a lagging
+	// replica took over), and when leases ran out after no replica wrote
+	// to the pool for (LeaseTTL - RenewEvery)/2 (Redis was unreachable or
+	// frozen for longer than the leases; a crashed replica's holds running
+	// out in a pool nobody else used meanwhile look the same, and cost a
+	// window at the pool's next use). Zero means 2s; negative turns it
+	// off, and then the fleet may run more than its limits after such an
+	// event, until the running calls are registered again.
+	//
+	// The window must cover the time a replica needs to notice and to
+	// register its holds: GenCheckEvery plus a renewal (CallTimeout at
+	// most), and BreakerCooldown if Redis was failing. A replica that
+	// registers later has its holds counted even above the limits, so the
+	// fleet may exceed them until those calls end.
+	//
+	// Redis cannot tell a new pool from one whose state it lost, so a pool
+	// also starts with a window: the first RelearnWindow after a pool is
+	// first used admits nothing. The replica whose script starts a
+	// generation sets its window, so give every replica the same
+	// RelearnWindow; a pool created deliberately by a handle with a
+	// negative RelearnWindow (when no call of it can be running anywhere,
+	// for example by a deployment step) starts without one.
 	RelearnWindow time.Duration
 
 	// GenCheckEvery is how often a pool holding live holds checks the
-	// pool's generation, to register them again at once when Redis lost its
-	// state. Zero means 1s.
+	// pool's generation and write sequence, to register them again at once
+	// when Redis lost or rewound its state. Zero means 1s.
 	GenCheckEvery time.Duration
 
 	// CallTimeout bounds each Redis call. When Redis has not answered by
@@ -194,6 +239,12 @@ type Config struct {
 type settings struct {
 	Config
 	renewEvery, tombstone, relearn time.Duration
+	// quiet: holds whose leases ran out while no script wrote to the pool
+	// for this long start a relearn window rather than being reclaimed
+	// (zero: never). A holder renews every RenewEvery, so its lease runs
+	// out LeaseTTL - RenewEvery after its last write at the earliest; half
+	// of that leaves the other half for renewals that come late.
+	quiet time.Duration
 }
 
 func (c Config) settings() (settings, error) {
@@ -254,6 +305,9 @@ func (c Config) settings() (settings, error) {
 		s.tombstone = s.LeaseTTL
 	}
 	s.relearn = max(s.RelearnWindow, 0)
+	if s.relearn > 0 {
+		s.quiet = (s.LeaseTTL - s.renewEvery) / 2
+	}
 	for _, b := range []struct {
 		field string
 		v     *int

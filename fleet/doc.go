@@ -12,7 +12,7 @@
 //
 //	<prefix>{<pool>}:holds  sorted set: admission ID -> lease expiry
 //	<prefix>{<pool>}:vals   hash: admission ID -> "slots tokens sequence"
-//	<prefix>{<pool>}:agg    hash: the sums over vals, the generation
+//	<prefix>{<pool>}:agg    hash: the sums over vals, the generation, the write sequence
 //	<prefix>{<pool>}:gone   sorted set: released IDs, refusing late retries
 //
 // Time comes from the Redis server (TIME), never from the replicas' clocks.
@@ -25,12 +25,26 @@
 // reordered reports change nothing. Every script is idempotent, which makes
 // the client's automatic retries after a dropped connection harmless.
 //
-// When Redis loses the pool's state (a restart without persistence,
-// FLUSHALL), the pool gets a new generation. Replicas that knew the old one
-// are refused for Config.RelearnWindow (Reason Relearning) while those with
-// running calls register their holds again, which they do on their next
-// renewal or at once when their generation check notices the change. Holds
-// are registered again even above the limits: the calls are running.
+// Every script that changes the pool bumps a write sequence, and each
+// replica remembers the newest generation and sequence it has seen. The
+// pool starts a new generation when its state is missing (a new pool, or
+// Redis lost the state: a restart without persistence, FLUSHALL), when it
+// is older than one a replica has seen (Redis restarted from an older
+// snapshot, or a lagging replica took over), and when leases ran out while
+// no replica wrote to the pool for half their renewal margin (Redis was
+// unreachable or frozen for longer than the leases; a crashed replica's
+// holds running out while nobody else used the pool look the same). For Config.RelearnWindow after that, no replica is
+// admitted (Reason Relearning) and no hold is reclaimed, while those with
+// running calls register their holds again, which they do as soon as a
+// reply or their generation check shows the new generation. Holds are
+// registered again even above the limits: the calls are running. Redis
+// cannot tell a new pool from a lost one, so a pool's first use costs one
+// window too, unless it was created by a handle with no window.
+//
+// Leases cannot tell a crashed replica from a paused one: a replica paused
+// for longer than its leases has its holds reclaimed while its calls run,
+// and others may take their capacity. Once it runs again it refuses new
+// holds until it has registered its live ones, so it adds nothing more.
 //
 // When Redis fails (unreachable, slower than Config.CallTimeout, errors),
 // Config.OnFailure decides: FailClosed rejects (the default), FailOpen

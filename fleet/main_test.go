@@ -80,15 +80,64 @@ func testConfig(client redis.UniversalClient) Config {
 	}
 }
 
-// mustPool returns a pool for cfg, closed when t ends.
+// mustPool returns a pool for cfg, closed when t ends. The pool's state
+// is created first, with no relearn window (see createState).
 func mustPool(t testing.TB, cfg Config) *Pool {
 	t.Helper()
+	createState(t, cfg, 0)
 	p, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.Close(bg) })
 	return p
+}
+
+// createState creates cfg's pool in Redis, at the script time now (0:
+// Redis TIME), as a pool handle with no relearn window would: a pool
+// created deliberately, so that the tests need not wait out the window a
+// new pool starts with. It does nothing to a pool that exists.
+func createState(t testing.TB, cfg Config, now int64) {
+	t.Helper()
+	cfg.RelearnWindow, cfg.CallTimeout = -1, 5*time.Second
+	s, err := cfg.settings()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := newStore(&s).renew(bg, now, seen{}, false, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// dumpKeys returns a copy of keys ("" for a missing one), as a snapshot of
+// Redis would keep them.
+func dumpKeys(client redis.UniversalClient, keys []string) (map[string]string, error) {
+	dumps := map[string]string{}
+	for _, k := range keys {
+		d, err := client.Dump(bg, k).Result()
+		if err != nil && err != redis.Nil {
+			return nil, err
+		}
+		dumps[k] = d
+	}
+	return dumps, nil
+}
+
+// restoreKeys brings keys back to what dumpKeys returned, as a Redis
+// restarted from that snapshot would.
+func restoreKeys(client redis.UniversalClient, dumps map[string]string) error {
+	for k, d := range dumps {
+		var err error
+		if d == "" {
+			err = client.Del(bg, k).Err()
+		} else {
+			err = client.RestoreReplace(bg, k, 0, d).Err()
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // ledger is a pool's state read from Redis.

@@ -1,8 +1,9 @@
 package fleet
 
 import (
+	"maps"
+	"reflect"
 	"slices"
-	"strconv"
 	"testing"
 
 	"pgregory.net/rapid"
@@ -16,39 +17,78 @@ type mhold struct {
 
 // model is a pure Go model of one pool's Redis state and scripts.
 type model struct {
-	ttl, tomb, relearn int64
-	batch              int
-	holds              map[ID]mhold
-	gone               map[ID]int64
-	slots, tokens      int64
-	gen                string
-	born               int64
-	reclaimed          int
+	ttl, tomb, relearn, quiet int64
+	batch                     int
+	holds                     map[ID]mhold
+	gone                      map[ID]int64
+	slots, tokens             int64
+	gen, seq                  int64 // gen 0: no aggregate
+	reclaimed                 int
+	dirty                     bool
+	starts                    map[string]int // generations started, by cause (shared by clones)
 }
 
-func newModel(ttl, tomb, relearn int64, batch int) *model {
-	return &model{ttl: ttl, tomb: tomb, relearn: relearn, batch: batch, holds: map[ID]mhold{}, gone: map[ID]int64{}}
+func newModel(ttl, tomb, relearn, quiet int64, batch int, starts map[string]int) *model {
+	return &model{ttl: ttl, tomb: tomb, relearn: relearn, quiet: quiet, batch: batch,
+		holds: map[ID]mhold{}, gone: map[ID]int64{}, starts: starts}
 }
 
 // lose is Redis losing the pool's state (FLUSHALL, a restart).
 func (m *model) lose() {
-	m.holds, m.gone, m.gen = map[ID]mhold{}, map[ID]int64{}, ""
+	m.holds, m.gone, m.gen = map[ID]mhold{}, map[ID]int64{}, 0
 }
 
-func (m *model) prelude(now int64) {
-	if m.gen == "" {
+// clone returns a copy of the model's state, as a snapshot of Redis keeps
+// it.
+func (m *model) clone() *model {
+	c := *m
+	c.holds, c.gone = maps.Clone(m.holds), maps.Clone(m.gone)
+	return &c
+}
+
+// start begins a new generation.
+func (m *model) start(now int64, sn seen, cause string) {
+	m.starts[cause]++
+	m.gen = max(now+m.relearn, m.gen+1, sn.gen+1)
+	m.dirty = true
+}
+
+func (m *model) prelude(now int64, sn seen) {
+	m.dirty, m.reclaimed = false, 0
+	switch {
+	case m.gen == 0:
 		m.slots, m.tokens = 0, 0
 		for _, h := range m.holds {
 			m.slots += h.slots
 			m.tokens += h.tokens
 		}
-		m.gen, m.born = strconv.FormatInt(now, 10), now
+		m.seq, m.gen = now, 0
+		m.start(now, sn, "new or lost")
+	case sn.newer(seen{m.gen, m.seq}):
+		m.start(now, sn, "rewound")
+	}
+	for id, exp := range m.gone {
+		if exp <= now {
+			delete(m.gone, id)
+		}
+	}
+	if now < m.gen {
+		return
 	}
 	var expired []ID
+	unrenewed := false // a lease ran out after the last window
 	for id, h := range m.holds {
 		if h.exp <= now {
 			expired = append(expired, id)
+			unrenewed = unrenewed || h.exp > m.gen
 		}
+	}
+	if len(expired) == 0 {
+		return
+	}
+	if m.quiet > 0 && now-m.seq >= m.quiet && unrenewed {
+		m.start(now, sn, "unrenewed")
+		return
 	}
 	// ZRANGEBYSCORE order: by score, then by member.
 	slices.SortFunc(expired, func(a, b ID) int {
@@ -63,10 +103,13 @@ func (m *model) prelude(now int64) {
 		m.tokens -= m.holds[id].tokens
 		delete(m.holds, id)
 	}
-	for id, exp := range m.gone {
-		if exp <= now {
-			delete(m.gone, id)
-		}
+	m.dirty = true
+}
+
+// finish bumps the write sequence when the script wrote.
+func (m *model) finish(now int64) {
+	if m.dirty {
+		m.seq = max(m.seq+1, now)
 	}
 }
 
@@ -80,14 +123,15 @@ func compareStrings(a, b string) int {
 	return 0
 }
 
-func (m *model) reserve(now int64, id ID, h Hold, slotLimit, tokenLimit int64, seen string) int64 {
-	m.prelude(now)
+func (m *model) reserve(now int64, sn seen, id ID, h Hold, slotLimit, tokenLimit int64) int64 {
+	m.prelude(now, sn)
+	defer m.finish(now)
 	switch {
 	case m.holds[id] != (mhold{}):
 		return codeDuplicate
 	case m.gone[id] != 0:
 		return codeReleased
-	case seen != "" && seen != m.gen && now < m.born+m.relearn:
+	case now < m.gen:
 		return codeRelearning
 	case slotLimit >= 0 && m.slots+h.Slots > slotLimit:
 		return codeSlots
@@ -103,10 +147,13 @@ func (m *model) put(id ID, h mhold) {
 	m.slots += h.slots - old.slots
 	m.tokens += h.tokens - old.tokens
 	m.holds[id] = h
+	m.dirty = true
 }
 
-func (m *model) release(now int64, ids []ID) (freed, unknown int64) {
-	m.prelude(now)
+func (m *model) release(now int64, sn seen, ids []ID) (freed, unknown int64) {
+	m.prelude(now, sn)
+	defer m.finish(now)
+	m.dirty = m.dirty || len(ids) > 0
 	for _, id := range ids {
 		if _, ok := m.holds[id]; ok {
 			m.put(id, mhold{})
@@ -120,8 +167,9 @@ func (m *model) release(now int64, ids []ID) (freed, unknown int64) {
 	return freed, unknown
 }
 
-func (m *model) adjust(now int64, e entry) int64 {
-	m.prelude(now)
+func (m *model) adjust(now int64, sn seen, e entry) int64 {
+	m.prelude(now, sn)
+	defer m.finish(now)
 	old, ok := m.holds[e.id]
 	switch {
 	case !ok:
@@ -133,8 +181,9 @@ func (m *model) adjust(now int64, e entry) int64 {
 	return codeApplied
 }
 
-func (m *model) renew(now int64, reinstate bool, es []entry) []int64 {
-	m.prelude(now)
+func (m *model) renew(now int64, sn seen, reinstate bool, es []entry) []int64 {
+	m.prelude(now, sn)
+	defer m.finish(now)
 	codes := make([]int64, len(es))
 	for i, e := range es {
 		old, ok := m.holds[e.id]
@@ -156,34 +205,48 @@ func (m *model) renew(now int64, reinstate bool, es []entry) []int64 {
 	return codes
 }
 
-// replica is one simulated replica: its live holds and the generation it
-// knows, adopted as the Pool does.
+// replica is one simulated replica: its live holds and the newest state
+// of the pool it has seen, adopted as the Pool does.
 type replica struct {
 	live map[ID]entry
-	gen  string
+	seen seen
 }
 
-func (r *replica) observe(rep reply, relearn int64) {
-	if r.gen == "" || rep.now >= rep.born+relearn {
-		r.gen = rep.gen
+func (r *replica) observe(rep reply) {
+	switch {
+	case rep.gen == r.seen.gen:
+		r.seen.seq = max(r.seen.seq, rep.seq)
+	case rep.gen > r.seen.gen:
+		r.seen = rep.seen
 	}
 }
 
 // TestModel runs random sequences of reserves, releases, adjustments,
-// renewals, replica crashes, time steps and Redis state losses from several
-// simulated replicas against the scripts and the model, and checks that
-// every reply agrees and the ledger stays consistent.
+// renewals, replica crashes, time steps, Redis state losses and rewinds to
+// an earlier snapshot from several simulated replicas against the scripts
+// and the model, and checks that every reply agrees and the ledger stays
+// consistent.
 func TestModel(t *testing.T) {
 	_, client := startRedis(t)
 	const (
-		ttl, tomb, relearn = 1000, 500, 300
-		batch              = 2
-		slotLimit          = 3
-		budget, reserve    = 100, 20
+		ttl, tomb, relearn, quiet = 1000, 500, 300, 600
+		batch                     = 2
+		slotLimit                 = 1
+		budget, reserve           = 100, 20
 	)
+	starts, codes := map[string]int{}, map[int64]int{}
 	rapid.Check(t, func(rt *rapid.T) {
-		st := testStore(t, client, ttl, tomb, relearn, batch)
-		m := newModel(ttl, tomb, relearn, batch)
+		st := testStore(t, client, nil, ttl, tomb, relearn, quiet, batch)
+		m := newModel(ttl, tomb, relearn, quiet, batch, starts)
+		// The pool was created with no relearn window.
+		if _, err := testStore(t, client, st.keys, ttl, tomb, 0, 0, batch).renew(bg, t0, seen{}, false, nil); err != nil {
+			rt.Fatal(err)
+		}
+		m.relearn = 0
+		m.renew(t0, seen{}, false, nil)
+		m.relearn = relearn
+		var snap *model             // the model when the snapshot was taken
+		var dumps map[string]string // the keys then
 		reps := make([]*replica, 3)
 		for i := range reps {
 			reps[i] = &replica{live: map[ID]entry{}}
@@ -209,35 +272,42 @@ func TestModel(t *testing.T) {
 			if err != nil {
 				rt.Fatalf("%s: %v", what, err)
 			}
-			if rep.slots != m.slots || rep.tokens != m.tokens || rep.gen != m.gen || rep.reclaimed != m.reclaimed {
-				rt.Fatalf("%s: Redis %d/%d gen %s reclaimed %d, model %d/%d gen %s reclaimed %d",
-					what, rep.slots, rep.tokens, rep.gen, rep.reclaimed, m.slots, m.tokens, m.gen, m.reclaimed)
+			want := reply{slots: m.slots, tokens: m.tokens, seen: seen{m.gen, m.seq}, now: now, reclaimed: m.reclaimed}
+			rep.extra = nil
+			if !reflect.DeepEqual(rep, want) {
+				rt.Fatalf("%s: Redis %+v, model %+v", what, rep, want)
 			}
 			if msg := readLedger(t, client, st.keys).consistent(); msg != "" {
 				rt.Fatalf("%s: ledger: %s", what, msg)
 			}
 		}
+		reserveAction := func(rt *rapid.T) {
+			r := pickRep(rt)
+			id := rapid.SampledFrom(ids).Draw(rt, "id")
+			// Round amounts, so that exact fits are common.
+			h := Hold{rapid.Int64Range(0, 1).Draw(rt, "slots"), 10 * rapid.Int64Range(0, 6).Draw(rt, "tokens")}
+			tokenLimit := int64(budget - reserve)
+			if rapid.Bool().Draw(rt, "high") {
+				tokenLimit = budget
+			}
+			want := m.reserve(now, r.seen, id, h, slotLimit, tokenLimit)
+			rep, err := st.reserve(bg, now, r.seen, id, h, slotLimit, tokenLimit, nil)
+			code := rep.extra[0]
+			same(rt, "reserve", rep, err)
+			if code != want {
+				rt.Fatalf("reserve code %d, model %d", code, want)
+			}
+			codes[code]++
+			r.observe(rep)
+			if want == codeAdmitted {
+				r.live[id] = entry{id: id, h: h}
+			}
+		}
 		rt.Repeat(map[string]func(*rapid.T){
-			"reserve": func(rt *rapid.T) {
-				r := pickRep(rt)
-				id := rapid.SampledFrom(ids).Draw(rt, "id")
-				// Round amounts, so that exact fits are common.
-				h := Hold{rapid.Int64Range(0, 1).Draw(rt, "slots"), 10 * rapid.Int64Range(0, 6).Draw(rt, "tokens")}
-				tokenLimit := int64(budget - reserve)
-				if rapid.Bool().Draw(rt, "high") {
-					tokenLimit = budget
-				}
-				want := m.reserve(now, id, h, slotLimit, tokenLimit, r.gen)
-				rep, err := st.reserve(bg, now, id, h, slotLimit, tokenLimit, r.gen, nil)
-				same(rt, "reserve", rep, err)
-				if rep.extra[0] != want {
-					rt.Fatalf("reserve code %d, model %d", rep.extra[0], want)
-				}
-				r.observe(rep, relearn)
-				if want == codeAdmitted {
-					r.live[id] = entry{id: id, h: h}
-				}
-			},
+			// Reserves are drawn twice as often as the other actions, so
+			// that full pools are common.
+			"reserve":       reserveAction,
+			"reserve again": reserveAction,
 			"release": func(rt *rapid.T) {
 				r := pickRep(rt)
 				var batch []ID
@@ -246,13 +316,14 @@ func TestModel(t *testing.T) {
 					delete(r.live, e.id)
 				}
 				batch = append(batch, rapid.SliceOfN(rapid.SampledFrom(ids), 0, 3).Draw(rt, "more")...)
-				freed, unknown := m.release(now, batch)
-				rep, err := st.release(bg, now, batch)
+				freed, unknown := m.release(now, r.seen, batch)
+				rep, err := st.release(bg, now, r.seen, batch)
+				extra := rep.extra
 				same(rt, "release", rep, err)
-				if rep.extra[0] != freed || rep.extra[1] != unknown {
-					rt.Fatalf("release %v, model %d/%d", rep.extra, freed, unknown)
+				if extra[0] != freed || extra[1] != unknown {
+					rt.Fatalf("release %v, model %d/%d", extra, freed, unknown)
 				}
-				r.observe(rep, relearn)
+				r.observe(rep)
 			},
 			"adjust": func(rt *rapid.T) {
 				r := pickRep(rt)
@@ -267,13 +338,14 @@ func TestModel(t *testing.T) {
 					e.seq++
 					r.live[e.id] = e
 				}
-				want := m.adjust(now, e)
-				rep, err := st.adjust(bg, now, []entry{e})
+				want := m.adjust(now, r.seen, e)
+				rep, err := st.adjust(bg, now, r.seen, []entry{e})
+				code := rep.extra[0]
 				same(rt, "adjust", rep, err)
-				if rep.extra[0] != want {
-					rt.Fatalf("adjust code %d, model %d", rep.extra[0], want)
+				if code != want {
+					rt.Fatalf("adjust code %d, model %d", code, want)
 				}
-				r.observe(rep, relearn)
+				r.observe(rep)
 			},
 			"renew": func(rt *rapid.T) {
 				r := pickRep(rt)
@@ -283,22 +355,23 @@ func TestModel(t *testing.T) {
 				}
 				slices.SortFunc(es, func(a, b entry) int { return compareStrings(a.id.String(), b.id.String()) })
 				reinstate := rapid.Bool().Draw(rt, "reinstate")
-				want := m.renew(now, reinstate, es)
-				rep, err := st.renew(bg, now, reinstate, es)
+				want := m.renew(now, r.seen, reinstate, es)
+				rep, err := st.renew(bg, now, r.seen, reinstate, es)
+				codes := rep.extra
 				same(rt, "renew", rep, err)
-				if !slices.Equal(rep.extra, want) {
-					rt.Fatalf("renew codes %v, model %v", rep.extra, want)
+				if !slices.Equal(codes, want) {
+					rt.Fatalf("renew codes %v, model %v", codes, want)
 				}
 				for i, c := range want {
 					if c == codeTombstoned {
 						delete(r.live, es[i].id)
 					}
 				}
-				r.observe(rep, relearn)
+				r.observe(rep)
 			},
 			"crash": func(rt *rapid.T) {
 				r := pickRep(rt)
-				r.live, r.gen = map[ID]entry{}, ""
+				r.live, r.seen = map[ID]entry{}, seen{}
 			},
 			"advance": func(rt *rapid.T) {
 				// Whole steps of 100 µs: leases, tombstones and relearn
@@ -314,6 +387,22 @@ func TestModel(t *testing.T) {
 				}
 				m.lose()
 			},
+			"snapshot": func(rt *rapid.T) {
+				var err error
+				if dumps, err = dumpKeys(client, st.keys); err != nil {
+					rt.Fatal(err)
+				}
+				snap = m.clone()
+			},
+			"restore the snapshot": func(rt *rapid.T) {
+				if snap == nil || rapid.IntRange(0, 2).Draw(rt, "rarely") != 0 {
+					rt.Skip("rare")
+				}
+				if err := restoreKeys(client, dumps); err != nil {
+					rt.Fatal(err)
+				}
+				m = snap.clone()
+			},
 			"": func(rt *rapid.T) {
 				if m.slots < 0 || m.tokens < 0 {
 					rt.Fatalf("negative sums %d/%d", m.slots, m.tokens)
@@ -321,4 +410,15 @@ func TestModel(t *testing.T) {
 			},
 		})
 	})
+	t.Logf("generations started: %v; reserve codes: %v", starts, codes)
+	for _, cause := range []string{"new or lost", "rewound", "unrenewed"} {
+		if starts[cause] == 0 {
+			t.Errorf("no generation started as %s", cause)
+		}
+	}
+	for _, c := range []int64{codeAdmitted, codeDuplicate, codeSlots, codeTokens, codeReleased, codeRelearning} {
+		if codes[c] == 0 {
+			t.Errorf("no reserve answered %d", c)
+		}
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"strconv"
 	"sync"
 	"time"
 
@@ -23,11 +24,13 @@ const retryDelay = 50 * time.Millisecond
 // Reserve runs on the caller's goroutine, one Redis round trip. Release and
 // Adjust never block: a background sender batches them. A background renewer
 // extends the leases of the live holds every RenewEvery, registers again the
-// holds Redis lost (after a restart, a failover or FLUSHALL) and those the
-// failure policy admitted without Redis, and watches the pool's generation
-// while holds are live. Renewals go on through outages: a hold is never
-// dropped because Redis is down, and it is dropped by Redis only when its
-// lease runs out without renewal.
+// holds Redis lost (after a restart, a failover, FLUSHALL, or a lease that
+// ran out) and those the failure policy admitted without Redis, and watches
+// the pool's generation while holds are live. Renewals go on through
+// outages: a hold is never dropped because Redis is down, and it is dropped
+// by Redis only when its lease runs out without renewal. While a live
+// hold's lease has run out unrenewed, Reserve refuses (Reason Relearning)
+// until the renewer has registered every live hold again.
 //
 // A Pool is safe for concurrent use. Close it to release its holds and stop
 // its goroutines.
@@ -48,8 +51,11 @@ type Pool struct {
 	slotLimit   int64
 	tokenBudget int64
 	reserve     int64
-	gen         string // the generation this replica knows
-	lossGen     string // the newest generation seen after a state loss
+	seen        seen   // the newest state of the pool this replica has seen
+	genText     string // genNum in decimal, for the Views
+	genNum      int64
+	lapseAt     time.Time // when the first live hold's lease runs out unless renewed
+	lapsed      bool      // a lease ran out: reserves wait for the renewal
 	relQ        []pendingRelease
 	// relSent is closed once the release batch on its way has been
 	// answered (or failed); nil or closed when none is.
@@ -170,8 +176,17 @@ func (p *Pool) Reserve(ctx context.Context, id ID, h Hold, high bool) (Result, e
 	defer p.reserves.Done()
 	slotLimit, tokenLimit := p.slotLimit, p.tokenLimitLocked(high)
 	view := View{MaxConcurrent: slotLimit, TokenBudget: tokenLimit}
-	gen := p.gen
-	skip := p.breakerLocked(started)
+	sn := p.seen
+	lapsed := p.lapsedLocked(started)
+	if lapsed && p.fails < breakerErrors {
+		// Redis may have handed this replica's running calls' capacity to
+		// others: take none more before they are registered again.
+		p.stats.Reserves.Relearning++
+		kick(p.kickRenew)
+		p.mu.Unlock()
+		return Result{Reason: Relearning}, nil
+	}
+	skip := p.breakerLocked(started, !lapsed)
 	var released []pendingRelease
 	var inFlight chan struct{}
 	if skip == nil {
@@ -197,7 +212,7 @@ func (p *Pool) Reserve(ctx context.Context, id ID, h Hold, high bool) (Result, e
 		wait.Stop()
 	}
 	for attempt := 0; ; attempt++ {
-		r, err := p.st.reserve(ctx, p.scriptNow(), id, h, slotLimit, tokenLimit, gen, released)
+		r, err := p.st.reserve(ctx, p.scriptNow(), sn, id, h, slotLimit, tokenLimit, released)
 		if err != nil && len(released) > 0 {
 			// Whether or not the script ran, the releases are sent again
 			// (a release is idempotent).
@@ -221,8 +236,8 @@ func (p *Pool) Reserve(ctx context.Context, id ID, h Hold, high bool) (Result, e
 			p.failed(opReserve, err)
 			return p.fallback(id, h, unavailable(err), started, true), nil
 		}
-		view.Slots, view.Tokens, view.Gen, view.Reclaimed = r.slots, r.tokens, r.gen, r.reclaimed
-		res := Result{View: view}
+		view.Slots, view.Tokens, view.Reclaimed = r.slots, r.tokens, r.reclaimed
+		var res Result
 		switch r.extra[0] {
 		case codeAdmitted, codeDuplicate:
 			res.Admitted, res.Duplicate = true, r.extra[0] == codeDuplicate
@@ -240,6 +255,8 @@ func (p *Pool) Reserve(ctx context.Context, id ID, h Hold, high bool) (Result, e
 			return p.fallback(id, h, unavailable(err), started, true), nil
 		}
 		p.mu.Lock()
+		view.Gen = p.genLocked(r.gen)
+		res.View = view
 		p.observeLocked(r, view)
 		// A rejection that reclaimed a full batch may have left more
 		// expired holds: look once more.
@@ -319,6 +336,9 @@ func (p *Pool) fallback(id ID, h Hold, cause error, started time.Time, sent bool
 // addLocked records a new live hold.
 func (p *Pool) addLocked(id ID, h Hold, started time.Time, unaccounted bool) {
 	hd := &hold{h: h, unaccounted: unaccounted, leaseEnd: started.Add(p.s.LeaseTTL)}
+	if len(p.live) == 0 || hd.leaseEnd.Before(p.lapseAt) {
+		p.lapseAt = hd.leaseEnd
+	}
 	if !unaccounted {
 		hd.sent = h
 	} else {
@@ -466,39 +486,64 @@ func (p *Pool) Stats() Stats {
 	return s
 }
 
-// observeLocked takes in what a script reply says about the pool.
+// genLocked returns gen in decimal.
+func (p *Pool) genLocked(gen int64) string {
+	if gen != p.genNum || p.genText == "" {
+		p.genNum, p.genText = gen, strconv.FormatInt(gen, 10)
+	}
+	return p.genText
+}
+
+// observeLocked takes in what a script reply says about the pool. A reply
+// of a newer generation than the one this replica knew means Redis lost
+// the pool's state, came back with an older one, or that nobody renewed
+// for a lease: the live holds are registered again at once. (A reply of
+// an older generation comes from a script that ran before the new one
+// began, and says nothing new.)
 func (p *Pool) observeLocked(r reply, view View) {
 	p.succeededLocked()
 	p.stats.Reclaimed += uint64(r.reclaimed)
 	p.stats.LastView = view
-	if r.gen == p.gen {
-		return
-	}
-	if p.gen == "" {
-		p.gen = r.gen
-		return
-	}
-	if r.gen != p.lossGen {
-		p.lossGen = r.gen
-		p.stats.StateLosses++
-		p.log.Warn("fleet: Redis lost the pool's state; registering live holds again",
-			"old_gen", p.gen, "gen", r.gen, "live", len(p.live))
-		kick(p.kickRenew)
-	}
-	// Keep presenting the old generation until the relearn window is over,
-	// so that reserves are held back while holders re-register.
-	if r.now >= r.born+p.s.relearn.Microseconds() {
-		p.gen = r.gen
+	switch {
+	case r.gen == p.seen.gen:
+		p.seen.seq = max(p.seen.seq, r.seq)
+	case r.gen > p.seen.gen:
+		if p.seen.gen != 0 {
+			p.stats.StateLosses++
+			p.log.Warn("fleet: the pool's state in Redis is new (lost, rewound, or left unrenewed); registering live holds again",
+				"old_gen", p.seen.gen, "gen", r.gen, "live", len(p.live))
+			kick(p.kickRenew)
+		}
+		p.seen = r.seen
 	}
 }
 
+// lapsedLocked reports whether the lease of one of the live holds has run
+// out at now, unrenewed (the process was paused, or Redis unreachable, for
+// longer than LeaseTTL). Redis may have reclaimed such a hold and handed
+// its capacity out again while its call went on.
+func (p *Pool) lapsedLocked(now time.Time) bool {
+	lapsed := len(p.live) > 0 && !now.Before(p.lapseAt)
+	switch {
+	case lapsed && !p.lapsed:
+		p.stats.Lapses++
+		p.log.Warn("fleet: leases not renewed within LeaseTTL; no new holds until the live ones are registered again",
+			"live", len(p.live), "lease_ttl", p.s.LeaseTTL)
+	case !lapsed && p.lapsed:
+		p.log.Info("fleet: live holds registered again")
+	}
+	p.lapsed = lapsed
+	return lapsed
+}
+
 // breakerLocked returns the error that skips Redis while the breaker is
-// open, or nil to call Redis (as the probe, once the cooldown is over).
-func (p *Pool) breakerLocked(now time.Time) error {
+// open, or nil to call Redis (as the probe, once the cooldown is over, if
+// probe allows).
+func (p *Pool) breakerLocked(now time.Time, probe bool) error {
 	if p.fails < breakerErrors {
 		return nil
 	}
-	if p.probing || now.Before(p.openUntil) {
+	if !probe || p.probing || now.Before(p.openUntil) {
 		return fmt.Errorf("%w: circuit breaker open after %d consecutive failures, the last: %w", ErrUnavailable, p.fails, p.lastErr)
 	}
 	p.probing = true

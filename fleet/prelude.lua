@@ -2,14 +2,24 @@
 --
 -- KEYS[1] holds  ZSET  admission ID -> lease expiry (µs, server time)
 -- KEYS[2] vals   HASH  admission ID -> "slots tokens seq"
--- KEYS[3] agg    HASH  slots, tokens (sums over vals), gen, born
+-- KEYS[3] agg    HASH  slots, tokens (sums over vals); gen (the
+--                      generation: its number is the end of its relearn
+--                      window, µs); seq (the write sequence: every script
+--                      that writes raises it by one at least, and to its
+--                      own time, so it also tells when the last write was)
 -- KEYS[4] gone   ZSET  released admission ID -> tombstone expiry (µs)
 -- ARGV[1] the time in µs, or "" to read Redis TIME (tests only set it)
 -- ARGV[2] lease TTL µs, ARGV[3] tombstone µs, ARGV[4] reclaim batch
+-- ARGV[5] the relearn window µs of a generation this script starts
+-- ARGV[6] quiet µs: holds whose leases ran out while no script wrote for
+--         this long start a new generation instead of being reclaimed
+--         (0: off)
+-- ARGV[7] the newest generation the caller has seen ("" none), ARGV[8] the
+--         highest seq it has seen in it
 --
--- Every reply starts { slots, tokens, gen, born, now, reclaimed } and goes on
--- with what the operation adds. Times are integer microseconds, exact in Lua
--- doubles below 2^53.
+-- Every reply starts { slots, tokens, gen, seq, now, reclaimed } and goes
+-- on with what the operation adds. Times are integer microseconds,
+-- exact in Lua doubles below 2^53.
 local K_HOLDS, K_VALS, K_AGG, K_GONE = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local now = tonumber(ARGV[1])
 if not now then
@@ -17,6 +27,12 @@ if not now then
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 local ttl, tomb, batch = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local relearn, quiet = tonumber(ARGV[5]), tonumber(ARGV[6])
+local seenGen, seenSeq = tonumber(ARGV[7]), tonumber(ARGV[8]) or 0
+
+local function num(x)
+  return string.format('%.0f', x)
+end
 
 -- parse reads a vals entry; nil for anything this script did not write.
 local function parse(v)
@@ -30,45 +46,73 @@ local function fmt(s, t, q)
   return string.format('%.0f %.0f %.0f', s, t, q)
 end
 
--- Load the aggregate, or rebuild it from vals under a new generation when
--- it is missing: the pool is new, or Redis lost its state.
-local agg = redis.call('HMGET', K_AGG, 'slots', 'tokens', 'gen', 'born')
-local slots, tokens, gen, born = tonumber(agg[1]), tonumber(agg[2]), agg[3], tonumber(agg[4])
+local agg = redis.call('HMGET', K_AGG, 'slots', 'tokens', 'gen', 'seq')
+local slots, tokens = tonumber(agg[1]), tonumber(agg[2])
+local gen, seq = tonumber(agg[3]), tonumber(agg[4])
+-- dirty: the script changed the state, so it raises seq.
 local dirty = false
-if not (slots and tokens and born) or type(gen) ~= 'string' then
-  slots, tokens = 0, 0
+
+-- start begins a new generation, whose number exceeds every one the caller
+-- or the state knew. Until it has passed, which is at the end of the
+-- relearn window, no reserve is admitted nor any hold reclaimed, while the
+-- holders of running calls register them again.
+local function start()
+  gen = math.max(now + relearn, (gen or 0) + 1, (seenGen or 0) + 1)
+  redis.call('HSET', K_AGG, 'gen', num(gen))
+  dirty = true
+end
+
+if not (slots and tokens and gen) then
+  -- The pool is new, or Redis lost its state: rebuild the sums from vals
+  -- (usually empty) under a new generation.
+  slots, tokens, seq = 0, 0, now
   local all = redis.call('HVALS', K_VALS)
   for i = 1, #all do
     local s, t = parse(all[i])
     if s then slots, tokens = slots + s, tokens + t end
   end
-  gen = string.format('%.0f', now)
-  born = now
-  redis.call('HSET', K_AGG, 'gen', gen, 'born', gen)
-  dirty = true
+  gen = nil
+  start()
+elseif not seq then
+  -- The state of an earlier version of these scripts: carry it on.
+  seq, dirty = now, true
+elseif seenGen and (seenGen > gen or (seenGen == gen and seenSeq > seq)) then
+  -- The state is older than one the caller has seen: Redis came back from
+  -- a snapshot, or a lagging replica took over.
+  start()
 end
 
--- Lazy reclaim of up to batch holds whose lease has run out (expiry <= now).
+-- Lazy reclaim of up to batch holds whose lease has run out (expiry <= now),
+-- outside relearn windows. Leases that ran out while no script wrote for
+-- quiet µs, after the window, are not trusted: Redis was unreachable (or
+-- came back with an old state), so their holders could not renew them.
 local reclaimed = 0
-local expired = redis.call('ZRANGEBYSCORE', K_HOLDS, '-inf', now, 'LIMIT', 0, batch)
-if #expired > 0 then
-  local vs = redis.call('HMGET', K_VALS, unpack(expired))
-  for i = 1, #expired do
-    local s, t = parse(vs[i])
-    if s then slots, tokens = slots - s, tokens - t end
+if now >= gen then
+  local expired = redis.call('ZRANGEBYSCORE', K_HOLDS, '-inf', now, 'LIMIT', 0, batch)
+  if #expired > 0 then
+    if quiet > 0 and now - seq >= quiet
+        and #redis.call('ZRANGEBYSCORE', K_HOLDS, '(' .. num(gen), now, 'LIMIT', 0, 1) > 0 then
+      start()
+    else
+      local vs = redis.call('HMGET', K_VALS, unpack(expired))
+      for i = 1, #expired do
+        local s, t = parse(vs[i])
+        if s then slots, tokens = slots - s, tokens - t end
+      end
+      redis.call('ZREM', K_HOLDS, unpack(expired))
+      redis.call('HDEL', K_VALS, unpack(expired))
+      reclaimed = #expired
+      dirty = true
+    end
   end
-  redis.call('ZREM', K_HOLDS, unpack(expired))
-  redis.call('HDEL', K_VALS, unpack(expired))
-  reclaimed = #expired
-  dirty = true
 end
 
 -- released reports whether id carries a live tombstone. (Expired ones are
 -- dropped by release, the only script that adds them, and with the key's
 -- own TTL.)
 local function released(id)
-  local until_ = redis.call('ZSCORE', K_GONE, id)
-  return until_ and tonumber(until_) > now
+  local expiry = redis.call('ZSCORE', K_GONE, id)
+  return expiry and tonumber(expiry) > now
 end
 
 -- add changes the sums by a hold's (signed) slots and tokens.
@@ -83,8 +127,9 @@ end
 local function release_ids(first)
   local freed, unknown = 0, 0
   if #ARGV < first then return freed, unknown end
+  dirty = true
   redis.call('ZREMRANGEBYSCORE', K_GONE, '-inf', now)
-  local until_ = now + tomb
+  local expiry = now + tomb
   for i = first, #ARGV do
     local id = ARGV[i]
     local s, t = parse(redis.call('HGET', K_VALS, id))
@@ -96,18 +141,21 @@ local function release_ids(first)
     end
     redis.call('HDEL', K_VALS, id)
     redis.call('ZREM', K_HOLDS, id)
-    redis.call('ZADD', K_GONE, until_, id)
+    redis.call('ZADD', K_GONE, expiry, id)
   end
   redis.call('PEXPIRE', K_GONE, math.ceil(tomb / 1000) + 1000)
   return freed, unknown
 end
 
--- finish writes the sums back when they changed and returns the reply.
+-- finish writes the sums and the next seq back when the state changed, and
+-- returns the reply.
 local function finish(extra)
   if dirty then
-    redis.call('HSET', K_AGG, 'slots', slots, 'tokens', tokens)
+    -- (Redis writes these integers below 2^53 exactly: no exponent.)
+    seq = math.max(seq + 1, now)
+    redis.call('HSET', K_AGG, 'slots', slots, 'tokens', tokens, 'seq', seq)
   end
-  local r = { slots, tokens, gen, born, now, reclaimed }
+  local r = { slots, tokens, gen, seq, now, reclaimed }
   for i = 1, #extra do r[6 + i] = extra[i] end
   return r
 end

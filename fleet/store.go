@@ -68,10 +68,25 @@ const (
 // reply is a decoded script reply.
 type reply struct {
 	slots, tokens int64
-	gen           string
-	born, now     int64 // µs, server time
+	seen                // the pool's generation and write sequence
+	now           int64 // µs, server time: the script's time
 	reclaimed     int
 	extra         []int64 // the operation's codes or counts
+}
+
+// seen is a pool's generation and the sequence of its last write, as a
+// replica last saw them. Generations only grow, and so does the sequence
+// within one, so a state older than one a replica has seen shows as a
+// smaller pair. (A generation's number is the end of its relearn window,
+// and the sequence is at least the time of the last write, both in µs of
+// server time.)
+type seen struct {
+	gen, seq int64
+}
+
+// newer reports whether s is a later state of the pool than o.
+func (s seen) newer(o seen) bool {
+	return s.gen > o.gen || (s.gen == o.gen && s.seq > o.seq)
 }
 
 // entry is one hold's values in an adjust or renew.
@@ -84,13 +99,12 @@ type entry struct {
 // store runs the pool's scripts: one Redis round trip per call, no state
 // of its own.
 type store struct {
-	client    redis.UniversalClient
-	keys      []string
-	head      []any // ARGV[2..4]: ttl, tombstone, reclaim batch
-	relearnUs string
-	timeout   time.Duration
-	inline    bool // the client gives up at the context's deadline itself
-	noScript  func(op)
+	client   redis.UniversalClient
+	keys     []string
+	head     []any // ARGV[2..6]: ttl, tombstone, reclaim batch, relearn window, quiet
+	timeout  time.Duration
+	inline   bool // the client gives up at the context's deadline itself
+	noScript func(op)
 	// inflight counts the commands left running in the background by a
 	// client that does not give up at the context's deadline.
 	inflight sync.WaitGroup
@@ -105,52 +119,57 @@ func newStore(s *settings) *store {
 			strconv.FormatInt(s.LeaseTTL.Microseconds(), 10),
 			strconv.FormatInt(s.tombstone.Microseconds(), 10),
 			strconv.Itoa(s.ReclaimBatch),
+			strconv.FormatInt(s.relearn.Microseconds(), 10),
+			strconv.FormatInt(s.quiet.Microseconds(), 10),
 		},
-		relearnUs: strconv.FormatInt(s.relearn.Microseconds(), 10),
-		timeout:   s.CallTimeout,
-		inline:    rediscall.HonoursDeadline(s.Client),
-		noScript:  func(op) {},
+		timeout:  s.CallTimeout,
+		inline:   rediscall.HonoursDeadline(s.Client),
+		noScript: func(op) {},
 	}
 }
 
 // args returns the ARGV of a script: the time override (0: Redis TIME), the
-// common head, then rest.
-func (s *store) args(now int64, n int) []any {
-	a := make([]any, 0, 4+n)
-	t := ""
+// common head, what the caller has seen of the pool, then room for n more.
+// (The client writes int64 arguments in decimal.)
+func (s *store) args(now int64, sn seen, n int) []any {
+	a := make([]any, 0, 8+n)
+	var t, g, q any = "", "", ""
 	if now != 0 {
-		t = strconv.FormatInt(now, 10)
+		t = now
 	}
-	return append(append(a, t), s.head...)
+	if sn.gen != 0 {
+		g, q = sn.gen, sn.seq
+	}
+	return append(append(append(a, t), s.head...), g, q)
 }
 
 // reserve takes id's hold, after releasing the holds of released.
-func (s *store) reserve(ctx context.Context, now int64, id ID, h Hold, slotLimit, tokenLimit int64, seenGen string, released []pendingRelease) (reply, error) {
-	a := append(s.args(now, 7+len(released)), id.String(), h.Slots, h.Tokens, slotLimit, tokenLimit, seenGen, s.relearnUs)
+func (s *store) reserve(ctx context.Context, now int64, sn seen, id ID, h Hold, slotLimit, tokenLimit int64, released []pendingRelease) (reply, error) {
+	a := append(s.args(now, sn, 5+len(released)), id.String(), h.Slots, h.Tokens, slotLimit, tokenLimit)
 	for _, r := range released {
 		a = append(a, r.id.String())
 	}
 	return s.run(ctx, opReserve, reserveScript, a, 2)
 }
 
-func (s *store) release(ctx context.Context, now int64, ids []ID) (reply, error) {
-	a := s.args(now, len(ids))
+func (s *store) release(ctx context.Context, now int64, sn seen, ids []ID) (reply, error) {
+	a := s.args(now, sn, len(ids))
 	for _, id := range ids {
 		a = append(a, id.String())
 	}
 	return s.run(ctx, opRelease, releaseScript, a, 2)
 }
 
-func (s *store) adjust(ctx context.Context, now int64, es []entry) (reply, error) {
-	return s.run(ctx, opAdjust, adjustScript, appendEntries(s.args(now, 4*len(es)), es), len(es))
+func (s *store) adjust(ctx context.Context, now int64, sn seen, es []entry) (reply, error) {
+	return s.run(ctx, opAdjust, adjustScript, appendEntries(s.args(now, sn, 4*len(es)), es), len(es))
 }
 
-func (s *store) renew(ctx context.Context, now int64, reinstate bool, es []entry) (reply, error) {
+func (s *store) renew(ctx context.Context, now int64, sn seen, reinstate bool, es []entry) (reply, error) {
 	flag := "0"
 	if reinstate {
 		flag = "1"
 	}
-	a := appendEntries(append(s.args(now, 1+4*len(es)), flag), es)
+	a := appendEntries(append(s.args(now, sn, 1+4*len(es)), flag), es)
 	return s.run(ctx, opRenew, renewScript, a, len(es))
 }
 
@@ -161,15 +180,22 @@ func appendEntries(a []any, es []entry) []any {
 	return a
 }
 
-// gen reads the pool's generation; "" when the pool has none (new, or Redis
-// lost it).
-func (s *store) gen(ctx context.Context) (string, error) {
-	return bounded(s, ctx, func(ctx context.Context) (string, error) {
-		gen, err := s.client.HGet(ctx, s.keys[2], "gen").Result()
-		if err == redis.Nil {
-			return "", nil
+// state reads the pool's generation and write sequence; zero when the pool
+// has none (new, or Redis lost it).
+func (s *store) state(ctx context.Context) (seen, error) {
+	return bounded(s, ctx, func(ctx context.Context) (seen, error) {
+		v, err := s.client.HMGet(ctx, s.keys[2], "gen", "seq").Result()
+		if err != nil {
+			return seen{}, err
 		}
-		return gen, err
+		var sn seen
+		if g, ok := v[0].(string); ok {
+			sn.gen, _ = strconv.ParseInt(g, 10, 64)
+		}
+		if q, ok := v[1].(string); ok {
+			sn.seq, _ = strconv.ParseInt(q, 10, 64)
+		}
+		return sn, nil
 	})
 }
 
@@ -197,25 +223,26 @@ func (s *store) run(ctx context.Context, o op, sc *redis.Script, args []any, wan
 	return r, nil
 }
 
+// replyHead is the number of values every reply starts with.
+const replyHead = 6
+
 func decode(vals []any, want int) (reply, bool) {
-	if len(vals) != 6+want {
+	if len(vals) != replyHead+want {
 		return reply{}, false
 	}
-	var r reply
-	var ok [5]bool
-	r.slots, ok[0] = vals[0].(int64)
-	r.tokens, ok[1] = vals[1].(int64)
-	r.gen, ok[2] = vals[2].(string)
-	r.born, ok[3] = vals[3].(int64)
-	r.now, ok[4] = vals[4].(int64)
-	rec, okRec := vals[5].(int64)
-	if ok != [5]bool{true, true, true, true, true} || !okRec {
-		return r, false
+	var head [replyHead]int64
+	for i := range head {
+		v, isInt := vals[i].(int64)
+		if !isInt {
+			return reply{}, false
+		}
+		head[i] = v
 	}
-	r.reclaimed = int(rec)
+	r := reply{slots: head[0], tokens: head[1], seen: seen{head[2], head[3]},
+		now: head[4], reclaimed: int(head[5])}
 	r.extra = make([]int64, want)
 	for i := range r.extra {
-		v, isInt := vals[6+i].(int64)
+		v, isInt := vals[replyHead+i].(int64)
 		if !isInt {
 			return r, false
 		}

@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"math/rand/v2"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -23,13 +24,14 @@ func TestStress(t *testing.T) {
 	const (
 		replicas, workers = 4, 6
 		slots, budget     = 16, 60_000
-		ttl               = 300 * time.Millisecond
+		ttl               = 600 * time.Millisecond
 		slack             = 300 * time.Millisecond // lazy reclaim and a loaded race-detector run
 		run               = 3 * time.Second
 	)
 	cfg := testConfig(client)
 	cfg.MaxConcurrent, cfg.TokenBudget = slots, budget
 	cfg.LeaseTTL, cfg.RenewEvery = ttl, 100*time.Millisecond
+	cfg.RelearnWindow = 300 * time.Millisecond
 	cfg.AdjustMinInterval = 5 * time.Millisecond
 	cfg.CallTimeout = 2 * time.Second
 	pools := make([]*Pool, replicas)
@@ -55,14 +57,23 @@ func TestStress(t *testing.T) {
 			failf("post-state over the limits: %+v", res.View)
 		}
 	}
+	// The running calls may exceed the limits only when a replica's leases
+	// ran out unrenewed (a loaded machine can starve the renewer past the
+	// short TTL used here): leases cannot prevent that, and the pool counts
+	// it as a lapse. Checked at the end.
+	var maxRunning, maxRunningTokens atomic.Int64
+	raise := func(m *atomic.Int64, n int64) {
+		for prev := m.Load(); n > prev && !m.CompareAndSwap(prev, n); prev = m.Load() {
+		}
+	}
 	enter := func(h Hold) {
 		if n := running.Add(h.Slots); n > slots {
 			overRunning.Add(1)
-			failf("%d calls running", n)
+			raise(&maxRunning, n)
 		}
 		if n := runningTokens.Add(h.Tokens); n > budget {
 			overRunning.Add(1)
-			failf("%d tokens running", n)
+			raise(&maxRunningTokens, n)
 		}
 	}
 	leave := func(h Hold) {
@@ -190,13 +201,23 @@ func TestStress(t *testing.T) {
 			if msg := l.consistent(); msg != "" {
 				failf("monitor: ledger %s", msg)
 			}
+			// A crashed hold goes once its lease has run out, unless a relearn
+			// window keeps it: starved of CPU, the replicas may write nothing
+			// for long enough to start one. (The pool's generation is the
+			// window's end, in µs of the same host's clock.)
 			now := time.Now()
+			gen, _ := strconv.ParseInt(l.gen, 10, 64)
+			windowEnd := time.UnixMicro(gen)
 			crashMu.Lock()
 			for id, at := range crashedAt {
+				due := at.Add(ttl)
+				if windowEnd.After(due) {
+					due = windowEnd
+				}
 				if _, held := l.holds[id]; !held {
 					delete(crashedAt, id)
-				} else if now.Sub(at) > ttl+slack {
-					failf("crashed hold %s still held %v after the crash", id, now.Sub(at))
+				} else if now.Sub(due) > slack {
+					failf("crashed hold %s still held %v after the crash (lease and window over %v before)", id, now.Sub(at), now.Sub(due))
 					delete(crashedAt, id)
 				}
 			}
@@ -237,9 +258,10 @@ func TestStress(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// Everything left is crashed holds: gone within their lease.
-	poll(t, ttl+slack, "crashed holds reclaimed", func() bool {
-		if _, err := pools[0].st.release(bg, 0, nil); err != nil {
+	// Everything left is crashed holds: gone within their lease, or when
+	// their leases ran out while nobody wrote, after a relearn window.
+	poll(t, ttl+slack+cfg.RelearnWindow, "crashed holds reclaimed", func() bool {
+		if _, err := pools[0].st.release(bg, 0, seen{}, nil); err != nil {
 			t.Fatal(err)
 		}
 		return len(readLedger(t, client, keys).holds) == 0
@@ -256,11 +278,25 @@ func TestStress(t *testing.T) {
 		st.Adjusts.Applied += s.Adjusts.Applied
 		st.Adjusts.Stale += s.Adjusts.Stale
 		st.Reserves.RejectedSlots += s.Reserves.RejectedSlots
+		st.StateLosses += s.StateLosses
 		st.Reserves.RejectedTokens += s.Reserves.RejectedTokens
+		st.Lapses += s.Lapses
+		st.Renews.Reinstated += s.Renews.Reinstated
+		st.Renews.Lost += s.Renews.Lost
 	}
-	t.Logf("%d admissions, %d ledger checks, rejections %d slots / %d tokens, %d renewals, %d reclaimed, adjusts %d applied / %d stale",
+	if n := overRunning.Load(); n > 0 {
+		// A live hold's lease ran out: the pool saw it lapse, or its
+		// renewal found the hold gone (reinstated or lost).
+		if st.Lapses == 0 && st.Renews.Reinstated == 0 && st.Renews.Lost == 0 {
+			t.Errorf("%d admissions found more running than the limits (at most %d calls, %d tokens) with no lease lapse", n, maxRunning.Load(), maxRunningTokens.Load())
+		} else {
+			t.Logf("%d admissions found more running than the limits (at most %d calls, %d tokens) after leases ran out (%d lapses, %d holds reinstated, %d lost): what leases cannot prevent",
+				n, maxRunning.Load(), maxRunningTokens.Load(), st.Lapses, st.Renews.Reinstated, st.Renews.Lost)
+		}
+	}
+	t.Logf("%d admissions, %d ledger checks, rejections %d slots / %d tokens, %d renewals, %d reclaimed, adjusts %d applied / %d stale, %d new generations seen",
 		admitted.Load(), checks.Load(), st.Reserves.RejectedSlots, st.Reserves.RejectedTokens, st.Renews.Renewed, st.Reclaimed,
-		st.Adjusts.Applied, st.Adjusts.Stale)
+		st.Adjusts.Applied, st.Adjusts.Stale, st.StateLosses)
 	if admitted.Load() < 500 || st.Renews.Renewed == 0 || st.Reclaimed == 0 {
 		t.Errorf("too little happened")
 	}

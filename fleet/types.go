@@ -3,7 +3,7 @@ package fleet
 import (
 	"strconv"
 
-	"github.com/llmbulkhead/bulkhead/internal/admission"
+	"github.com/llmbulkhead/bulkhead/actor/admission"
 )
 
 // ID identifies one admission, and so its hold: the 16 bytes of a UUID. In
@@ -33,8 +33,13 @@ const (
 	Slots
 	// Tokens: the hold does not fit the fleet-wide token budget.
 	Tokens
-	// Relearning: Redis lost the pool's state recently and the holders of
-	// running calls are still registering them again; retry shortly.
+	// Relearning: the holders of running calls are registering them
+	// again; retry shortly. Either the pool's state in Redis is new (the
+	// pool's first use; Redis lost the state or came back with an older
+	// one; leases ran out while nobody could renew them) and inside its
+	// relearn window, or this replica's own leases ran out unrenewed and
+	// it has not registered its live holds again yet (then Redis was not
+	// asked, and Result.View is zero).
 	Relearning
 	// Released: the ID was released already; a late retry of its reserve
 	// must not bring the hold back.
@@ -73,7 +78,8 @@ type View struct {
 	// was TokenBudget minus HighPriorityReserve.
 	MaxConcurrent, TokenBudget int64
 	// Gen is the pool's generation: it changes when Redis loses the
-	// pool's state.
+	// pool's state or comes back with an older one, and when leases ran
+	// out while no replica could renew them.
 	Gen string
 	// Reclaimed counts the expired holds this script reclaimed.
 	Reclaimed int
@@ -89,7 +95,7 @@ type Result struct {
 	// Reason says why the reserve was not admitted.
 	Reason Reason
 	// View is the fleet-wide state the decision saw; zero when Redis did
-	// not answer.
+	// not answer, or was not asked.
 	View View
 	// Fallback is non-nil when Redis failed and the failure policy decided
 	// (FailOpen and FailLocalShare admit, FailClosed rejects with Reason
@@ -116,8 +122,14 @@ type Stats struct {
 	// reclaimed.
 	Reclaimed uint64
 	// StateLosses counts the times this pool saw the pool's generation
-	// change: Redis lost the pool's state.
+	// change: Redis lost the pool's state or came back with an older one,
+	// or leases ran out while no replica could renew them.
 	StateLosses uint64
+	// Lapses counts the times this pool found the lease of one of its live
+	// holds run out, unrenewed: the process was paused, or cut off from
+	// Redis, for longer than LeaseTTL. Reserves are refused (Reason
+	// Relearning) until the live holds are registered again.
+	Lapses uint64
 	// Unaccounted is the number of live holds admitted by the failure
 	// policy and not yet registered with Redis.
 	Unaccounted int64

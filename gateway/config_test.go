@@ -264,22 +264,35 @@ routes: [{api: openai-chat, upstream: openai, bulkhead: gpt4o}]
 	srvGW := httptest.NewServer(g.Handler)
 	defer srvGW.Close()
 	body := `{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}],"max_tokens":5}`
-	for i, want := range []int{200, 429} { // 60 per minute, no burst: the second call waits a second
+	post := func() int {
 		res, err := http.Post(srvGW.URL+"/v1/chat/completions", "application/json", strings.NewReader(body))
 		if err != nil {
 			t.Fatal(err)
 		}
 		io.Copy(io.Discard, res.Body)
 		res.Body.Close()
-		if res.StatusCode != want {
-			t.Fatalf("call %d: %d, want %d", i, res.StatusCode, want)
+		return res.StatusCode
+	}
+	// A new fleet pool admits nothing for its first relearn window (Redis
+	// cannot tell it from a pool whose state it lost): 503, spending no
+	// rate.
+	unavailable, start := int64(0), time.Now()
+	for i, want := range []int{200, 429} { // 60 per minute, no burst: the second call waits a second
+		status := post()
+		for i == 0 && status == http.StatusServiceUnavailable && time.Since(start) < 5*time.Second {
+			unavailable++
+			time.Sleep(20 * time.Millisecond) // the pool's first relearn window
+			status = post()
+		}
+		if status != want {
+			t.Fatalf("call %d: %d, want %d", i, status, want)
 		}
 		if i == 0 {
 			<-up.auth
 		}
 	}
 	st := g.Bulkheads["gpt4o"].Stats()
-	if st.Fleet == nil || st.Fleet.Checked != 2 || st.Fleet.Admitted != 2 || st.Rate == nil || st.Rate.Checked != 2 {
+	if st.Fleet == nil || st.Fleet.Checked != 2+unavailable || st.Fleet.Admitted != 2 || st.Rate == nil || st.Rate.Checked != 2 {
 		t.Fatalf("fleet %+v, rate %+v", st.Fleet, st.Rate)
 	}
 	if left := g.Shutdown(context.Background()); len(left) != 0 {

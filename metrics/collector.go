@@ -270,6 +270,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		s.counter(d.rateOverruns, r.Overruns)
 		s.counter(d.rateOverrunTokens, r.OverrunTokens)
 		s.counter(d.rateOverrunErrors, r.OverrunErrors)
+		s.counter(d.rateOverrunDropped, r.OverrunDropped)
 	}
 
 	if f := st.Fleet; f != nil {
@@ -285,6 +286,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	s.gauge(d.eventBacklog, st.Events.Backlog)
 	s.counter(d.listenerPanics, st.Events.ListenerPanics)
 	s.counter(d.ledgerDrift, st.LedgerDrift)
+	s.counter(d.suspectUsage, st.Calls.SuspectUsage)
+	s.counter(d.suspectTokens, st.Calls.SuspectTokens)
 
 	for _, h := range c.hists {
 		h.Collect(ch)

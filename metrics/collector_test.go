@@ -239,15 +239,17 @@ bulkhead_release_refunded_tokens_count{bulkhead="main"} 2
 func matchesStats(t *testing.T, got map[string]sample, st bulkhead.Stats, labels string) {
 	t.Helper()
 	want := map[string]int64{
-		"bulkhead_admitted_total":        st.Calls.Admitted,
-		"bulkhead_released_total":        st.Calls.Released,
-		"bulkhead_in_flight":             st.Calls.InFlight,
-		"bulkhead_slots_in_use":          int64(st.Gate.InFlight),
-		"bulkhead_pending":               int64(st.Gate.Pending),
-		"bulkhead_double_releases_total": st.Gate.DoubleReleases,
-		"bulkhead_event_backlog":         st.Events.Backlog,
-		"bulkhead_listener_panics_total": st.Events.ListenerPanics,
-		"bulkhead_ledger_drift_total":    st.LedgerDrift,
+		"bulkhead_admitted_total":             st.Calls.Admitted,
+		"bulkhead_released_total":             st.Calls.Released,
+		"bulkhead_in_flight":                  st.Calls.InFlight,
+		"bulkhead_slots_in_use":               int64(st.Gate.InFlight),
+		"bulkhead_pending":                    int64(st.Gate.Pending),
+		"bulkhead_double_releases_total":      st.Gate.DoubleReleases,
+		"bulkhead_event_backlog":              st.Events.Backlog,
+		"bulkhead_listener_panics_total":      st.Events.ListenerPanics,
+		"bulkhead_ledger_drift_total":         st.LedgerDrift,
+		"bulkhead_usage_suspect_total":        st.Calls.SuspectUsage,
+		"bulkhead_usage_suspect_tokens_total": st.Calls.SuspectTokens,
 	}
 	if tb := st.TokenBudget; tb != nil {
 		want["bulkhead_tokens_in_flight"] = tb.InFlightTokens

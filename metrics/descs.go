@@ -28,6 +28,7 @@ type descs struct {
 
 	rateChecked, ratePaced, ratePacedSeconds, rateFallbacks,
 	rateOverruns, rateOverrunTokens, rateOverrunErrors *prometheus.Desc
+	rateOverrunDropped, suspectUsage, suspectTokens *prometheus.Desc
 
 	fleetChecked, fleetAdmitted, fleetPolicyAdmitted,
 	fleetInFlight, fleetTokensInFlight, fleetMaxConcurrent, fleetTokenBudget *prometheus.Desc
@@ -106,6 +107,9 @@ func (d *descs) init(ns string, labels prometheus.Labels) {
 	d.rateOverruns = d.new("rate_overruns_total", "Releases that booked usage beyond the reservation on the rate limits.")
 	d.rateOverrunTokens = d.new("rate_overrun_tokens_total", "Tokens booked on the rate limits at release beyond the reservations.")
 	d.rateOverrunErrors = d.new("rate_overrun_errors_total", "Overrun bookings the rate store failed.")
+	d.rateOverrunDropped = d.new("rate_overrun_dropped_tokens_total", "Overrun tokens not booked: an overrun books a rate at most one window ahead.")
+	d.suspectUsage = d.new("usage_suspect_total", "Usage figures above the usage ceiling, clamped to it.")
+	d.suspectTokens = d.new("usage_suspect_tokens_total", "Tokens clamped away from usage figures above the usage ceiling.")
 
 	d.fleetChecked = d.new("fleet_checked_total", "Admissions that asked the fleet pool.")
 	d.fleetAdmitted = d.new("fleet_admitted_total", "Admissions the fleet pool let through.")

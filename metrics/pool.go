@@ -27,7 +27,7 @@ type PoolCollector struct {
 
 	reserves, errs, policyAdmissions, policyRejections,
 	inFlight, tokensInFlight, limitSlots, limitTokens, localHolds, localTokens,
-	renews, reclaimed, stateLosses, unaccounted, releaseBacklog, adjusts, breakerOpen *prometheus.Desc
+	renews, reclaimed, stateLosses, lapses, unaccounted, releaseBacklog, adjusts, breakerOpen *prometheus.Desc
 }
 
 // NewPoolCollector returns a PoolCollector of p's metrics. Of opts,
@@ -62,7 +62,8 @@ func NewPoolCollector(p *fleet.Pool, opts Options) (*PoolCollector, error) {
 	c.localTokens = d("fleet_local_tokens", "Tokens the live holds of this replica hold.")
 	c.renews = d("fleet_renew_total", "Lease renewals, one per hold, by status.", "status")
 	c.reclaimed = d("fleet_reclaimed_total", "Expired holds, of any replica, this replica reclaimed.")
-	c.stateLosses = d("fleet_state_loss_total", "Times this replica saw Redis lose the pool's state.")
+	c.stateLosses = d("fleet_state_loss_total", "Times this replica saw Redis lose or rewind the pool's state.")
+	c.lapses = d("fleet_lease_lapse_total", "Times a lease of this replica's live holds ran out unrenewed (reserves refused until they are registered again).")
 	c.unaccounted = d("fleet_unaccounted_admissions", "Live holds the failure policy admitted and not yet registered with Redis.")
 	c.releaseBacklog = d("fleet_release_backlog", "Releases waiting to be sent to Redis.")
 	c.adjusts = d("fleet_adjust_total", "Usage adjustments, by result.", "result")
@@ -123,6 +124,7 @@ func (c *PoolCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	counter(c.reclaimed, st.Reclaimed)
 	counter(c.stateLosses, st.StateLosses)
+	counter(c.lapses, st.Lapses)
 	s.gauge(c.unaccounted, st.Unaccounted)
 	s.gauge(c.releaseBacklog, st.ReleaseBacklog)
 	for result, n := range map[string]uint64{

@@ -25,7 +25,8 @@ func TestPoolCollector(t *testing.T) {
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = client.Close() })
 	pool, err := fleet.New(fleet.Config{Client: client, Pool: "gpt", MaxConcurrent: 2, TokenBudget: -1,
-		LeaseTTL: 2 * time.Second, CallTimeout: time.Second})
+		LeaseTTL: 2 * time.Second, CallTimeout: time.Second,
+		RelearnWindow: -1}) // a new pool would admit nothing for its first window
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,6 +60,7 @@ func TestPoolCollector(t *testing.T) {
 		`bulkhead_fleet_limit_tokens{bulkhead="gpt",pool="gpt"}`:                             -1,
 		`bulkhead_fleet_local_holds{bulkhead="gpt",pool="gpt"}`:                              1,
 		`bulkhead_fleet_breaker_open{bulkhead="gpt",pool="gpt"}`:                             0,
+		`bulkhead_fleet_lease_lapse_total{bulkhead="gpt",pool="gpt"}`:                        0,
 		`bulkhead_fleet_checked_total{bulkhead="gpt"}`:                                       1,
 		`bulkhead_fleet_admitted_total{bulkhead="gpt"}`:                                      1,
 		`bulkhead_fleet_view_in_flight{bulkhead="gpt"}`:                                      1,

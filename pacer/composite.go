@@ -96,7 +96,7 @@ func (o CompositeOutcome) Reason() string {
 // anywhere and the error matches ErrTooLong. Other errors are as for
 // Pacer.Pace.
 func (c *Composite) Pace(ctx context.Context, key string, weights ...float64) (CompositeOutcome, error) {
-	return c.decide(ctx, key, weights, modePace, -1, false)
+	return c.decide(ctx, key, weights, modePace, -1, 0, false)
 }
 
 // PaceWait is Pace followed by the wait, as Pacer.PaceWait: it returns when
@@ -105,14 +105,14 @@ func (c *Composite) Pace(ctx context.Context, key string, weights ...float64) (C
 // error matching ErrTooLong and context.DeadlineExceeded.
 func (c *Composite) PaceWait(ctx context.Context, key string, weights ...float64) (CompositeOutcome, error) {
 	if c.store == nil {
-		return c.decide(ctx, key, weights, modePace, -1, false)
+		return c.decide(ctx, key, weights, modePace, -1, 0, false)
 	}
 	clk := c.store.waitClock()
 	maxWait, byDeadline := deadlineWait(ctx, clk, horizonUs)
 	if maxWait < 0 {
 		return CompositeOutcome{}, context.DeadlineExceeded
 	}
-	out, err := c.decide(ctx, key, weights, modePace, maxWait, byDeadline)
+	out, err := c.decide(ctx, key, weights, modePace, maxWait, 0, byDeadline)
 	if err != nil || out.Fallback != nil {
 		return out, err
 	}
@@ -126,7 +126,7 @@ func (c *Composite) PaceWait(ctx context.Context, key string, weights ...float64
 // it. weights are as for Pace; errors and failure policies as for
 // Pacer.RateLimit.
 func (c *Composite) RateLimit(ctx context.Context, key string, weights ...float64) (CompositeOutcome, error) {
-	return c.decide(ctx, key, weights, modeRateLimit, 0, false)
+	return c.decide(ctx, key, weights, modeRateLimit, 0, 0, false)
 }
 
 // PaceWithin is Pace for a caller that waits itself but only up to maxDelay:
@@ -139,7 +139,7 @@ func (c *Composite) PaceWithin(ctx context.Context, key string, maxDelay time.Du
 	if maxDelay < 0 {
 		return CompositeOutcome{}, invalidf("maxDelay", "must be >= 0, got %v", maxDelay)
 	}
-	return c.decide(ctx, key, weights, modePace, min(int64(maxDelay/time.Microsecond), horizonUs), false)
+	return c.decide(ctx, key, weights, modePace, min(int64(maxDelay/time.Microsecond), horizonUs), 0, false)
 }
 
 // Peek answers what RateLimit would answer now, recording nothing in any
@@ -148,12 +148,25 @@ func (c *Composite) PaceWithin(ctx context.Context, key string, maxDelay time.Du
 // acts, other calls may have changed the answer. weights, errors and
 // failure policies are as for RateLimit.
 func (c *Composite) Peek(ctx context.Context, key string, weights ...float64) (CompositeOutcome, error) {
-	return c.decide(ctx, key, weights, modeRateLimit, peekUs, false)
+	return c.decide(ctx, key, weights, modeRateLimit, peekUs, 0, false)
+}
+
+// Book records weight that has already been spent in every member, as
+// Pacer.Book: never waiting, never failing for a delay, and booking in each
+// member no further than within from now. Each member's Outcome.Booked is
+// the part of its weight that fit. weights are as for Pace; errors and
+// failure policies as for Pacer.Book.
+func (c *Composite) Book(ctx context.Context, key string, within time.Duration, weights ...float64) (CompositeOutcome, error) {
+	capUs, err := bookCap(within)
+	if err != nil {
+		return CompositeOutcome{}, err
+	}
+	return c.decide(ctx, key, weights, modeBook, bookWaitUs, capUs, false)
 }
 
 // decide runs one composite decision. maxWaitUs caps every member's wait; a
 // negative value other than peekUs means each member's own Options.MaxDelay.
-func (c *Composite) decide(ctx context.Context, key string, weights []float64, m mode, maxWaitUs int64, byDeadline bool) (CompositeOutcome, error) {
+func (c *Composite) decide(ctx context.Context, key string, weights []float64, m mode, maxWaitUs, capUs int64, byDeadline bool) (CompositeOutcome, error) {
 	if err := ctx.Err(); err != nil {
 		return CompositeOutcome{}, context.Cause(ctx)
 	}
@@ -196,7 +209,7 @@ func (c *Composite) decide(ctx context.Context, key string, weights []float64, m
 		if (mw < 0 && mw != peekUs) || (m == modePace && p.maxDelayUs < mw) {
 			mw = p.maxDelayUs
 		}
-		reqs = append(reqs, p.request(key, w, m, mw))
+		reqs = append(reqs, p.request(key, w, m, mw, capUs))
 		idx = append(idx, i)
 	}
 	if len(reqs) == 0 {
@@ -207,6 +220,8 @@ func (c *Composite) decide(ctx context.Context, key string, weights []float64, m
 	var err error
 	if l, ok := c.store.(*Local); ok {
 		commit, err = l.decide(ctx, reqs, res)
+	} else if t, ok := c.store.(*Table); ok {
+		commit, err = t.decide(ctx, reqs, res)
 	} else {
 		// Copies, so that the slices passed through the interface do not
 		// move reqBuf and resBuf to the heap on the local path.
@@ -223,6 +238,7 @@ func (c *Composite) decide(ctx context.Context, key string, weights []float64, m
 		o := &out.Members[i]
 		o.Delay = time.Duration(res[j].delayUs) * time.Microsecond
 		o.Level = res[j].before
+		o.Booked = booked(&res[j], &reqs[j].p)
 		if o.Delay > 0 && (best < 0 || o.Delay > out.Members[best].Delay) {
 			best = i
 		}

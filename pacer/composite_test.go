@@ -2,6 +2,7 @@ package pacer
 
 import (
 	"errors"
+	"slices"
 	"testing"
 	"time"
 )
@@ -112,6 +113,37 @@ func TestCompositeRateLimitIsAtomic(t *testing.T) {
 			after, _ := rpm.RateLimit(bg, "n", 1)
 			if after.Level != before.Level+1 { // +1: the RateLimit call itself
 				t.Fatalf("a refused composite Pace was recorded in rpm: level %v then %v", before.Level, after.Level)
+			}
+		})
+	}
+}
+
+// TestCompositePaceBooksAtTheGoTime checks that a paced call books each
+// member's slot at the time it goes (the largest delay), not at the member's
+// own earlier slot. Member a allows 2 calls a second, b one weight unit a
+// second; b's light calls (weight 0.1) would let two calls through 100 ms
+// apart, at 2 s and 2.1 s, had a kept the slots it booked at 1 s and 1.5 s
+// while b held the calls back: two of a's calls in 100 ms.
+func TestCompositePaceBooksAtTheGoTime(t *testing.T) {
+	for _, b := range backends(t, startEpoch) {
+		t.Run(b.name, func(t *testing.T) {
+			pa := mustNew(t, b.store, Options{Name: "a", QPS: 2})
+			pb := mustNew(t, b.store, Options{Name: "b", QPS: 1})
+			c, err := NewComposite(pa, pb)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []time.Duration
+			for _, wb := range []float64{1, 1, 0.1, 0.1} {
+				out, err := c.Pace(bg, "k", 1, wb)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got = append(got, out.Delay)
+			}
+			want := []time.Duration{0, time.Second, 2 * time.Second, 2500 * time.Millisecond}
+			if !slices.Equal(got, want) {
+				t.Fatalf("delays %v, want %v", got, want)
 			}
 		})
 	}

@@ -8,17 +8,13 @@ import "math"
 // without rounding.
 const (
 	// graceUs is the slack added to a state's lifetime: a state lives until
-	// its queue has run out and its bucket has drained, plus graceUs.
+	// its queue has run out and then its bucket has drained, plus graceUs.
 	graceUs = 120_000_000
 
 	// horizonUs bounds what one call can book (weight/qps) and how far ahead
 	// Pace may book: 1e8 s, a little over three years. It keeps every time
 	// the algorithm handles far below 2^53 µs.
 	horizonUs = 100_000_000_000_000
-
-	// roundUs is the delay below which a call goes now: a delay that rounds
-	// to zero milliseconds is no delay, and the call is recorded.
-	roundUs = 500
 
 	// peekUs is the maxWaitUs of Peek: no delay is short enough to record,
 	// and the delay is RateLimit's.
@@ -47,9 +43,14 @@ type params struct {
 
 	// maxWaitUs is the longest delay the call may be recorded with:
 	// 0 for RateLimit, the horizon or Options.MaxDelay for Pace, the time
-	// left before the context's deadline for PaceWait, and peekUs for Peek
-	// (never recorded).
+	// left before the context's deadline for PaceWait, peekUs for Peek
+	// (never recorded), and bookWaitUs for Book (always recorded).
 	maxWaitUs int64
+
+	// capUs, when positive (Book), is how far from now a queued call's
+	// slot may reach: the call books what fits before now+capUs, perhaps
+	// nothing.
+	capUs int64
 }
 
 // stepResult is what one step decides.
@@ -61,10 +62,18 @@ type stepResult struct {
 }
 
 // interval is the queue time, in µs, that a call of weight w books at qps:
-// w/qps seconds, rounded half up to the microsecond. The Lua script computes
-// math.floor(weight * 1000000 / qps + 0.5).
+// w/qps seconds, rounded up to the microsecond, so that a key never books
+// less than its rate allows. The Lua script computes
+// math.ceil(weight * 1000000 / qps).
 func interval(w, qps float64) int64 {
-	return int64(math.Floor(float64(w*1e6)/qps + 0.5))
+	return int64(math.Ceil(float64(w*1e6) / qps))
+}
+
+// intervalTooSmall reports whether a call of weight w > 0 books less than
+// half a microsecond at qps: a weight so small is refused, rather than
+// booked as a whole microsecond.
+func intervalTooSmall(w, qps float64) bool {
+	return w > 0 && !(float64(w*1e6)/qps >= 0.5)
 }
 
 // intervalOK reports whether a call of weight w at qps books no more than
@@ -99,19 +108,32 @@ func drainTime(burst, qps, factor float64) int64 {
 // The algorithm, with W the bucket level, L the time of the last drip and N
 // the next free slot:
 //
+//	I = max(L, N)                                         (the queue has been empty since I)
 //	N = max(N, now)
-//	if N <= now: W = max(0, W - (now-L) * qps * factor)   (drain only when idle)
+//	if N <= now: W = max(0, W - (now-I) * qps * factor)   (drain only while idle)
 //	L = now
 //	W += w
 //	if W <= maxBurst: the call goes now and N is unchanged
-//	else:             the call is scheduled at N, and N += w/qps
+//	else:             the call is scheduled at N, and N += ceil(w/qps)
 //	W = min(maxBurst, W)
 //
-// Two things are added to upstream's algorithm: time never runs backwards
-// for a key (now is raised to L when a clock steps back, and a rejection's
-// delay then includes the time until the clock is back at L), and a delay below
-// half a millisecond is no delay, so such a call is always recorded (the
-// upstream admitted it without recording it).
+// It departs from upstream's step function in three ways, each on purpose:
+//
+//   - The bucket drains only for the time since the queue emptied (I),
+//     not for the whole time since the last call. Upstream credits the
+//     time the queue was busy to the bucket as well, so a saturated key
+//     with a burst gets both the queued slot and a drained bucket when the
+//     slot comes due: about twice its rate. Draining from I keeps the bound
+//     the package promises: over any window of T, a key admits at most
+//     maxBurst + qps*T plus one call's weight (the call that overflows an
+//     idle bucket books the next slot and goes).
+//   - A call goes now only when its delay is zero to the microsecond
+//     (upstream let a call less than half a millisecond early through, at
+//     high rates hundreds of calls at once), and a call books w/qps rounded
+//     up to the microsecond, never down.
+//   - Time never runs backwards for a key (now is raised to L when a clock
+//     steps back, and a rejection's delay then includes the time until the
+//     clock is back at L).
 func step(prev state, ok bool, now int64, p *params) stepResult {
 	if !ok || now >= prev.exp {
 		prev = state{last: now}
@@ -127,10 +149,16 @@ func step(prev state, ok bool, now int64, p *params) stepResult {
 	}
 	level := prev.level
 	if next <= now {
+		// The queue has been empty since the later of the last call and
+		// the end of the last booked slot (prev.next <= now here).
+		idle := prev.last
+		if prev.next > idle {
+			idle = prev.next
+		}
 		// The explicit conversions keep the compiler from fusing the
 		// multiplications and the subtraction (FMA on arm64, ppc64, s390x),
 		// so the result is the same double that Lua computes.
-		drained := float64(float64(float64(now-prev.last)/1e6*p.qps) * p.factor)
+		drained := float64(float64(float64(now-idle)/1e6*p.qps) * p.factor)
 		level = float64(level - drained)
 		if level < 0 {
 			level = 0
@@ -141,11 +169,12 @@ func step(prev state, ok bool, now int64, p *params) stepResult {
 	var delay int64
 	if level > p.burst {
 		delay = next - now
-		next += p.intervalUs
+		iv := p.intervalUs
+		if p.capUs > 0 {
+			iv = min(iv, max(0, now+p.capUs-next))
+		}
+		next += iv
 		level = p.burst
-	}
-	if delay < roundUs {
-		delay = 0
 	}
 	commit := delay <= p.maxWaitUs
 	if !commit && p.maxWaitUs <= 0 {
@@ -154,14 +183,46 @@ func step(prev state, ok bool, now int64, p *params) stepResult {
 		// key's last call when the clock has stepped back behind it.
 		delay += behind
 	}
-	ttl := next - now
-	if p.drainUs > ttl {
-		ttl = p.drainUs
-	}
+	// The bucket starts to drain when the queue runs out, so the state
+	// matters until both have happened, one after the other.
+	ttl := next - now + p.drainUs
 	return stepResult{
 		delayUs: delay,
 		before:  before,
 		commit:  commit,
 		next:    state{level: level, last: now, next: next, exp: now + ttl + graceUs},
+	}
+}
+
+// together makes the recorded decision of several pacers (the members of a
+// composite) agree with the time the call goes, the largest of their
+// delays: a member that would have let the call go sooner books its slot
+// at that time instead, as a queued call (its bucket is left full, as every
+// queued call leaves it, so that nothing goes through the bucket while the
+// queue is busy). Without it, a member's earlier slots, used only when the
+// slowest member lets the calls go, would bunch: two calls booked a slot
+// apart in one member could go closer together than that member's rate
+// allows. The Lua script does the same after its loop. (Book, which records
+// weight already spent, is left as it is.)
+func together(out []stepResult, reqs []request) {
+	if reqs[0].p.capUs > 0 {
+		return // Book: the weight was spent already, no call goes
+	}
+	var d int64
+	for i := range out {
+		d = max(d, out[i].delayUs)
+	}
+	if d == 0 {
+		return
+	}
+	for i := range out {
+		r := &out[i]
+		if r.delayUs == d {
+			continue
+		}
+		p := &reqs[i].p
+		r.next.level = p.burst
+		r.next.next = r.next.last + d + p.intervalUs
+		r.next.exp = r.next.next + p.drainUs + graceUs
 	}
 }

@@ -32,8 +32,9 @@
 // Each key has a bucket level W, the time of its last drip L and its next
 // free slot N. A call of weight w at time now does:
 //
+//	I = max(L, N)                                         the queue has been empty since I
 //	N = max(N, now)
-//	if N <= now: W = max(0, W - (now-L) * QPS * factor)   the bucket drains only while nothing is queued
+//	if N <= now: W = max(0, W - (now-I) * QPS * factor)   the bucket drains only while nothing is queued
 //	L = now
 //	W = W + w
 //	if W <= MaxBurst: the call goes now; N is unchanged
@@ -46,8 +47,25 @@
 // slot), and after that calls are spaced w/QPS apart. The bucket drains at
 // QPS*factor, where factor is Options.BurstFactor, by default 0.5 for Pace
 // (burst allowance comes back at half the rate, so a steady caller does not
-// flip in and out of burst mode) and 1 for RateLimit. MaxBurst 0 is plain
-// spacing: one call at once, then one per 1/QPS.
+// flip in and out of burst mode) and 1 for RateLimit, and only from the
+// moment the queue runs empty. MaxBurst 0 is plain spacing: one call at
+// once, then one per 1/QPS.
+//
+// # The bound a rate keeps
+//
+// Over any window of time T, a key lets through at most
+// MaxBurst + QPS*T weight, plus the weight of one call (the call that
+// overflows an idle bucket and takes the next slot), in RateLimit and Pace
+// alike (a paced call counts when its delay ends), on both stores, whatever
+// the arrival pattern. Kept saturated at 60 calls a minute with MaxBurst 4,
+// a key lets 25 calls through in 20 seconds.
+//
+// To keep that bound the bucket drains only from the moment the queue runs
+// empty (the time a queued call books is not credited to the bucket as
+// well), a call goes now only when its delay is zero to the microsecond,
+// each call books w/QPS rounded up to the microsecond, and a paced
+// Composite books every member's slot at the time the call goes, the
+// largest of the members' delays.
 //
 // Times are integer microseconds, exact both in Go and in Redis's Lua, and
 // one pure step function is the algorithm for both stores; the Redis script
@@ -72,8 +90,8 @@
 // Composite decides atomically in one script. The script reads the time
 // from the Redis server (TIME), so clients with skewed clocks agree; set
 // RedisOptions.Clock to use the client's clock instead (tests do). A key
-// expires when its queue has run out and its bucket has drained, plus two
-// minutes of slack.
+// expires when its queue has run out and then its bucket has drained, plus
+// two minutes of slack.
 //
 // The decision command is never retried by go-redis, whatever the client's
 // MaxRetries: a script whose reply was lost may have run, and running it
@@ -88,8 +106,8 @@
 // # Failures and invalid input
 //
 // Invalid input (QPS not > 0 or above MaxQPS, a weight so small that it
-// books less than half a microsecond, MaxBurst or BurstFactor negative or
-// not finite, a weight negative or not finite, an empty key) is a
+// books less than half a microsecond, MaxBurst negative or not finite,
+// BurstFactor outside 0 to 1, a weight negative or not finite, an empty key) is a
 // *ConfigError naming the field, matching bulkhead.ErrInvalid; it is caught before the store is called, so it never
 // writes state. A call whose context is already done fails with the
 // context's cause and records nothing.
@@ -107,7 +125,10 @@
 //
 //   - Input is validated before anything is written: a bad rate, burst,
 //     weight or key is an error and never leaves state behind.
-//   - A delay below half a millisecond is no delay and is always recorded.
+//   - The bound above: no window of T lets more than MaxBurst + QPS*T
+//     through, plus one call's weight.
+//   - A call that goes is recorded: RateLimit never lets a call through
+//     that it does not book.
 //   - A call of weight 0 (say a zero-token call on a tokens-per-minute
 //     pacer) is never delayed and books nothing.
 //   - State is integer microseconds.

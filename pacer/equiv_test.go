@@ -34,7 +34,7 @@ func TestBackendsAgree(t *testing.T) {
 				Name:        "p" + strconv.Itoa(i),
 				QPS:         rapid.SampledFrom([]float64{0.5, 1, 3, 10, 1000.0 / 60, 250}).Draw(rt, "qps"),
 				MaxBurst:    rapid.SampledFrom([]float64{0, 0, 0.5, 1, 2, 5, 100}).Draw(rt, "burst"),
-				BurstFactor: rapid.SampledFrom([]float64{0, 0, 0.1, 0.5, 1, 3}).Draw(rt, "factor"),
+				BurstFactor: rapid.SampledFrom([]float64{0, 0, 0.1, 0.5, 1, 0.999}).Draw(rt, "factor"),
 				MaxDelay:    rapid.SampledFrom([]time.Duration{0, 0, 50 * time.Millisecond, 2 * time.Second}).Draw(rt, "maxDelay"),
 			}
 			if rapid.Bool().Draw(rt, "randomQPS") {
@@ -79,7 +79,11 @@ func TestBackendsAgree(t *testing.T) {
 				w = rapid.Float64Range(0.001, 50).Draw(rt, "weightValue")
 			}
 			rateLimit := rapid.Bool().Draw(rt, "rateLimit")
-			label := fmt.Sprintf("step %d (key %s, weight %v, rateLimit %v)", s, key, w, rateLimit)
+			book := time.Duration(0) // Book's within, when > 0
+			if !rateLimit && rapid.IntRange(0, 3).Draw(rt, "book") == 0 {
+				book = time.Duration(rapid.Int64Range(1, 5_000_000).Draw(rt, "withinUs")) * time.Microsecond
+			}
+			label := fmt.Sprintf("step %d (key %s, weight %v, rateLimit %v, book %v)", s, key, w, rateLimit, book)
 
 			if n > 1 && rapid.IntRange(0, 3).Draw(rt, "composite") == 0 {
 				var lo, ro CompositeOutcome
@@ -87,6 +91,9 @@ func TestBackendsAgree(t *testing.T) {
 				if rateLimit {
 					lo, lerr = lcomp.RateLimit(bg, key, w, 1)
 					ro, rerr = rcomp.RateLimit(bg, key, w, 1)
+				} else if book > 0 {
+					lo, lerr = lcomp.Book(bg, key, book, w, 1)
+					ro, rerr = rcomp.Book(bg, key, book, w, 1)
 				} else {
 					lo, lerr = lcomp.Pace(bg, key, w)
 					ro, rerr = rcomp.Pace(bg, key, w)
@@ -115,6 +122,9 @@ func TestBackendsAgree(t *testing.T) {
 				if rateLimit {
 					lo, lerr = lps[i].RateLimit(bg, key, w)
 					ro, rerr = rps[i].RateLimit(bg, key, w)
+				} else if book > 0 {
+					lo, lerr = lps[i].Book(bg, key, book, w)
+					ro, rerr = rps[i].Book(bg, key, book, w)
 				} else {
 					lo, lerr = lps[i].Pace(bg, key, w)
 					ro, rerr = rps[i].Pace(bg, key, w)

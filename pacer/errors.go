@@ -6,7 +6,7 @@ import (
 	"math"
 	"strings"
 
-	"github.com/llmbulkhead/bulkhead/internal/admission"
+	"github.com/llmbulkhead/bulkhead/actor/admission"
 )
 
 // ErrUnavailable matches every error about a backend that could not decide:
@@ -72,7 +72,7 @@ func checkWeight(field string, w, qps float64) error {
 	if !intervalOK(w, qps) {
 		return invalidf(field, "books %v s at %v qps, more than the limit of %v s", w/qps, qps, horizonUs/1e6)
 	}
-	if w > 0 && interval(w, qps) == 0 {
+	if intervalTooSmall(w, qps) {
 		return invalidf(field, "books %v µs at %v qps, less than the microsecond that pacer time is counted in", w*1e6/qps, qps)
 	}
 	return nil

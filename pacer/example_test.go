@@ -35,6 +35,28 @@ func ExamplePacer_Pace() {
 	// 200ms
 }
 
+// Book records tokens a call used beyond what it was rate-limited for, so
+// that the calls after it wait for them, but never further than a window
+// ahead: a usage figure of a billion tokens holds the key back a minute.
+func ExamplePacer_Book() {
+	store := pacer.NewLocal(pacer.LocalOptions{Clock: clock.NewMockAt(time.Unix(1723075200, 0))})
+	tpm, err := pacer.New(store, pacer.Options{Name: "tpm", QPS: 60000.0 / 60})
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx := context.Background()
+	out, err := tpm.Book(ctx, "gpt-4o", time.Minute, 1e9)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("booked %.0f of %.0f tokens\n", out.Booked, out.Weight)
+	next, _ := tpm.RateLimit(ctx, "gpt-4o", 1000)
+	fmt.Println("next call in", next.Delay)
+	// Output:
+	// booked 60000 of 1000000000 tokens
+	// next call in 1m0s
+}
+
 // PaceWait waits itself, and gives up at once when the context's deadline
 // comes before the call's slot.
 func ExamplePacer_PaceWait() {

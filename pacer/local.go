@@ -299,6 +299,19 @@ func (l *Local) decideOne(r *request) stepResult {
 	s := &l.shards[l.shardOf(&k)]
 	s.mu.Lock()
 	now := l.nowUs()
+	res := s.decideOne(now, r)
+	checkIdle := s.afterDecision(now)
+	s.mu.Unlock()
+	if checkIdle {
+		l.sweepIdle(now)
+	}
+	return res
+}
+
+// decideOne makes the decision of a single pacer at now in the shard, and
+// records it when it commits. The caller holds what guards the shard.
+func (s *localShard) decideOne(now int64, r *request) stepResult {
+	k := localKey{name: r.name, key: r.key}
 	i := s.find(k)
 	var res stepResult
 	if i >= 0 {
@@ -308,11 +321,6 @@ func (l *Local) decideOne(r *request) stepResult {
 	}
 	if res.commit {
 		s.put(k, i, res.next)
-	}
-	checkIdle := s.afterDecision(now)
-	s.mu.Unlock()
-	if checkIdle {
-		l.sweepIdle(now)
 	}
 	return res
 }
@@ -325,16 +333,28 @@ func (l *Local) decide(_ context.Context, reqs []request, out []stepResult) (boo
 		out[0] = l.decideOne(&reqs[0])
 		return out[0].commit, nil
 	}
-	key := reqs[0].key
-	s := &l.shards[l.shardOf(&localKey{key: key})]
-	var buf [8]int
-	cur := buf[:0]
+	s := &l.shards[l.shardOf(&localKey{key: reqs[0].key})]
 	s.mu.Lock()
 	now := l.nowUs()
+	commit := s.decide(now, reqs, out)
+	checkIdle := s.afterDecision(now)
+	s.mu.Unlock()
+	if checkIdle {
+		l.sweepIdle(now)
+	}
+	return commit, nil
+}
+
+// decide makes one decision at now over several pacers of one call key in
+// the shard, and records all or none. The caller holds what guards the
+// shard.
+func (s *localShard) decide(now int64, reqs []request, out []stepResult) bool {
+	key := reqs[0].key
+	var buf [8]int
+	cur := buf[:0]
 	commit := true
 	for i := range reqs {
 		if reqs[i].key != key {
-			s.mu.Unlock()
 			panic("pacer: one decision over several call keys")
 		}
 		c := s.find(localKey{name: reqs[i].name, key: key})
@@ -347,17 +367,13 @@ func (l *Local) decide(_ context.Context, reqs []request, out []stepResult) (boo
 		commit = commit && out[i].commit
 	}
 	if commit {
+		together(out[:len(reqs)], reqs)
 		// Appending a new entry moves no other: the indexes in cur hold.
 		for i := range reqs {
 			s.put(localKey{name: reqs[i].name, key: key}, cur[i], out[i].next)
 		}
 	}
-	checkIdle := s.afterDecision(now)
-	s.mu.Unlock()
-	if checkIdle {
-		l.sweepIdle(now)
-	}
-	return commit, nil
+	return commit
 }
 
 func (l *Local) waitClock() clock.Clock { return l.clk }

@@ -54,8 +54,10 @@ type Options struct {
 	// QPS is the target rate in weight units per second (a weight-1 call per
 	// 1/QPS seconds). It must be > 0 and at most MaxQPS (1e6). For a
 	// per-minute limit L, use L/60. State is kept in whole microseconds, so
-	// each call books weight/QPS seconds rounded to the microsecond: exact
-	// to a thousandth when a call books a millisecond or more.
+	// each call books weight/QPS seconds rounded up to the microsecond:
+	// exact to a thousandth when a call books a millisecond or more, and
+	// never more than the rate (at rates where a call books a few
+	// microseconds, the rounding makes the key somewhat slower).
 	QPS float64
 
 	// MaxBurst is the volume of the bucket: the weight that may go at once
@@ -68,7 +70,8 @@ type Options struct {
 	// BurstFactor is the rate at which the bucket drains, as a fraction of
 	// QPS, when no call is queued. Zero selects DefaultPaceFactor (0.5) for
 	// Pace and PaceWait and DefaultRateLimitFactor (1) for RateLimit. It must
-	// be >= 0 and finite.
+	// be between 0 and 1: a bucket that drained faster than the rate would
+	// let a key through faster than its rate.
 	BurstFactor float64
 
 	// MaxDelay is the longest delay that Pace and PaceWait record: a longer
@@ -98,6 +101,7 @@ type mode uint8
 const (
 	modePace      mode = iota // record the call whatever its delay (up to Options.MaxDelay)
 	modeRateLimit             // record the call only if it goes now
+	modeBook                  // record weight already spent, up to a cap, whatever the delay
 	numModes
 )
 
@@ -127,8 +131,8 @@ func New(store Store, opts Options) (*Pacer, error) {
 	if !(opts.MaxBurst >= 0) || math.IsInf(opts.MaxBurst, 1) {
 		return nil, invalidf("Options.MaxBurst", "must be >= 0 and finite, got %v", opts.MaxBurst)
 	}
-	if !(opts.BurstFactor >= 0) || math.IsInf(opts.BurstFactor, 1) {
-		return nil, invalidf("Options.BurstFactor", "must be >= 0 and finite (0 selects the default), got %v", opts.BurstFactor)
+	if !(opts.BurstFactor >= 0 && opts.BurstFactor <= 1) {
+		return nil, invalidf("Options.BurstFactor", "must be between 0 and 1 (0 selects the default), got %v", opts.BurstFactor)
 	}
 	if opts.MaxDelay < 0 {
 		return nil, invalidf("Options.MaxDelay", "must be >= 0, got %v", opts.MaxDelay)
@@ -137,9 +141,9 @@ func New(store Store, opts Options) (*Pacer, error) {
 	if opts.MaxDelay > 0 && opts.MaxDelay < Horizon {
 		p.maxDelayUs = int64(opts.MaxDelay / time.Microsecond)
 	}
-	p.factor = [numModes]float64{DefaultPaceFactor, DefaultRateLimitFactor}
+	p.factor = [numModes]float64{DefaultPaceFactor, DefaultRateLimitFactor, DefaultPaceFactor}
 	if opts.BurstFactor > 0 {
-		p.factor = [numModes]float64{opts.BurstFactor, opts.BurstFactor}
+		p.factor = [numModes]float64{opts.BurstFactor, opts.BurstFactor, opts.BurstFactor}
 	}
 	for m := range p.factor {
 		p.drainUs[m] = drainTime(opts.MaxBurst, opts.QPS, p.factor[m])
@@ -156,8 +160,9 @@ func (p *Pacer) Options() Options { return p.opts }
 // Outcome is the result of one call.
 type Outcome struct {
 	// Delay is how long the call must wait before it goes, to the
-	// microsecond; zero means "go now". A delay below half a millisecond is
-	// reported as zero, and such a call is always recorded.
+	// microsecond; zero means "go now", and only a call that goes now is
+	// admitted by RateLimit (a call a microsecond early waits, or is
+	// rejected, like any other).
 	//
 	// For Pace the call is booked that far ahead; for RateLimit a positive
 	// Delay is a rejection (nothing was recorded) and the exact retry-after:
@@ -173,6 +178,12 @@ type Outcome struct {
 	// kept for Reason.
 	Weight, MaxBurst float64
 
+	// Booked is the weight the call recorded: Weight when it was recorded,
+	// 0 when nothing was (a RateLimit rejection, a Pace beyond its maximum
+	// delay, a Peek, a weight of 0), and for Book the part of Weight that
+	// fit.
+	Booked float64
+
 	// Fallback is nil for a decision of the store. It is non-nil (and
 	// matches ErrUnavailable) when the store failed and the outcome was
 	// decided by the RedisOptions.OnFailure policy instead: it is the
@@ -180,9 +191,14 @@ type Outcome struct {
 	Fallback error
 }
 
-// DelayMs returns Delay in whole milliseconds, rounded half up.
+// DelayMs returns Delay in whole milliseconds, rounded half up, and at least
+// 1 for any positive Delay: zero exactly when the call goes now.
 func (o Outcome) DelayMs() int64 {
-	return int64((o.Delay + time.Millisecond/2) / time.Millisecond)
+	ms := int64((o.Delay + time.Millisecond/2) / time.Millisecond)
+	if ms == 0 && o.Delay > 0 {
+		ms = 1
+	}
+	return ms
 }
 
 // Reason explains the outcome in words, for example
@@ -228,7 +244,7 @@ func fixed2(x float64) string {
 // asked (so the call goes even while Redis is down), and Outcome.Level is 0. A store failure returns an error
 // matching ErrUnavailable, or a decision made by the store's failure policy.
 func (p *Pacer) Pace(ctx context.Context, key string, weight float64) (Outcome, error) {
-	return p.decide(ctx, key, weight, modePace, p.maxDelayUs, false)
+	return p.decide(ctx, key, weight, modePace, p.maxDelayUs, 0, false)
 }
 
 // PaceWait is Pace followed by the wait: it returns when the call may go,
@@ -244,7 +260,7 @@ func (p *Pacer) PaceWait(ctx context.Context, key string, weight float64) (Outco
 	if maxWait < 0 {
 		return Outcome{Weight: weight, MaxBurst: p.opts.MaxBurst}, context.DeadlineExceeded
 	}
-	out, err := p.decide(ctx, key, weight, modePace, maxWait, byDeadline)
+	out, err := p.decide(ctx, key, weight, modePace, maxWait, 0, byDeadline)
 	if err != nil || out.Fallback != nil {
 		return out, err
 	}
@@ -259,7 +275,7 @@ func (p *Pacer) PaceWait(ctx context.Context, key string, weight float64) (Outco
 // rejection with RedisOptions.FailureDelay as retry-after; under FailOpen it
 // admits the call.
 func (p *Pacer) RateLimit(ctx context.Context, key string, weight float64) (Outcome, error) {
-	return p.decide(ctx, key, weight, modeRateLimit, 0, false)
+	return p.decide(ctx, key, weight, modeRateLimit, 0, 0, false)
 }
 
 // Peek answers what RateLimit would answer now, recording nothing: a zero
@@ -268,11 +284,54 @@ func (p *Pacer) RateLimit(ctx context.Context, key string, weight float64) (Outc
 // have changed the answer. Errors and failure policies are as for
 // RateLimit.
 func (p *Pacer) Peek(ctx context.Context, key string, weight float64) (Outcome, error) {
-	return p.decide(ctx, key, weight, modeRateLimit, peekUs, false)
+	return p.decide(ctx, key, weight, modeRateLimit, peekUs, 0, false)
+}
+
+// Book records weight that has already been spent, such as the tokens a
+// call used beyond what it was rate-limited or paced for, so that the calls
+// after it wait for it. It never waits and never fails for a delay: it
+// books the weight in the key's bucket or at the end of its queue, as Pace
+// would, but never further than within from now, so that one huge figure
+// cannot lock the key out for longer. Outcome.Booked is the part of weight
+// that fit (Weight when all of it did); the rest is dropped. within must be
+// positive. Errors and failure policies are as for Pace.
+func (p *Pacer) Book(ctx context.Context, key string, within time.Duration, weight float64) (Outcome, error) {
+	capUs, err := bookCap(within)
+	if err != nil {
+		return Outcome{Weight: weight, MaxBurst: p.opts.MaxBurst}, err
+	}
+	return p.decide(ctx, key, weight, modeBook, bookWaitUs, capUs, false)
+}
+
+// bookWaitUs is the maxWaitUs of Book: any delay may be recorded.
+const bookWaitUs = 4 * horizonUs
+
+// bookCap checks Book's within and returns it in µs, capped at the horizon.
+func bookCap(within time.Duration) (int64, error) {
+	if within <= 0 {
+		return 0, invalidf("within", "must be > 0, got %v", within)
+	}
+	return max(1, min(int64(within/time.Microsecond), horizonUs)), nil
+}
+
+// booked returns the weight a recorded decision booked: all of it, unless
+// a cap cut its slot in the queue short.
+func booked(r *stepResult, p *params) float64 {
+	if !r.commit {
+		return 0
+	}
+	if p.capUs <= 0 || !(float64(r.before+p.weight) > p.burst) {
+		return p.weight
+	}
+	us := min(p.intervalUs, max(0, p.capUs-r.delayUs))
+	if us == p.intervalUs {
+		return p.weight
+	}
+	return p.weight * float64(us) / float64(p.intervalUs)
 }
 
 // request builds the pacer's part of a decision.
-func (p *Pacer) request(key string, weight float64, m mode, maxWaitUs int64) request {
+func (p *Pacer) request(key string, weight float64, m mode, maxWaitUs, capUs int64) request {
 	return request{name: p.opts.Name, key: key, p: params{
 		weight:     weight,
 		qps:        p.opts.QPS,
@@ -281,10 +340,11 @@ func (p *Pacer) request(key string, weight float64, m mode, maxWaitUs int64) req
 		intervalUs: interval(weight, p.opts.QPS),
 		drainUs:    p.drainUs[m],
 		maxWaitUs:  maxWaitUs,
+		capUs:      capUs,
 	}}
 }
 
-func (p *Pacer) decide(ctx context.Context, key string, weight float64, m mode, maxWaitUs int64, byDeadline bool) (Outcome, error) {
+func (p *Pacer) decide(ctx context.Context, key string, weight float64, m mode, maxWaitUs, capUs int64, byDeadline bool) (Outcome, error) {
 	out := Outcome{Weight: weight, MaxBurst: p.opts.MaxBurst}
 	if err := ctx.Err(); err != nil {
 		return out, context.Cause(ctx)
@@ -298,12 +358,14 @@ func (p *Pacer) decide(ctx context.Context, key string, weight float64, m mode, 
 	if weight == 0 {
 		return out, nil // never delayed, books nothing: the store is not asked
 	}
-	req := p.request(key, weight, m, maxWaitUs)
+	req := p.request(key, weight, m, maxWaitUs, capUs)
 	var res stepResult
 	if l, ok := p.store.(*Local); ok {
 		// The common in-process case, without the slices of the general
 		// path: no allocation.
 		res = l.decideOne(&req)
+	} else if t, ok := p.store.(*Table); ok {
+		res = t.decideOne(&req)
 	} else {
 		var r [1]stepResult
 		if _, err := p.store.decide(ctx, []request{req}, r[:]); err != nil {
@@ -313,6 +375,7 @@ func (p *Pacer) decide(ctx context.Context, key string, weight float64, m mode, 
 	}
 	out.Delay = time.Duration(res.delayUs) * time.Microsecond
 	out.Level = res.before
+	out.Booked = booked(&res, &req.p)
 	if !res.commit && m == modePace {
 		return out, tooLong(out.Delay, maxWaitUs, byDeadline)
 	}

@@ -26,7 +26,6 @@ var luaTemplate string
 var luaSource = strings.NewReplacer(
 	"@GRACE_US@", strconv.FormatInt(graceUs, 10),
 	"@HORIZON_US@", strconv.FormatInt(horizonUs, 10),
-	"@ROUND_US@", strconv.FormatInt(roundUs, 10),
 ).Replace(luaTemplate)
 
 // luaSHA is the SHA-1 digest that EVALSHA runs luaSource by.
@@ -269,7 +268,7 @@ var errReply = errors.New("pacer: unexpected reply from the Redis script")
 
 func (r *Redis) decide(ctx context.Context, reqs []request, out []stepResult) (bool, error) {
 	n := len(reqs)
-	args := make([]any, 0, 4+6*n)
+	args := make([]any, 0, 4+7*n)
 	args = append(args, "evalsha", luaSHA, n)
 	for i := range reqs {
 		args = append(args, r.Key(reqs[i].name, reqs[i].key))
@@ -282,7 +281,7 @@ func (r *Redis) decide(ctx context.Context, reqs []request, out []stepResult) (b
 	for i := range reqs {
 		p := &reqs[i].p
 		args = append(args, fmtFloat(p.weight), fmtFloat(p.qps), fmtFloat(p.burst), fmtFloat(p.factor),
-			strconv.FormatInt(p.maxWaitUs, 10))
+			strconv.FormatInt(p.maxWaitUs, 10), strconv.FormatInt(p.capUs, 10))
 	}
 	vals, err := r.call(ctx, args)
 	if err != nil {

@@ -275,7 +275,7 @@ func TestRedisDecisionIsNotRetried(t *testing.T) {
 	script := redis.NewScript(luaSource)
 	now := strconv.FormatInt(startEpoch.UnixMicro(), 10)
 	proxy.armed.Store(true)
-	res, err := script.Run(bg, client, []string{store.Key("p", "k")}, now, "1", "10", "0", "0.5", strconv.FormatInt(horizonUs, 10)).Slice()
+	res, err := script.Run(bg, client, []string{store.Key("p", "k")}, now, "1", "10", "0", "0.5", strconv.FormatInt(horizonUs, 10), "0").Slice()
 	if err != nil || proxy.dropped.Load() != 2 {
 		t.Fatalf("control: %v, %v (dropped %d)", res, err, proxy.dropped.Load())
 	}

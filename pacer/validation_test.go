@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/llmbulkhead/bulkhead/internal/admission"
+	"github.com/llmbulkhead/bulkhead/actor/admission"
 )
 
 // wantInvalid checks that err is a *ConfigError for field.
@@ -43,6 +43,7 @@ func TestNewValidation(t *testing.T) {
 		{"factor < 0", Options{Name: "p", QPS: 1, MaxBurst: 1, BurstFactor: -0.5}, "Options.BurstFactor"},
 		{"factor NaN", Options{Name: "p", QPS: 1, MaxBurst: 1, BurstFactor: nan}, "Options.BurstFactor"},
 		{"factor Inf", Options{Name: "p", QPS: 1, MaxBurst: 1, BurstFactor: inf}, "Options.BurstFactor"},
+		{"factor > 1", Options{Name: "p", QPS: 1, MaxBurst: 1, BurstFactor: 1.5}, "Options.BurstFactor"},
 		{"max delay < 0", Options{Name: "p", QPS: 1, MaxDelay: -time.Second}, "Options.MaxDelay"},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/llmbulkhead/bulkhead"
 	"github.com/llmbulkhead/bulkhead/clock"
+	"github.com/llmbulkhead/bulkhead/fleet"
 )
 
 // TestModel drives the public engine with random sequences of calls and
@@ -250,6 +251,7 @@ type call struct {
 
 type machine struct {
 	b          *bulkhead.Bulkhead
+	fleet      bool // a fleet pool whose limits are never reached
 	clk        *countingClock
 	hasBudget  bool
 	hasClasses bool
@@ -412,6 +414,21 @@ func newMachine(t *rapid.T, classes bool, seen map[string]int, rdb *redis.Client
 		cfg.MaxQueue, m.limits.MaxQueue = 0, 0
 		m.rate = newRateOracle(t, m.clk, m.hasBudget && budget > 0, rdb)
 		cfg.RateLimits = m.rate.cfg
+	}
+	if rdb != nil && rapid.IntRange(0, 3).Draw(t, "fleet") == 0 {
+		// A fleet pool whose limits this one replica never reaches: every
+		// admission then goes through the remote stage (provisional until
+		// the worker's verdict, confirmed), and the model predicts the same
+		// outcomes as without it. Closed after the bulkhead (cleanups run
+		// last first).
+		pool, err := fleet.New(fleet.Config{Client: rdb, Pool: fmt.Sprintf("model%d", rateRuns.Add(1)), MaxConcurrent: 1 << 20,
+			TokenBudget: -1, CallTimeout: 10 * time.Second, RelearnWindow: -1}) // a pool created deliberately: no first window
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = pool.Close(context.Background()) })
+		cfg.Fleet, m.fleet = pool, true
+		m.seen["fleet"]++
 	}
 	m.exactUsage = rapid.Bool().Draw(t, "exactUsage")
 	if m.hasDedup = rapid.Bool().Draw(t, "dedup"); m.hasDedup {

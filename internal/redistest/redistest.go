@@ -149,8 +149,10 @@ func (s *Server) Stop() {
 	<-done
 }
 
-// Restart starts a stopped server again on the same port, with an empty
-// dataset (and, for a cluster node, its saved cluster configuration).
+// Restart starts a stopped server again on the same port. Its dataset is
+// empty, unless a SAVE wrote a snapshot to its directory: then it starts
+// from that snapshot, as a crashed server with RDB persistence would (and,
+// for a cluster node, with its saved cluster configuration).
 func (s *Server) Restart() {
 	s.tb.Helper()
 	s.Stop()

@@ -1,0 +1,139 @@
+package actor
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"runtime"
+	"testing"
+
+	"github.com/llmbulkhead/bulkhead/actor/admission"
+)
+
+func startEngine(t *testing.T, limits admission.Limits) *Engine {
+	t.Helper()
+	e, err := Start(Config{Limits: limits})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		e.Close()
+		if res := e.Drain(context.Background()); !res.Drained {
+			t.Errorf("Drain = %+v", res)
+		}
+	})
+	return e
+}
+
+func acquire(t *testing.T, e *Engine) *Lease {
+	t.Helper()
+	r := e.NewRequest()
+	defer e.PutRequest(r)
+	r.Ctx, r.Request, r.Lease = context.Background(), "request", &Lease{}
+	if err := e.Acquire(r); err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	return r.Lease
+}
+
+// TestPanicInHandlerKeepsState makes a handler panic and checks that the
+// caller gets ErrInternal while the actor keeps its state and goes on:
+// protoactor never restarts it empty.
+func TestPanicInHandlerKeepsState(t *testing.T) {
+	e := startEngine(t, admission.Limits{MaxConcurrent: 2})
+	held := acquire(t, e)
+
+	// A usage report for no lease panics inside the handler.
+	_, err := e.ReportUsage(nil, admission.Usage{}, nil)
+	if !errors.Is(err, ErrInternal) {
+		t.Fatalf("ReportUsage(nil) = %v, want ErrInternal", err)
+	}
+	st := e.Stats()
+	if st.Calls.Admitted != 1 || st.Gate.InFlight != 1 {
+		t.Fatalf("state after the panic: %+v", st)
+	}
+	// The actor still decides: one more slot, then full.
+	second := acquire(t, e)
+	r := e.NewRequest()
+	r.Ctx, r.Request, r.Lease = context.Background(), "request", &Lease{}
+	if err := e.Acquire(r); !isReason(err, admission.ConcurrencyLimit) {
+		t.Fatalf("third Acquire = %v", err)
+	}
+	e.PutRequest(r)
+	held.Release(nil)
+	second.Release(nil)
+	if st := e.Stats(); st.Gate.InFlight != 0 || st.Calls.Released != 2 {
+		t.Fatalf("final stats: %+v", st)
+	}
+}
+
+// TestPumpPassesOverEndedWaiters: a waiter whose context has ended is not
+// admitted by a release while its cancel message is still on the way; the
+// next waiter gets the slot, and the cancel then rejects it with the cause
+// its sender read.
+func TestPumpPassesOverEndedWaiters(t *testing.T) {
+	e := startEngine(t, admission.Limits{MaxConcurrent: 1, MaxQueue: 2})
+	held := acquire(t, e)
+	ended := make(chan struct{})
+	dead := newAcquireRequest(make(chan struct{}, 1), false)
+	dead.Ctx, dead.Lease, dead.ctxDone = context.Background(), &Lease{}, ended
+	e.send(dead) // as Acquire would, without its watch on the context
+	live := e.NewRequest()
+	live.Ctx, live.Lease = context.Background(), &Lease{}
+	got := make(chan error, 1)
+	go func() { got <- e.Acquire(live) }()
+	for e.Stats().Gate.Pending != 2 {
+		runtime.Gosched()
+	}
+	close(ended)
+	held.Release(nil)
+	if err := <-got; err != nil {
+		t.Fatalf("the live waiter: %v", err)
+	}
+	if st := e.Stats(); st.Gate.Pending != 1 || st.Gate.InFlight != 1 || len(dead.done) != 0 {
+		t.Fatalf("the ended waiter was answered or dropped: %+v", st.Gate)
+	}
+	cause := errors.New("the caller gave up")
+	dead.cancel.cause = cause
+	e.send(&dead.cancel)
+	<-dead.done
+	var rej *admission.RejectedError
+	if !errors.As(dead.Err, &rej) || rej.Reason != admission.Aborted || !errors.Is(dead.Err, cause) {
+		t.Fatalf("the ended waiter: %v", dead.Err)
+	}
+	live.Lease.Release(nil)
+	e.PutRequest(live)
+	if st := e.Stats(); st.Gate.Pending != 0 || st.Gate.InFlight != 0 || st.Gate.Aborted != 1 {
+		t.Fatalf("final: %+v", st.Gate)
+	}
+}
+
+// TestRecoveredAnswersAcquires: when deciding a request panics, the
+// request is answered with ErrInternal unless it was answered or queued
+// already, blocking and asynchronous alike (an async future is done).
+func TestRecoveredAnswersAcquires(t *testing.T) {
+	a := &admissionActor{engine: &Engine{logger: slog.New(slog.DiscardHandler)}}
+	a.state = &state{fx: a}
+	for _, r := range []*AcquireRequest{
+		newAcquireRequest(make(chan struct{}, 1), false),
+		newAcquireRequest(make(chan struct{}), true),
+	} {
+		a.recovered(r, "boom")
+		<-r.done
+		if !errors.Is(r.Err, ErrInternal) || !r.answered {
+			t.Fatalf("async %v: Err = %v", r.async, r.Err)
+		}
+	}
+	queued := newAcquireRequest(make(chan struct{}, 1), false)
+	queued.queued = true
+	a.recovered(queued, "boom")
+	if len(queued.done) != 0 || queued.Err != nil {
+		t.Fatal("a queued request was answered: the queue still holds it")
+	}
+}
+
+// isReason reports whether err is an engine rejection for why.
+func isReason(err error, why admission.Reason) bool {
+	var rej *admission.RejectedError
+	return errors.As(err, &rej) && rej.Reason == why
+}

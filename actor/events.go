@@ -1,0 +1,139 @@
+package actor
+
+import (
+	"log/slog"
+	"sync/atomic"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/llmbulkhead/bulkhead/actor/admission"
+)
+
+// Kind is a kind of event, for the listener counts that let the engine skip
+// building events nobody listens for.
+type Kind uint8
+
+// The event kinds.
+const (
+	KindAdmit Kind = iota
+	KindReject
+	KindRelease
+	KindReconfigure
+	KindUsage
+	KindAbandon
+	KindBypass
+	KindBypassUsage
+	KindBypassRelease
+	KindDedup
+	NumKinds
+)
+
+// Kinds says which kinds of event a subscription listens for.
+type Kinds [NumKinds]bool
+
+// subscription is one subscriber: deliver is called with each event of a
+// kind it listens for (a pointer to one of the event types of package
+// admission), on the events actor's goroutine.
+type subscription struct {
+	kinds   Kinds
+	deliver func(ev any)
+	// gone is set by Unsubscribe, so no event reaches the listener after
+	// Unsubscribe returns, even one already queued.
+	gone atomic.Bool
+}
+
+// flushMsg is answered once every event sent before it has been delivered.
+type flushMsg struct{ done chan struct{} }
+
+// eventsActor delivers events to listeners, one at a time, in the order the
+// admission actor emitted them. It runs on protoactor's default dispatcher,
+// so listeners never run on a caller's goroutine or inside the admission
+// actor: a slow listener delays only later events.
+type eventsActor struct {
+	engine *Engine
+	subs   []*subscription
+}
+
+func (a *eventsActor) Receive(ctx actor.Context) {
+	switch m := ctx.Message().(type) {
+	case *subscription:
+		a.subs = append(a.subs, m)
+	case *unsubscribeMsg:
+		for i, s := range a.subs {
+			if s == m.sub {
+				a.subs = append(a.subs[:i], a.subs[i+1:]...)
+				break
+			}
+		}
+	case *flushMsg:
+		close(m.done)
+	default:
+		kind, ok := kindOf(m)
+		if !ok {
+			return
+		}
+		for _, s := range a.subs {
+			if s.kinds[kind] && !s.gone.Load() {
+				a.call(s, m)
+			}
+		}
+		a.engine.backlog.Add(-1)
+	}
+}
+
+// call runs one listener, recovering and counting a panic. The warning is
+// logged through the engine's guarded logger, so a logger that panics too
+// cannot end event delivery.
+func (a *eventsActor) call(s *subscription, ev any) {
+	defer func() {
+		if p := recover(); p != nil {
+			a.engine.listenerPanics.Add(1)
+			a.engine.log(slog.LevelWarn, "bulkhead: event listener panicked", "panic", p)
+		}
+	}()
+	s.deliver(ev)
+}
+
+// Subscribe adds a listener for the kinds of event in kinds and returns the
+// function that removes it. The listener sees every event of a change made
+// after Subscribe returns.
+func (e *Engine) Subscribe(kinds Kinds, deliver func(ev any)) (unsubscribe func()) {
+	sub := &subscription{kinds: kinds, deliver: deliver}
+	q := &subscribeRequest{sub: sub, done: make(chan struct{}, 1)}
+	e.call(q, q.done)
+	var once atomic.Bool
+	return func() {
+		if once.Swap(true) {
+			return
+		}
+		sub.gone.Store(true)
+		e.send(&unsubscribeMsg{sub: sub})
+	}
+}
+
+// kindOf returns the kind of an event the admission actor emitted.
+func kindOf(ev any) (Kind, bool) {
+	switch ev.(type) {
+	case *admission.AdmitEvent:
+		return KindAdmit, true
+	case *admission.RejectEvent:
+		return KindReject, true
+	case *admission.ReleaseEvent:
+		return KindRelease, true
+	case *admission.ReconfigureEvent:
+		return KindReconfigure, true
+	case *admission.UsageEvent:
+		return KindUsage, true
+	case *admission.AbandonEvent:
+		return KindAbandon, true
+	case *admission.BypassEvent:
+		return KindBypass, true
+	case *admission.BypassUsageEvent:
+		return KindBypassUsage, true
+	case *admission.BypassReleaseEvent:
+		return KindBypassRelease, true
+	case *admission.DedupEvent:
+		return KindDedup, true
+	}
+	return 0, false
+}

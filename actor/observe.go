@@ -1,0 +1,116 @@
+package actor
+
+import "github.com/llmbulkhead/bulkhead/actor/admission"
+
+// Observe mode: a call whose refusal its mode shadows runs without
+// admission. It holds no slot, no tokens, no class use and no queue
+// position, so it changes no capacity counter; it is counted in the observe
+// statistics only, and Drain waits for it to end.
+
+// bypass answers r with a bypass for why instead of a rejection. race says
+// the call was refused only after it had queued (its rejection is already
+// counted and emitted); d is the refusal's capacity snapshot.
+func (s *state) bypass(r *AcquireRequest, why admission.Reason, race bool, d *admission.RejectDetail) {
+	l := r.Lease
+	l.Priority, l.Reservation, l.Request, l.classID = r.Priority, r.Reservation, r.Request, r.Class
+	s.bypassLease(l, why, race, d)
+	r.Err = nil
+	s.answer(r)
+}
+
+// bypassLease makes l, whose call and class are set, a bypass for why.
+func (s *state) bypassLease(l *Lease, why admission.Reason, race bool, d *admission.RejectDetail) {
+	o := &s.observe
+	o.Bypassed++
+	if race {
+		o.RaceBypassed++
+	}
+	s.bypassByWhy[why]++
+	o.InFlight++
+	l.ID = s.newBypassID()
+	l.Revision = s.limits.Revision
+	l.Class = s.tab.Name(l.classID)
+	l.Bypass = &Bypass{Reason: why, Race: race, Detail: d}
+	if s.listeners[KindBypass] > 0 {
+		s.fx.emit(&admission.BypassEvent{
+			Request:        l.Request,
+			AdmissionID:    l.ID,
+			LimitRevision:  l.Revision,
+			Priority:       l.Priority,
+			Class:          l.Class,
+			ReservedTokens: l.Reservation.Reserved,
+			Reason:         why,
+			Race:           race,
+			Detail:         d,
+		})
+	}
+}
+
+// newBypassID mints a bypass's ID: random, but a version 8 UUID, so that it
+// never equals an admission's and formats with its own prefix.
+func (s *state) newBypassID() admission.ID {
+	id := s.newID()
+	id[6] = id[6]&0x0f | 0x80
+	return id
+}
+
+// bypassUsage records a bypassed call's cumulative usage u, already
+// clamped and validated, into rep: a change takes the next sequence and
+// emits a bypass usage event; nothing is held.
+func (s *state) bypassUsage(l *Lease, u admission.Usage, p *admission.Progressive, rep admission.UsageReport) admission.UsageReport {
+	if u == l.last && l.reported {
+		return rep // stale or duplicate
+	}
+	l.last, l.reported = u, true
+	l.sequence++
+	rep.Sequence = l.sequence
+	if s.listeners[KindBypassUsage] > 0 {
+		ev := &admission.BypassUsageEvent{
+			Request:         l.Request,
+			AdmissionID:     l.ID,
+			LimitRevision:   l.Revision,
+			Priority:        l.Priority,
+			Class:           l.Class,
+			ReservedTokens:  l.Reservation.Reserved,
+			Reason:          l.Bypass.Reason,
+			Sequence:        l.sequence,
+			Usage:           u,
+			OutputCap:       rep.OutputCap,
+			OutputRemaining: rep.OutputRemaining,
+			OverReservation: rep.OverReservation,
+		}
+		ev.Progressive = copyProgressive(p)
+		s.fx.emit(ev)
+	}
+	return rep
+}
+
+// endBypass settles a bypassed call: its final usage (the release's, else
+// the last report) counts in the observe totals, and a bypass release
+// event closes its events.
+func (s *state) endBypass(m *releaseMsg) {
+	l := m.l
+	l.released = true
+	o := &s.observe
+	o.InFlight--
+	m.settleUsage()
+	if m.hasUsage {
+		o.UsageReported++
+		o.InputTokens = admission.AddSat(o.InputTokens, m.usage.Input)
+		o.OutputTokens = admission.AddSat(o.OutputTokens, m.usage.Output)
+	}
+	if s.listeners[KindBypassRelease] > 0 {
+		s.fx.emit(&admission.BypassReleaseEvent{
+			Request:        l.Request,
+			AdmissionID:    l.ID,
+			LimitRevision:  l.Revision,
+			Priority:       l.Priority,
+			Class:          l.Class,
+			ReservedTokens: l.Reservation.Reserved,
+			Reason:         l.Bypass.Reason,
+			UsageSequence:  l.sequence,
+			Usage:          m.usageCopy(),
+		})
+	}
+	s.checkDrains()
+}

@@ -1,0 +1,274 @@
+package actor
+
+import (
+	"math"
+	"math/bits"
+
+	"github.com/llmbulkhead/bulkhead/actor/admission"
+	"github.com/llmbulkhead/bulkhead/classes"
+)
+
+// QueuePolicy is the engine's form of bulkhead.QueuePolicy; the facade
+// converts and validates it, and the root type documents the fields.
+type QueuePolicy struct {
+	Fair            bool
+	Weights         map[string]int
+	WaitForCapacity bool
+}
+
+// line is a first-in, first-out line of waiting requests, linked through
+// their prev and next fields (a request is in one line at a time).
+type line struct {
+	head, tail *AcquireRequest
+}
+
+func (q *line) push(r *AcquireRequest) {
+	r.prev, r.next = q.tail, nil
+	if q.tail == nil {
+		q.head = r
+	} else {
+		q.tail.next = r
+	}
+	q.tail = r
+}
+
+func (q *line) remove(r *AcquireRequest) {
+	if r.prev == nil {
+		q.head = r.next
+	} else {
+		r.prev.next = r.next
+	}
+	if r.next == nil {
+		q.tail = r.prev
+	} else {
+		r.next.prev = r.prev
+	}
+	r.prev, r.next = nil, nil
+}
+
+// queue holds the waiting requests. Plain, it is one line in arrival order.
+// Fair, each class has two lines, High priority then Normal, and the class
+// served next is the backlogged one with the lowest virtual token counter:
+// the tokens it has been admitted, divided by its weight, in millionths of
+// a token (a class that becomes backlogged is first lifted to the counter
+// of the class served last, so an idle class cannot save up credit).
+type queue struct {
+	plain line
+	fair  bool
+	// wait lets a call that fails only a capacity check (the token budget,
+	// a class limit) wait for it.
+	wait bool
+
+	// Per class handle (index 0 is classes.None): the lines (fair only),
+	// the number waiting, the counter and the weight (fair only).
+	lanes   [][2]line
+	waiting []int
+	vtc     []int64
+	weight  []int64
+	// last is the counter of the class served last.
+	last int64
+	// classes counts the classes with waiters.
+	classes int
+	// blocked is the pump's scratch: classes whose first waiter does not
+	// fit, skipped for the rest of the pass (first in, first out within a
+	// class), and nblocked how many.
+	blocked  []bool
+	nblocked int
+}
+
+// unit is a fair queue counter's unit: a millionth of a token, so that
+// weights up to MaxWeight divide a token exactly enough.
+const unit = 1_000_000
+
+// newQueue returns the queue of a bulkhead with n classes (0 without) and
+// the policy p, whose weights are resolved through tab.
+func newQueue(p QueuePolicy, n int, tab *classes.Table) (queue, error) {
+	q := queue{fair: p.Fair, wait: p.WaitForCapacity, waiting: make([]int, n+1), blocked: make([]bool, n+1)}
+	if !p.Fair {
+		return q, nil
+	}
+	if tab == nil {
+		return q, admission.Invalidf("Queue.Fair", "needs admission classes (Config.Classes): the fair queue serves class by class")
+	}
+	q.lanes = make([][2]line, n+1)
+	q.vtc = make([]int64, n+1)
+	q.weight = make([]int64, n+1)
+	for i := range q.weight {
+		q.weight[i] = 1
+	}
+	for name, w := range p.Weights {
+		c, err := tab.Lookup(name)
+		if err != nil {
+			return q, admission.Invalidf("Queue.Weights", "names class %q, which is not in Config.Classes", name)
+		}
+		if w < 1 || w > MaxWeight {
+			return q, admission.Invalidf("Queue.Weights", "class %q: weight must be between 1 and %d, got %d", name, MaxWeight, w)
+		}
+		q.weight[c] = int64(w)
+	}
+	return q, nil
+}
+
+// MaxWeight is the largest class weight of a fair queue.
+const MaxWeight = 1_000_000
+
+// lane is the line r waits in.
+func (q *queue) lane(r *AcquireRequest) *line {
+	if !q.fair {
+		return &q.plain
+	}
+	i := 1
+	if r.Priority == admission.High {
+		i = 0
+	}
+	return &q.lanes[r.Class][i]
+}
+
+// ahead reports whether a new call of class c and priority p would wait
+// behind waiters of its class: any of them, or with fair queuing, for a
+// High priority call, the class's High priority waiters.
+func (q *queue) ahead(c classes.Class, p admission.Priority) bool {
+	if q.fair && p == admission.High {
+		return q.lanes[c][0].head != nil
+	}
+	return q.waiting[c] > 0
+}
+
+// push adds r at the end of its line.
+func (q *queue) push(r *AcquireRequest) {
+	c := r.Class
+	if q.waiting[c] == 0 {
+		q.classes++
+		if q.fair {
+			// An idle class starts level with the class served last: it
+			// saved up no credit while it was idle.
+			q.vtc[c] = max(q.vtc[c], q.last)
+		}
+	}
+	q.waiting[c]++
+	r.blocking = false
+	q.lane(r).push(r)
+}
+
+// remove takes r out of its line.
+func (q *queue) remove(r *AcquireRequest) {
+	q.lane(r).remove(r)
+	if q.waiting[r.Class]--; q.waiting[r.Class] == 0 {
+		q.classes--
+	}
+}
+
+// charge is what an admission of class c reserving reserved tokens adds to
+// its counter: at least one token's worth (so calls without a budget are
+// shared by count), divided by the weight, saturating.
+func (q *queue) charge(c classes.Class, reserved int64) int64 {
+	hi, lo := bits.Mul64(uint64(max(reserved, 1)), unit)
+	if hi >= uint64(q.weight[c]) {
+		return math.MaxInt64
+	}
+	v, _ := bits.Div64(hi, lo, uint64(q.weight[c]))
+	return int64(min(v, math.MaxInt64))
+}
+
+// served charges class c for an admission reserving reserved tokens. Only
+// differences between counters matter, so when they grow large every
+// counter moves down by the smallest.
+func (q *queue) served(c classes.Class, reserved int64) {
+	if !q.fair {
+		return
+	}
+	q.vtc[c] = admission.AddSat(q.vtc[c], q.charge(c, reserved))
+	q.last = q.vtc[c]
+	if q.last >= 1<<61 {
+		low := q.last
+		for _, v := range q.vtc[1:] {
+			low = min(low, v)
+		}
+		for i := range q.vtc {
+			q.vtc[i] = max(0, q.vtc[i]-low)
+		}
+		q.last -= low
+	}
+}
+
+// unserve takes back the charge of an admission turned down after all
+// (a provisional admission rolled back).
+func (q *queue) unserve(c classes.Class, reserved int64) {
+	if q.fair {
+		q.vtc[c] = max(0, q.vtc[c]-q.charge(c, reserved))
+	}
+}
+
+// first is the first waiter of class c whose context has not ended: High
+// priority first, then in arrival order. Waiters whose context ended are
+// passed over: their cancel message is on its way.
+func (q *queue) first(c classes.Class) *AcquireRequest {
+	for i := range q.lanes[c] {
+		for w := q.lanes[c][i].head; w != nil; w = w.next {
+			if !w.ctxEnded() {
+				return w
+			}
+		}
+	}
+	return nil
+}
+
+// next is the fair queue's next candidate: the first waiter of the
+// backlogged class, not blocked in this pass, with the lowest counter
+// (ties to the lower class handle). nil when there is none.
+func (q *queue) next() *AcquireRequest {
+	for {
+		best := -1
+		for i, n := range q.waiting {
+			if n > 0 && !q.blocked[i] && (best < 0 || q.vtc[i] < q.vtc[best]) {
+				best = i
+			}
+		}
+		if best < 0 {
+			return nil
+		}
+		if w := q.first(classes.Class(best)); w != nil {
+			return w
+		}
+		q.block(classes.Class(best)) // only waiters whose context ended
+	}
+}
+
+// block skips class c for the rest of the pump's pass.
+func (q *queue) block(c classes.Class) {
+	if !q.blocked[c] {
+		q.blocked[c] = true
+		q.nblocked++
+	}
+}
+
+// allBlocked reports whether every class with waiters is blocked.
+func (q *queue) allBlocked() bool { return q.nblocked >= q.classes }
+
+// clearBlocked starts a pump's pass.
+func (q *queue) clearBlocked() {
+	clear(q.blocked)
+	q.nblocked = 0
+}
+
+// each calls f for every waiter, lines in order; f may remove the waiter
+// it is given.
+func (q *queue) each(f func(*AcquireRequest)) {
+	if !q.fair {
+		for w := q.plain.head; w != nil; {
+			next := w.next
+			f(w)
+			w = next
+		}
+		return
+	}
+	for c := range q.lanes {
+		for i := range q.lanes[c] {
+			for w := q.lanes[c][i].head; w != nil; {
+				next := w.next
+				f(w)
+				w = next
+			}
+		}
+	}
+}

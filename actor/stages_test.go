@@ -1,0 +1,339 @@
+package actor
+
+import (
+	"errors"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/llmbulkhead/bulkhead/actor/adaptive"
+	"github.com/llmbulkhead/bulkhead/actor/admission"
+)
+
+// These tests drive each stage beyond capacity through the state machine,
+// one message at a time: feedback, acquisitions, timers firing, remote
+// verdicts, releases.
+
+const (
+	cooldown  = admission.Cooldown
+	rateLimit = admission.RateLimit
+)
+
+// modelReq is newReq for a call of model.
+func modelReq(name, model string, reserved int64) *AcquireRequest {
+	r := newReq(name, reserved)
+	r.Model = model
+	return r
+}
+
+// detailOf returns a rejection's detail.
+func detailOf(t *testing.T, err error) *admission.RejectDetail {
+	t.Helper()
+	var rej *admission.RejectedError
+	if !errors.As(err, &rej) {
+		t.Fatalf("%v is no rejection", err)
+	}
+	return rej.Detail
+}
+
+func TestStageCooldownShed(t *testing.T) {
+	s, rec := newStageState(t, admission.Limits{MaxConcurrent: 4, MaxQueue: 4}, stageConfig{model: "m", shed: true})
+	s.feedback(&Feedback{Model: "m", Outcome: adaptive.RateLimited, RetryAfter: 5 * time.Second})
+	a := modelReq("a", "m", 0)
+	s.acquire(a)
+	other := modelReq("other", "n", 0)
+	s.acquire(other)
+	wantAnswers(t, rec, "a", cooldown, "other", admitted)
+	if d := detailOf(t, a.Err).Cooldown; d == nil || d.RetryAfter != 5*time.Second || d.Model != "m" || d.Headroom {
+		t.Fatalf("cool-down detail %+v", d)
+	}
+	// A feedback without a model is the bulkhead's own model's.
+	rec.clock = rec.clock.Add(5 * time.Second)
+	s.acquire(modelReq("b", "m", 0))
+	s.feedback(&Feedback{Outcome: adaptive.RateLimited, RetryAfter: time.Second})
+	s.acquire(modelReq("c", "m", 0))
+	wantAnswers(t, rec, "b", admitted, "c", cooldown)
+	if st := s.cool.stats(rec.clock); st.Started != 2 || st.Held != 0 || len(st.Active) != 1 {
+		t.Fatalf("cool-down stats %+v", st)
+	}
+}
+
+func TestStageCooldownHold(t *testing.T) {
+	s, rec := newStageState(t, admission.Limits{MaxConcurrent: 4, MaxQueue: 1}, stageConfig{model: "m"})
+	s.feedback(&Feedback{Model: "m", Outcome: adaptive.RateLimited, RetryAfter: 5 * time.Second})
+	held := modelReq("held", "m", 0)
+	s.acquire(held) // held in the queue, the hold timer armed
+	if len(rec.take()) != 0 || s.pending != 1 || !reflect.DeepEqual(rec.holds, []time.Duration{5 * time.Second}) {
+		t.Fatalf("pending %d, holds %v: want the call held 5s", s.pending, rec.holds)
+	}
+	// No room left in the queue to hold another: turned away.
+	s.acquire(modelReq("full", "m", 0))
+	wantAnswers(t, rec, "full", cooldown)
+	rec.clock = rec.clock.Add(5 * time.Second)
+	s.holdEnded()
+	wantAnswers(t, rec, "held", admitted)
+	if st := s.cool.stats(rec.clock); st.Held != 1 || st.Active != nil {
+		t.Fatalf("cool-down stats %+v", st)
+	}
+	s.feedback(&Feedback{Model: "m", Outcome: adaptive.RateLimited, RetryAfter: 5 * time.Second})
+	late := modelReq("late", "m", 0)
+	late.QueueTimeout = time.Second
+	s.acquire(late)
+	// One whose queue timeout or deadline ends first: turned away at once.
+	deadline := modelReq("deadline", "m", 0)
+	deadline.Deadline = rec.clock.Add(2 * time.Second)
+	s.acquire(deadline)
+	wantAnswers(t, rec, "late", cooldown, "deadline", cooldown)
+}
+
+// A call already in the queue when a cool-down begins is turned away as
+// its slot is granted, with the time left, when it may not wait it out.
+func TestStageCooldownAtGrant(t *testing.T) {
+	s, rec := newStageState(t, admission.Limits{MaxConcurrent: 1, MaxQueue: 1}, stageConfig{model: "m", shed: true})
+	first := modelReq("first", "m", 0)
+	s.acquire(first)
+	s.acquire(modelReq("waiter", "m", 0))
+	s.feedback(&Feedback{Model: "m", Outcome: adaptive.RateLimited, RetryAfter: 3 * time.Second})
+	release(s, first)
+	wantAnswers(t, rec, "first", admitted, "waiter", cooldown)
+	if s.inFlight != 0 {
+		t.Fatalf("in flight %d after the refusal at the grant, want 0", s.inFlight)
+	}
+}
+
+// The provider's headroom: each admission spends its reservation and a
+// request; a call that does not fit is a cool-down until it would; a
+// rolled-back admission gives its spend back.
+func TestStageHeadroom(t *testing.T) {
+	s, rec := newStageState(t, budgetLimits(4, 0, 1000), stageConfig{model: "m", shed: true})
+	s.feedback(&Feedback{Model: "m", Headroom: &admission.Headroom{Tokens: 100, Requests: -1, TokensReset: time.Minute}})
+	a := modelReq("a", "m", 80)
+	s.acquire(a)
+	b := modelReq("b", "m", 80)
+	s.acquire(b)
+	wantAnswers(t, rec, "a", admitted, "b", cooldown)
+	if d := detailOf(t, b.Err).Cooldown; d == nil || !d.Headroom || d.RetryAfter != time.Minute {
+		t.Fatalf("headroom detail %+v", d)
+	}
+	if st := s.cool.stats(rec.clock); st.Headroom["m"].Tokens != 20 || st.HeadroomReports != 1 {
+		t.Fatalf("headroom stats %+v", st.Headroom)
+	}
+	// A release gives nothing back (the provider counted the call)...
+	release(s, a)
+	s.acquire(modelReq("c", "m", 30))
+	wantAnswers(t, rec, "c", cooldown)
+	// ...a rollback does.
+	s.fleet = &fleetStage{}
+	d := modelReq("d", "m", 20)
+	s.acquire(d)
+	if len(rec.remotes) != 1 || s.cool.stats(rec.clock).Headroom["m"].Tokens != 0 {
+		t.Fatalf("remote jobs %d, headroom %+v: want d provisional, having spent the last 20", len(rec.remotes), s.cool.stats(rec.clock).Headroom)
+	}
+	j := rec.remotes[0]
+	j.why, j.ext = admission.ConcurrencyLimit, &admission.External{Constraint: admission.ConstraintFleet}
+	s.verdict(j)
+	wantAnswers(t, rec, "d", admission.ConcurrencyLimit)
+	if got := s.cool.stats(rec.clock).Headroom["m"].Tokens; got != 20 {
+		t.Fatalf("headroom %d after the rollback, want 20 back", got)
+	}
+}
+
+// The remote stages: an admission with a fleet pool is provisional until
+// the worker's verdict, which confirms it, or rolls it back (ending the
+// fleet hold, giving the slot to the next waiter), or carries a panic.
+func TestStageRemoteVerdicts(t *testing.T) {
+	s, rec := newStageState(t, admission.Limits{MaxConcurrent: 1, MaxQueue: 2}, stageConfig{model: "m"})
+	s.fleet = &fleetStage{}
+	a := newReq("a", 0)
+	s.acquire(a)
+	w := newReq("w", 0)
+	s.acquire(w)
+	if len(rec.take()) != 0 || s.provisional != 1 || s.calls != 0 || s.idle() || len(rec.remotes) != 1 {
+		t.Fatalf("provisional %d, calls %d, jobs %d: want a waiting for its verdict, unannounced", s.provisional, s.calls, len(rec.remotes))
+	}
+	if k := rec.kinds(); len(k) != 0 {
+		t.Fatalf("events %v before the verdict, want none", k)
+	}
+	s.verdict(rec.remotes[0]) // NoReason: confirmed
+	wantAnswers(t, rec, "a", admitted)
+	if s.provisional != 0 || s.calls != 1 || !reflect.DeepEqual(rec.kinds(), []string{"Admit"}) {
+		t.Fatalf("after the verdict: provisional %d, calls %d", s.provisional, s.calls)
+	}
+	release(s, a) // w is granted, provisionally
+	if len(rec.releases) != 1 || rec.releases[0] != a.Lease || len(rec.remotes) != 2 {
+		t.Fatalf("fleet releases %d, jobs %d", len(rec.releases), len(rec.remotes))
+	}
+	jw := rec.remotes[1]
+	jw.why, jw.panic = admission.Aborted, "boom"
+	jw.cause = errors.New("panic")
+	x := newReq("x", 0)
+	s.acquire(x) // queued behind w's provisional slot
+	s.verdict(jw)
+	if w.Panic != "boom" {
+		t.Fatalf("the panic %v did not reach the caller", w.Panic)
+	}
+	if len(rec.releases) != 2 || rec.releases[1] != w.Lease {
+		t.Fatal("the rolled-back admission's fleet hold was not ended")
+	}
+	wantAnswers(t, rec, "w", aborted)
+	if len(rec.remotes) != 3 || s.provisional != 1 {
+		t.Fatalf("jobs %d, provisional %d: want x granted its slot after the rollback", len(rec.remotes), s.provisional)
+	}
+	// Usage reports, abandonment and release reach the pool from the state.
+	s.verdict(rec.remotes[2])
+	wantAnswers(t, rec, "x", admitted)
+	if _, err := s.applyUsage(x.Lease, admission.Usage{Input: 5}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(rec.adjusts, []string{"0 1 false"}) {
+		t.Fatalf("fleet adjustments %v", rec.adjusts)
+	}
+}
+
+// In-process rates, decided at the grant: a call over the rate is turned
+// away with the exact retry-after, records nothing, and gives its slot
+// back.
+func TestStageRateDecided(t *testing.T) {
+	s, rec := newStageState(t, admission.Limits{MaxConcurrent: 4}, stageConfig{model: "m",
+		rates: &Rates{Name: "bh", Model: "m", PerModel: Rate{RequestsPerMinute: 60}}})
+	s.acquire(newReq("a", 0))
+	b := newReq("b", 0)
+	s.acquire(b)
+	wantAnswers(t, rec, "a", admitted, "b", rateLimit)
+	if d := detailOf(t, b.Err).Rate; d == nil || d.RetryAfter != time.Second || d.Limit != "requests" || d.Key != "m" {
+		t.Fatalf("rate detail %+v", d)
+	}
+	if s.inFlight != 1 {
+		t.Fatalf("in flight %d, want 1: the refused call gave its slot back", s.inFlight)
+	}
+	rec.clock = rec.clock.Add(time.Second)
+	s.acquire(newReq("c", 0))
+	wantAnswers(t, rec, "c", admitted)
+}
+
+// Paced rates: a call over the rate waits on its own timer for its turn,
+// then takes its slot; one whose turn comes after its queue timeout is
+// turned away at once; cancel and Close end a wait.
+func TestStageRatePaced(t *testing.T) {
+	s, rec := newStageState(t, admission.Limits{MaxConcurrent: 4}, stageConfig{model: "m",
+		rates: &Rates{Name: "bh", Model: "m", Pace: true, PerModel: Rate{RequestsPerMinute: 60}}})
+	s.acquire(newReq("a", 0))
+	b := newReq("b", 0)
+	s.acquire(b)
+	wantAnswers(t, rec, "a", admitted)
+	if rec.parks[b] != time.Second || s.nparked != 1 {
+		t.Fatalf("parks %v: want b parked for its turn, 1s", rec.parks)
+	}
+	late := newReq("late", 0)
+	late.QueueTimeout = 1500 * time.Millisecond // its turn is 2s away
+	s.acquire(late)
+	wantAnswers(t, rec, "late", rateLimit)
+	rec.clock = rec.clock.Add(time.Second)
+	s.unpark(&parkMsg{r: b, gen: b.gen})
+	wantAnswers(t, rec, "b", admitted)
+	if b.RateWait != time.Second || s.rates.paced.Load() != 1 {
+		t.Fatalf("rate wait %v, paced %d", b.RateWait, s.rates.paced.Load())
+	}
+	// A parked call whose context ends is withdrawn; Close ends the rest.
+	c := newReq("c", 0)
+	s.acquire(c)
+	d := newReq("d", 0)
+	s.acquire(d)
+	s.cancel(&cancelMsg{r: c, cause: errors.New("gone")})
+	s.close()
+	wantAnswers(t, rec, "c", aborted, "d", shutdown)
+	if s.nparked != 0 || len(rec.armed) != 0 {
+		t.Fatalf("parked %d, timers %d after cancel and close", s.nparked, len(rec.armed))
+	}
+	// A timer message that arrives after the answer changes nothing.
+	s.unpark(&parkMsg{r: d, gen: d.gen - 1})
+	wantAnswers(t, rec)
+}
+
+// A paced call on a remote store: a worker books the turn, and the verdict
+// parks the call or sends it on.
+func TestStageRemoteTurn(t *testing.T) {
+	s, rec := newStageState(t, admission.Limits{MaxConcurrent: 4}, stageConfig{model: "m",
+		rates: &Rates{Name: "bh", Model: "m", Pace: true, PerModel: Rate{RequestsPerMinute: 60}}})
+	s.rates.remote = true // as if the store were Redis
+	a := newReq("a", 0)
+	s.acquire(a)
+	if len(rec.remotes) != 1 || rec.remotes[0].kind != remoteTurn || s.checking != 1 || s.idle() {
+		t.Fatalf("jobs %d, checking %d: want a's turn asked of the store", len(rec.remotes), s.checking)
+	}
+	j := rec.remotes[0]
+	j.delay = 300 * time.Millisecond
+	s.verdict(j)
+	if rec.parks[a] != 300*time.Millisecond || s.checking != 0 {
+		t.Fatalf("parks %v: want a parked for the turn the store gave", rec.parks)
+	}
+	rec.clock = rec.clock.Add(300 * time.Millisecond)
+	s.unpark(&parkMsg{r: a, gen: a.gen})
+	wantAnswers(t, rec, "a", admitted)
+	b := newReq("b", 0)
+	s.acquire(b)
+	jb := rec.remotes[1]
+	jb.why, jb.ext = admission.RateUnavailable, &admission.External{Rate: &admission.RateDetail{}}
+	s.verdict(jb)
+	wantAnswers(t, rec, "b", admission.RateUnavailable)
+}
+
+// The adaptive limit learns from feedback messages: a 429 lowers the
+// limit at the next revision, the budget moving in proportion.
+func TestStageAdaptive(t *testing.T) {
+	params := adaptive.Params{Rule: adaptive.AIMD, Min: 1, Max: 8, Backoff: 0.5, Step: 1, Tolerance: 1.5, Smoothing: 0.2, Window: time.Second}
+	s, rec := newStageState(t, budgetLimits(8, 0, 8000), stageConfig{model: "m",
+		adaptive: &Adaptive{Params: params, HasBudget: true, MinBudget: 1000, MaxBudget: 8000}})
+	a := newReq("a", 10)
+	s.acquire(a)
+	wantAnswers(t, rec, "a", admitted)
+	if a.Lease.inFlight != 1 || a.Lease.epoch != 1 {
+		t.Fatalf("noted at the grant: in flight %d, epoch %d", a.Lease.inFlight, a.Lease.epoch)
+	}
+	rec.kinds()
+	rec.clock = rec.clock.Add(time.Second)
+	s.feedback(&Feedback{Outcome: adaptive.RateLimited, Lease: a.Lease})
+	if s.limits.MaxConcurrent != 4 || s.limits.Revision != 1 || s.limits.TokenBudget.Budget != 4000 {
+		t.Fatalf("limits %+v after a 429, want 4 at revision 1 with a 4000 budget", s.limits)
+	}
+	if k := rec.kinds(); !reflect.DeepEqual(k, []string{"Reconfigure"}) {
+		t.Fatalf("events %v", k)
+	}
+	if st := s.adaptiveStats(); st.Decreases != 1 || st.Samples != 1 || !st.LastChange.Equal(rec.clock) {
+		t.Fatalf("adaptive stats %+v", st)
+	}
+	// A kill switch is left alone.
+	s.applyLimits(&applyRequest{next: admission.Limits{Revision: 5, TokenBudget: &admission.BudgetLimits{Budget: 4000}}})
+	rec.clock = rec.clock.Add(time.Second)
+	s.feedback(&Feedback{Outcome: adaptive.RateLimited})
+	if s.limits.MaxConcurrent != 0 || s.limits.Revision != 5 {
+		t.Fatalf("limits %+v: the kill switch moved", s.limits)
+	}
+}
+
+// An overrun is booked at release on the in-process tokens rate, at most
+// one window ahead; on a remote store it is handed to a worker.
+func TestStageOverrun(t *testing.T) {
+	s, rec := newStageState(t, budgetLimits(4, 0, 1<<40), stageConfig{model: "m",
+		rates: &Rates{Name: "bh", Model: "m", PerModel: Rate{TokensPerMinute: 6000}}})
+	a := newReq("a", 100)
+	s.acquire(a)
+	s.release(&releaseMsg{l: a.Lease, usage: admission.Usage{Input: 1e9}, hasUsage: true})
+	b := newReq("b", 100)
+	s.acquire(b)
+	wantAnswers(t, rec, "a", admitted, "b", rateLimit)
+	if d := detailOf(t, b.Err).Rate; d.RetryAfter != time.Minute {
+		t.Fatalf("retry after %v, want one window (1m)", d.RetryAfter)
+	}
+	if len(rec.warnings) != 1 || s.rates.overrunDropped.Load() == 0 {
+		t.Fatalf("warnings %v, dropped %d", rec.warnings, s.rates.overrunDropped.Load())
+	}
+	s.rates.remote = true
+	rec.clock = rec.clock.Add(time.Hour)
+	c := newReq("c", 100)
+	s.acquire(c)
+	s.release(&releaseMsg{l: c.Lease, usage: admission.Usage{Input: 300}, hasUsage: true})
+	if !reflect.DeepEqual(rec.booked, []int64{200}) {
+		t.Fatalf("remote bookings %v, want the 200 over", rec.booked)
+	}
+}
