@@ -322,7 +322,19 @@ func TestMetricsGuide(t *testing.T) {
 	if n < 50 {
 		t.Errorf("found only %d metric families in package metrics: has the way they are named changed?", n)
 	}
+	gw := gatewayMetric.FindAllStringSubmatch(read(t, "gateway/early.go"), -1)
+	if len(gw) == 0 {
+		t.Errorf("found no metric family in gateway/early.go: has the way it is named changed?")
+	}
+	for _, m := range gw {
+		if !strings.Contains(guide, m[1]) {
+			t.Errorf("docs/metrics.md does not name %s (gateway/early.go)", m[1])
+		}
+	}
 }
+
+// gatewayMetric matches the name of a metric family package gateway serves.
+var gatewayMetric = regexp.MustCompile(`NewDesc\("(bulkhead_[a-z_]+)"`)
 
 // TestGatewayGuide checks that the gateway guide names every key of the
 // gateway's configuration file, and that its YAML blocks are valid

@@ -98,11 +98,11 @@ func buildGateway(t *testing.T, text string, env map[string]string, logs io.Writ
 	if err != nil {
 		t.Fatal(err)
 	}
-	logger := slog.New(slog.NewTextHandler(logs, nil))
+	format := "text" // the lines these tests read, unless the configuration asks for JSON
 	if cfg.Log.Format == "json" {
-		logger = slog.New(slog.NewJSONHandler(logs, nil))
+		format = "json"
 	}
-	g, err := gateway.Build(cfg, "gw.yaml", func(k string) string { return env[k] }, logger)
+	g, err := gateway.Build(cfg, "gw.yaml", func(k string) string { return env[k] }, gateway.NewLogger(logs, format))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -106,27 +106,8 @@ func (h *Handler) readCall(w http.ResponseWriter, req *http.Request, format stre
 	}
 	held := &heldBody{src: body, held: &h.held, limit: budget}
 	release = held.release
-	var interrupted atomic.Bool // the deadline was moved to now, not reached
-	if d := h.bodyTimeout(); d > 0 {
-		rc := http.NewResponseController(w)
-		deadline := time.Now().Add(d)
-		if rc.SetReadDeadline(deadline) == nil {
-			// A call cut short (its client gone, the gateway shutting
-			// down) stops waiting for its body at once. (The server also
-			// ends the call's context when the deadline itself fails a
-			// read: that is no interruption.)
-			stop := context.AfterFunc(req.Context(), func() {
-				if time.Now().Before(deadline) {
-					interrupted.Store(true)
-					_ = rc.SetReadDeadline(time.Now())
-				}
-			})
-			defer func() {
-				stop()
-				_ = rc.SetReadDeadline(time.Time{})
-			}()
-		}
-	}
+	interrupted, disarm := h.bodyDeadline(w, req)
+	defer disarm()
 	discard := max(limit, minDiscard)
 	tooLarge := func() Rejection {
 		return Rejection{Status: http.StatusRequestEntityTooLarge, Type: invalidType(format), Code: "request_too_large",
@@ -158,7 +139,7 @@ func (h *Handler) readCall(w http.ResponseWriter, req *http.Request, format stre
 	case errors.Is(err, errBodyBudget):
 		held.release()
 		refuseUnread(w, req, format, body, discard, h.budgetSpent(format, budget), endShed)
-	case errors.Is(err, os.ErrDeadlineExceeded) && !interrupted.Load():
+	case errors.Is(err, os.ErrDeadlineExceeded) && !interrupted():
 		w.Header().Set("Connection", "close")
 		answer(w, req, format, Rejection{Status: http.StatusRequestTimeout, ShouldRetry: true, Type: invalidType(format), Code: "request_timeout",
 			Message: fmt.Sprintf("gateway: the request body did not arrive within %v", h.bodyTimeout())}, endRefused)
@@ -172,6 +153,55 @@ func (h *Handler) readCall(w http.ResponseWriter, req *http.Request, format stre
 		answer(w, req, format, RejectionOf(format, context.Canceled), endClientGone)
 	}
 	return nil, release, false
+}
+
+// bodyDeadline bounds the reading of req's body by the body timeout, until
+// disarm is called; interrupted then reports whether the read was cut
+// short because req's context ended first (its client gone, the gateway
+// shutting down), rather than by the timeout.
+func (h *Handler) bodyDeadline(w http.ResponseWriter, req *http.Request) (interrupted func() bool, disarm func()) {
+	d := h.bodyTimeout()
+	if d <= 0 {
+		return func() bool { return false }, func() {}
+	}
+	rc := http.NewResponseController(w)
+	deadline := time.Now().Add(d)
+	if rc.SetReadDeadline(deadline) != nil {
+		return func() bool { return false }, func() {}
+	}
+	var cut atomic.Bool
+	// A call cut short stops waiting for its body at once. When the
+	// deadline itself ended the read, the server ends the context too:
+	// that is no interruption.
+	stop := context.AfterFunc(req.Context(), func() {
+		if time.Now().Before(deadline) {
+			cut.Store(true)
+			_ = rc.SetReadDeadline(time.Now())
+		}
+	})
+	return cut.Load, func() {
+		stop()
+		_ = rc.SetReadDeadline(time.Time{})
+	}
+}
+
+// refuseEarly answers r to a call whose body has not been read, for a
+// route whose bodies may hold limit bytes: its body is first read and
+// discarded, within the body timeout, when it is no longer than
+// max(limit, 1 MiB), as readCall does for a body it refuses; a longer one
+// is not read, and the answer closes the connection.
+func (h *Handler) refuseEarly(w http.ResponseWriter, req *http.Request, format stream.Format, limit int64, r Rejection, end string) {
+	body := req.Body
+	if body == nil {
+		body = http.NoBody
+	}
+	discard := max(min(limit, h.bodyBudget()), minDiscard)
+	if req.ContentLength > discard {
+		discard = -1
+	}
+	_, disarm := h.bodyDeadline(w, req)
+	defer disarm()
+	refuseUnread(w, req, format, body, discard, r, end)
 }
 
 func isBodyError(err error) bool {

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -59,6 +60,7 @@ type Gateway struct {
 	collectors []*metrics.Collector
 	pools      []*fleet.Pool
 	clients    map[string]*redis.Client
+	logger     *slog.Logger // the request log
 }
 
 // Build makes the gateway cfg describes: file names the configuration for
@@ -176,8 +178,9 @@ func Build(cfg *Config, file string, getenv func(string) string, logger *slog.Lo
 				return fail(v.at([]string{"upstreams", rc.Upstream, "api_key_env"}, "the environment variable %s is not set", up.APIKeyEnv))
 			}
 		}
+		adm := cfg.admission(cfg.Bulkheads[rc.Bulkhead].Classes != nil)
 		r := Route{Format: apis[rc.API], Models: rc.Models, Upstream: u, APIKey: key, Bulkhead: g.Bulkheads[rc.Bulkhead],
-			Options: cfg.options(cfg.Bulkheads[rc.Bulkhead].Classes != nil), MaxBodyBytes: rc.MaxBodyBytes}
+			Options: options(adm), MaxBodyBytes: rc.MaxBodyBytes, admission: adm}
 		if up.HeaderTimeout > 0 {
 			t := defaultTransport.Clone()
 			t.ResponseHeaderTimeout = time.Duration(up.HeaderTimeout)
@@ -195,9 +198,17 @@ func Build(cfg *Config, file string, getenv func(string) string, logger *slog.Lo
 	}
 	h.BodyBudget, h.BodyTimeout = cfg.BodyBudgetBytes, time.Duration(cfg.BodyTimeout)
 	g.proxy = h
-	if logger == nil {
-		logger = newLogger(cfg.Log.Format)
+	names := map[*bulkhead.Bulkhead]string{}
+	for name, b := range g.Bulkheads {
+		names[b] = name
 	}
+	if err := reg.Register(newEarlyCollector(h, names)); err != nil {
+		return fail(err)
+	}
+	if logger == nil {
+		logger = NewLogger(os.Stderr, cfg.Log.Format)
+	}
+	g.logger = logger
 	f := &front{next: h, g: g, clients: clients, logger: logger, mode: cfg.Log.Requests}
 	for _, rc := range cfg.Routes {
 		f.bulkhead = append(f.bulkhead, rc.Bulkhead)
@@ -213,8 +224,22 @@ func Build(cfg *Config, file string, getenv func(string) string, logger *slog.Lo
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.Handle("/", f)
-	g.Handler = mux
+	g.Handler = &router{admin: mux, front: f}
 	return g, nil
+}
+
+// router sends the requests for the health and metrics endpoints to admin,
+// and every other to front at once, without the pattern matching (and its
+// allocations) a ServeMux does for each request.
+type router struct{ admin, front http.Handler }
+
+func (r *router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	switch req.URL.Path {
+	case "/healthz", "/readyz", "/metrics":
+		r.admin.ServeHTTP(w, req)
+	default:
+		r.front.ServeHTTP(w, req)
+	}
 }
 
 // clientSet is the configuration's clients, their keys read with getenv;
@@ -324,15 +349,15 @@ func yamlKey(field string) string {
 	return field
 }
 
-// options returns the admission options of a call on a bulkhead (with
-// classes or not): its class from the class header when headers are
-// trusted, else its client's tenant (on a bulkhead with classes); high
-// priority from the priority header when headers are trusted or its
-// client may ask for it; and its tag from X-Request-Id.
-func (c *Config) options(classes bool) func(*http.Request, *stream.Call) []bulkhead.Option {
+// admission returns the admission class and priority of a call on a
+// bulkhead (with classes or not), from its request alone: its class from
+// the class header when headers are trusted, else its client's tenant (on
+// a bulkhead with classes); high priority from the priority header when
+// headers are trusted or its client may ask for it. It notes them for the
+// request log.
+func (c *Config) admission(classes bool) func(*http.Request) (class string, high bool) {
 	classHeader, prioHeader, trust := c.Class.Header, c.Priority.Header, c.TrustHeaders
-	return func(r *http.Request, _ *stream.Call) []bulkhead.Option {
-		var opts []bulkhead.Option
+	return func(r *http.Request) (string, bool) {
 		note := noteOf(r.Context())
 		var cl *client
 		if note != nil {
@@ -345,15 +370,25 @@ func (c *Config) options(classes bool) func(*http.Request, *stream.Call) []bulkh
 		if class == "" && cl != nil && classes {
 			class = cl.tenant
 		}
+		high := prioHeader != "" && strings.EqualFold(r.Header.Get(prioHeader), "high") && (trust || cl != nil && cl.high)
+		if note != nil {
+			note.class, note.high = class, high
+		}
+		return class, high
+	}
+}
+
+// options returns the admission options of a call: its class and
+// priority from admission, and its tag from X-Request-Id.
+func options(admission func(*http.Request) (string, bool)) func(*http.Request, *stream.Call) []bulkhead.Option {
+	return func(r *http.Request, _ *stream.Call) []bulkhead.Option {
+		var opts []bulkhead.Option
+		class, high := admission(r)
 		if class != "" {
 			opts = append(opts, bulkhead.WithClass(class))
 		}
-		high := prioHeader != "" && strings.EqualFold(r.Header.Get(prioHeader), "high") && (trust || cl != nil && cl.high)
 		if high {
 			opts = append(opts, bulkhead.WithPriority(bulkhead.High))
-		}
-		if note != nil {
-			note.class, note.high = class, high
 		}
 		if id := r.Header.Get(RequestIDHeader); id != "" && len(id) <= bulkhead.MaxTagLen {
 			opts = append(opts, bulkhead.WithTag(id))
@@ -415,6 +450,9 @@ func (g *Gateway) Shutdown(ctx context.Context) map[string]bulkhead.DrainResult 
 	}
 	for _, c := range g.clients {
 		_ = c.Close()
+	}
+	if g.logger != nil {
+		flushLogs(g.logger) // the last calls' lines
 	}
 	return left
 }

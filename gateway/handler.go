@@ -7,7 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/http/httputil"
 	"net/url"
 	"sync"
@@ -52,7 +54,8 @@ type Route struct {
 	// Transport sends the admitted requests. Nil means a clone of
 	// http.DefaultTransport that keeps DefaultMaxIdleConnsPerHost idle
 	// connections to each upstream (the default's 2 would make most calls
-	// at a few hundred a second open a new one). Set its timeouts
+	// at a few hundred a second open a new one), and whose connections
+	// tell a streamed answer when to flush (see Handler). Set its timeouts
 	// (ResponseHeaderTimeout) for an upstream that may hang, and its
 	// MaxIdleConnsPerHost to about the calls in flight at once.
 	Transport http.RoundTripper
@@ -60,6 +63,11 @@ type Route struct {
 	// MaxBodyBytes bounds request bodies; zero means
 	// stream.DefaultMaxBodyBytes.
 	MaxBodyBytes int64
+
+	// admission, set by Build, gives a call's class and priority from its
+	// request alone, what Options gives the bulkhead: with it (or without
+	// Options) the Handler can turn a call away before reading its body.
+	admission func(*http.Request) (class string, high bool)
 }
 
 // Handler is an HTTP reverse proxy in front of LLM providers: each call is
@@ -70,6 +78,12 @@ type Route struct {
 // upstream request and releases its admission at once. A request to a path
 // that is not a route's API endpoint is answered 404; a request to one that
 // is not a POST is passed upstream without admission.
+//
+// A streamed answer goes to the client as the upstream sends it, flushed
+// when the next read of the upstream would wait: events that arrive
+// together leave in one write, and an event the upstream follows with a
+// pause leaves at once. With a Route.Transport of its own, or an upstream
+// answering over HTTP/2, every write is flushed.
 //
 // The Handler reads a call's body itself, before admission, and bounds
 // the memory that takes whatever clients declare: the body grows as its
@@ -82,6 +96,18 @@ type Route struct {
 // bytes again as its limit (at least 1 MiB), so that a client that sends
 // its whole body before it reads, as the SDKs do, reads the answer; a
 // longer one is answered at once and its connection closed.
+//
+// Under overload a call is turned away before its body is read or parsed:
+// once a route's bulkhead has refused a call for want of a slot or a queue
+// position, and while the Handler's own calls fill it, each new call is
+// first checked with the bulkhead's advisory answer (Bulkhead.WouldAdmit,
+// for the call's class and priority), and one it would refuse for its
+// capacity gets that answer at once, its body read and discarded
+// unparsed. The bulkhead's Stats and events do not count these calls (a
+// Build gateway's /metrics does, as bulkhead_gateway_rejected_early_total).
+// This applies to a format with one route whose admission options come
+// from the request's headers (a Build route, or a route without Options);
+// other calls take the full path.
 //
 // Set the fields before the Handler serves; they must not change after.
 type Handler struct {
@@ -99,6 +125,7 @@ type Handler struct {
 	BodyTimeout time.Duration
 
 	formats map[stream.Format]*formatRoutes
+	gates   map[*bulkhead.Bulkhead]*gate
 	held    atomic.Int64 // the bytes of the bodies held, against BodyBudget
 }
 
@@ -106,13 +133,15 @@ type Handler struct {
 type formatRoutes struct {
 	byModel map[string]*routeProxy
 	other   *routeProxy
-	maxBody int64 // the largest body a route of the format reads
+	maxBody int64       // the largest body a route of the format reads
+	sole    *routeProxy // the format's route when it has one only: its calls are checked before their body is read
+	n       int         // the format's routes
 }
 
 // New returns a Handler for routes: for each format at most one route
 // without Models, and each model in at most one route.
 func New(routes ...Route) (*Handler, error) {
-	h := &Handler{formats: map[stream.Format]*formatRoutes{}}
+	h := &Handler{formats: map[stream.Format]*formatRoutes{}, gates: map[*bulkhead.Bulkhead]*gate{}}
 	for i, r := range routes {
 		field := fmt.Sprintf("routes[%d]", i)
 		switch r.Format {
@@ -133,7 +162,17 @@ func New(routes ...Route) (*Handler, error) {
 		case r.Bulkhead == nil:
 			return nil, &bulkhead.ConfigError{Field: field + ".Bulkhead", Problem: "must not be nil"}
 		}
-		rp := proxy(r, i)
+		g := h.gates[r.Bulkhead]
+		if g == nil {
+			g = newGate(r.Bulkhead)
+			h.gates[r.Bulkhead] = g
+		}
+		rp := proxy(r, i, g)
+		if fr.n++; fr.n == 1 {
+			fr.sole = rp
+		} else {
+			fr.sole = nil
+		}
 		for j, m := range r.Models {
 			if fr.byModel[m] != nil {
 				return nil, &bulkhead.ConfigError{Field: fmt.Sprintf("%s.Models[%d]", field, j), Problem: fmt.Sprintf("%v model %q has a route already", r.Format, m)}
@@ -155,14 +194,19 @@ func bodyLimit(n int64) int64 {
 	return n
 }
 
-// proxy is the reverse proxy of route r, the index-th.
-func proxy(r Route, index int) *routeProxy {
+// proxy is the reverse proxy of route r, the index-th, whose bulkhead's
+// gate is g.
+func proxy(r Route, index int, g *gate) *routeProxy {
 	format, upstream, key := r.Format, r.Upstream, r.APIKey
 	base := r.Transport
 	if base == nil {
 		base = defaultTransport
 	}
-	return &routeProxy{index: index, maxBody: bodyLimit(r.MaxBodyBytes), ReverseProxy: httputil.ReverseProxy{
+	admission := r.admission
+	if admission == nil && r.Options == nil {
+		admission = func(*http.Request) (string, bool) { return "", false }
+	}
+	return &routeProxy{index: index, maxBody: bodyLimit(r.MaxBodyBytes), gate: g, admission: admission, ReverseProxy: httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(upstream)
 			pr.SetXForwarded()
@@ -177,8 +221,9 @@ func proxy(r Route, index int) *routeProxy {
 			MaxBodyBytes: r.MaxBodyBytes,
 		},
 		// No FlushInterval: the proxy flushes every write of an event
-		// stream and of a body of unknown length by itself (streams go to
-		// the client event by event), and writes a plain response whole.
+		// stream and of a body of unknown length by itself (a streamed
+		// call's coalescer defers it to the moment the upstream pauses),
+		// and writes a plain response whole.
 		BufferPool: copyBuffers,
 		ModifyResponse: func(resp *http.Response) error {
 			if resp.Header.Get(RequestIDHeader) == "" && resp.Request != nil { // the provider's own ID stands
@@ -189,6 +234,10 @@ func proxy(r Route, index int) *routeProxy {
 		ErrorHandler: func(w http.ResponseWriter, req *http.Request, err error) {
 			if ctxErr := req.Context().Err(); ctxErr != nil && errors.Is(err, ctxErr) {
 				err = context.Cause(req.Context()) // the client went away, or the gateway cut the call at shutdown
+			}
+			var rej *bulkhead.RejectedError
+			if errors.As(err, &rej) && capacityRefusal(rej.Reason) {
+				g.learn(rej.Detail)
 			}
 			w.Header().Set(RequestIDHeader, req.Header.Get(RequestIDHeader))
 			WriteError(w, format, err)
@@ -206,6 +255,14 @@ func proxy(r Route, index int) *routeProxy {
 var defaultTransport = func() *http.Transport {
 	t := http.DefaultTransport.(*http.Transport).Clone()
 	t.MaxIdleConns, t.MaxIdleConnsPerHost = 0, DefaultMaxIdleConnsPerHost
+	dial := t.DialContext
+	t.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return watch(c), nil // streamed answers flush when it would wait (see coalescer)
+	}
 	return t
 }()
 
@@ -231,8 +288,10 @@ func (p *bufferPool) Put(b []byte) {
 // routeProxy is one route's reverse proxy.
 type routeProxy struct {
 	httputil.ReverseProxy
-	index   int   // the route's index in New's list
-	maxBody int64 // the route's body limit
+	index     int   // the route's index in New's list
+	maxBody   int64 // the route's body limit
+	gate      *gate // its bulkhead's
+	admission func(*http.Request) (class string, high bool)
 }
 
 // setKey puts the upstream's credentials in out, in the header of
@@ -297,6 +356,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		forward(w, req, fr.other, "")
 		return
 	}
+	if fr.sole != nil && h.shedEarly(w, req, format, fr.sole) {
+		return
+	}
 	call, release, ok := h.readCall(w, req, format, fr.maxBody)
 	defer release()
 	if !ok {
@@ -317,7 +379,21 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		answer(w, req, format, Rejection{Status: http.StatusRequestEntityTooLarge, Type: invalidType(format), Code: "request_too_large",
 			Message: fmt.Sprintf("gateway: request body larger than %d bytes (the limit for model %q)", rp.maxBody, model)}, endRefused)
 	default:
-		forward(w, req.WithContext(stream.WithCall(req.Context(), call)), rp, model)
+		rp.gate.calls.Add(1)
+		defer rp.gate.calls.Add(-1)
+		ctx := stream.WithCall(req.Context(), call)
+		if call.Stream {
+			c := &coalescer{ResponseWriter: w}
+			defer func() {
+				p := recover()
+				c.finish(p != nil)
+				if p != nil {
+					panic(p) // an aborted stream (http.ErrAbortHandler) goes on aborting
+				}
+			}()
+			w, ctx = c, httptrace.WithClientTrace(ctx, c.trace())
+		}
+		forward(w, req.WithContext(ctx), rp, model)
 	}
 }
 

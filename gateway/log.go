@@ -3,9 +3,9 @@ package gateway
 import (
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"net/http"
-	"os"
 	"strconv"
 	"sync"
 	"time"
@@ -14,14 +14,106 @@ import (
 	"github.com/llmbulkhead/bulkhead/stream"
 )
 
-// newLogger is the request log on standard error, in format ("json" or
-// "text").
-func newLogger(format string) *slog.Logger {
+// NewLogger returns the request log Build writes when it is given none (on
+// standard error): one line per request on w, JSON (format "json" or "")
+// or text ("text"), as slog's JSON and text handlers write lines. Its JSON
+// request lines are built without reflection. Lines are written to w
+// together, at most 100 ms after they are logged (or once 32 KiB wait),
+// rather than in one write each, which under load costs a system call per
+// request; Gateway.Shutdown writes the lines that wait. Writes to w are
+// serialised.
+func NewLogger(w io.Writer, format string) *slog.Logger {
+	lw := &logWriter{w: w}
 	if format == "text" {
-		return slog.New(slog.NewTextHandler(os.Stderr, nil))
+		return slog.New(&lineHandler{Handler: slog.NewTextHandler(lw, nil), w: lw})
 	}
-	return slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	return slog.New(&lineHandler{Handler: slog.NewJSONHandler(lw, nil), w: lw, json: true})
 }
+
+// lineHandler is NewLogger's handler: slog's JSON or text handler on w,
+// except for the JSON request lines, which the front writes to w itself.
+type lineHandler struct {
+	slog.Handler
+	w    *logWriter
+	json bool
+}
+
+// flushLogs writes the lines that wait in logger, when it is NewLogger's.
+func flushLogs(logger *slog.Logger) {
+	if lh, ok := logger.Handler().(*lineHandler); ok {
+		lh.w.flush()
+	}
+}
+
+// The request log's buffering: lines wait at most logDelay, and while
+// fewer than logBuffer bytes do.
+const (
+	logDelay  = 100 * time.Millisecond
+	logBuffer = 32 << 10
+)
+
+// logWriter gathers the lines written to w, and writes them together.
+type logWriter struct {
+	mu    sync.Mutex
+	w     io.Writer
+	buf   []byte
+	timer *time.Timer // writes buf, logDelay after the first line that waits
+	armed bool        // timer is due
+}
+
+func (l *logWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.buf)+len(p) > logBuffer {
+		if err := l.writeLocked(); err != nil {
+			return 0, err
+		}
+		if len(p) > logBuffer {
+			return l.w.Write(p)
+		}
+	}
+	l.buf = append(l.buf, p...)
+	if !l.armed {
+		l.armed = true
+		if l.timer == nil {
+			l.timer = time.AfterFunc(logDelay, l.due)
+		} else {
+			l.timer.Reset(logDelay)
+		}
+	}
+	return len(p), nil
+}
+
+// due writes the lines that wait, at the timer.
+func (l *logWriter) due() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.armed = false
+	_ = l.writeLocked()
+}
+
+// flush writes the lines that wait, now, and stops the timer.
+func (l *logWriter) flush() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.timer != nil {
+		l.timer.Stop()
+	}
+	l.armed = false
+	_ = l.writeLocked()
+}
+
+func (l *logWriter) writeLocked() error {
+	if len(l.buf) == 0 {
+		return nil
+	}
+	_, err := l.w.Write(l.buf)
+	l.buf = l.buf[:0]
+	return err
+}
+
+// lineWriters keep the writers of request lines.
+var lineWriters = sync.Pool{New: func() any { return &jsonWriter{b: make([]byte, 0, 512)} }}
 
 // The request log's modes (LogConfig.Requests).
 const (
@@ -109,47 +201,97 @@ func (f *front) log(r *http.Request, rec *recorder, start time.Time, retry strin
 	if note.end == endUpstream {
 		level = slog.LevelWarn
 	}
-	attrs := make([]slog.Attr, 0, 20)
-	attrs = append(attrs,
-		slog.String("method", r.Method), slog.String("path", r.URL.Path),
-		slog.Int("status", status), slog.String("end", note.end), slog.Int64("bytes", rec.bytes),
-		slog.Float64("duration_ms", ms(time.Since(start))))
-	if !note.header.IsZero() {
-		attrs = append(attrs, slog.Float64("header_ms", ms(note.header.Sub(start))))
+	now := time.Now()
+	if lh, ok := f.logger.Handler().(*lineHandler); ok && lh.json {
+		if !lh.Enabled(r.Context(), level) {
+			return
+		}
+		w := lineWriters.Get().(*jsonWriter)
+		f.appendLine(w, now, level, r, rec, start, status, retry)
+		_, _ = lh.w.Write(w.b)
+		if cap(w.b) <= maxPooledBuffer {
+			lineWriters.Put(w)
+		}
+		return
 	}
-	attrs = append(attrs, slog.String("tag", r.Header.Get(RequestIDHeader)))
+	attrs := make(attrList, 0, 20)
+	f.fields(&attrs, r, rec, start, now, status, retry)
+	f.logger.LogAttrs(r.Context(), level, "request", attrs...)
+}
+
+// appendLine writes the request's line, at now, in w (emptied first): the
+// JSON line slog's JSON handler writes for the same record.
+func (f *front) appendLine(w *jsonWriter, now time.Time, level slog.Level, r *http.Request, rec *recorder, start time.Time, status int, retry string) {
+	w.b = w.b[:0]
+	w.open()
+	w.time("time", now)
+	w.str("level", level.String())
+	w.str("msg", "request")
+	f.fields(w, r, rec, start, now, status, retry)
+	w.end()
+	w.b = append(w.b, '\n')
+}
+
+// fieldSink receives the fields of a request line: a JSON line being
+// written, or slog attributes.
+type fieldSink interface {
+	str(k, v string)
+	int(k string, v int64)
+	float(k string, v float64)
+}
+
+// attrList collects a request line's fields as slog attributes.
+type attrList []slog.Attr
+
+func (a *attrList) str(k, v string)           { *a = append(*a, slog.String(k, v)) }
+func (a *attrList) int(k string, v int64)     { *a = append(*a, slog.Int64(k, v)) }
+func (a *attrList) float(k string, v float64) { *a = append(*a, slog.Float64(k, v)) }
+
+// fields writes the request's fields to out, in their order on the line;
+// the request ended at now.
+func (f *front) fields(out fieldSink, r *http.Request, rec *recorder, start, now time.Time, status int, retry string) {
+	note := rec.note
+	out.str("method", r.Method)
+	out.str("path", r.URL.Path)
+	out.int("status", int64(status))
+	out.str("end", note.end)
+	out.int("bytes", rec.bytes)
+	out.float("duration_ms", ms(now.Sub(start)))
+	if !note.header.IsZero() {
+		out.float("header_ms", ms(note.header.Sub(start)))
+	}
+	out.str("tag", r.Header.Get(RequestIDHeader))
 	if c := note.client; c != nil {
-		attrs = append(attrs, slog.String("key_id", c.name))
+		out.str("key_id", c.name)
 	}
 	if note.route >= 0 {
-		attrs = append(attrs, slog.Int("route", note.route))
+		out.int("route", int64(note.route))
 		if note.route < len(f.bulkhead) {
-			attrs = append(attrs, slog.String("bulkhead", f.bulkhead[note.route]))
+			out.str("bulkhead", f.bulkhead[note.route])
 		}
 	}
 	if note.model != "" {
-		attrs = append(attrs, slog.String("model", note.model))
+		out.str("model", note.model)
 	}
 	if note.class != "" {
-		attrs = append(attrs, slog.String("tenant", note.class))
+		out.str("tenant", note.class)
 	}
 	if note.high {
-		attrs = append(attrs, slog.String("priority", "high"))
+		out.str("priority", "high")
 	}
 	if id := rec.Header().Get(stream.AdmissionIDHeader); id != "" {
-		attrs = append(attrs, slog.String("admission_id", id))
+		out.str("admission_id", id)
 	}
 	if reason := rec.Header().Get("X-Bulkhead-Reason"); reason != "" {
-		attrs = append(attrs, slog.String("shed", reason))
+		out.str("shed", reason)
 	}
 	if retry != "" {
 		if count, err := strconv.Atoi(retry); err == nil {
-			attrs = append(attrs, slog.Int("retry", count))
+			out.int("retry", int64(count))
 		} else {
-			attrs = append(attrs, slog.String("retry", retry))
+			out.str("retry", retry)
 		}
 	}
-	f.logger.LogAttrs(r.Context(), level, "request", attrs...)
 }
 
 // ms is d in milliseconds, to the microsecond.

@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"math"
 	"net/http"
@@ -208,48 +207,132 @@ func write(w http.ResponseWriter, format stream.Format, r Rejection) {
 		h.Set("X-Ratelimit-Reset-"+rd.Limit, r.RetryAfter.String())
 	}
 	w.WriteHeader(r.Status)
-	_ = json.NewEncoder(w).Encode(r.body(format))
+	b := getBuffer()
+	*b = r.appendBody(*b, format)
+	_, _ = w.Write(*b)
+	putBuffer(b)
 }
 
-// body is the response body in format's dialect.
-func (r Rejection) body(format stream.Format) any {
+// appendBody appends the response body in format's dialect, and a newline
+// (what encoding/json's Encoder writes for the same document).
+func (r Rejection) appendBody(b []byte, format stream.Format) []byte {
+	w := jsonWriter{b: b}
+	w.open()
 	switch format {
 	case stream.AnthropicMessages:
-		type inner struct {
-			Type    string `json:"type"`
-			Message string `json:"message"`
-		}
-		return struct {
-			Type     string  `json:"type"`
-			Error    inner   `json:"error"`
-			Bulkhead *Detail `json:"bulkhead,omitempty"`
-		}{"error", inner{r.Type, r.Message}, r.Detail}
+		w.str("type", "error")
+		w.object("error")
+		w.str("type", r.Type)
+		w.str("message", r.Message)
+		w.end()
+		r.Detail.write(&w)
 	case stream.Gemini:
-		return struct {
-			Error any `json:"error"`
-		}{struct {
-			Code     int     `json:"code"`
-			Message  string  `json:"message"`
-			Status   string  `json:"status"`
-			Bulkhead *Detail `json:"bulkhead,omitempty"`
-		}{r.Status, r.Message, r.Type, r.Detail}}
+		w.object("error")
+		w.int("code", int64(r.Status))
+		w.str("message", r.Message)
+		w.str("status", r.Type)
+		r.Detail.write(&w)
+		w.end()
+	default:
+		w.object("error")
+		w.str("message", r.Message)
+		w.str("type", r.Type)
+		w.null("param")
+		if r.Code == "" {
+			w.null("code")
+		} else {
+			w.str("code", r.Code)
+		}
+		r.Detail.write(&w)
+		w.end()
 	}
-	return struct {
-		Error any `json:"error"`
-	}{struct {
-		Message  string  `json:"message"`
-		Type     string  `json:"type"`
-		Param    *string `json:"param"`
-		Code     *string `json:"code"`
-		Bulkhead *Detail `json:"bulkhead,omitempty"`
-	}{r.Message, r.Type, nil, nullable(r.Code), r.Detail}}
+	w.end()
+	return append(w.b, '\n')
 }
 
-func nullable(s string) *string {
-	if s == "" {
-		return nil
+// write writes d as the member "bulkhead", as its JSON tags say; nothing
+// for a nil d.
+func (d *Detail) write(w *jsonWriter) {
+	if d == nil {
+		return
 	}
-	return &s
+	w.object("bulkhead")
+	w.str("reason", d.Reason)
+	if d.Tag != "" {
+		w.str("tag", d.Tag)
+	}
+	if d.Constraint != "" {
+		w.str("constraint", d.Constraint)
+	}
+	if d.NeverFits {
+		w.boolean("never_fits", true)
+	}
+	if d.RetryAfterMs != 0 {
+		w.int("retry_after_ms", d.RetryAfterMs)
+	}
+	w.int("limit_revision", d.LimitRevision)
+	w.int("in_flight", int64(d.InFlight))
+	w.int("max_concurrent", int64(d.MaxConcurrent))
+	w.int("pending", int64(d.Pending))
+	w.int("max_queue", int64(d.MaxQueue))
+	if t := d.Tokens; t != nil {
+		w.object("tokens")
+		w.int("budget", t.Budget)
+		w.int("effective_budget", t.EffectiveBudget)
+		w.int("in_flight", t.InFlight)
+		w.int("available", t.Available)
+		w.int("reserved", t.Reserved)
+		w.end()
+	}
+	if c := d.Class; c != nil {
+		w.object("class")
+		w.str("name", c.Name)
+		w.int("in_flight", int64(c.InFlight))
+		w.int("in_flight_tokens", c.InFlightTokens)
+		w.end()
+	}
+	if r := d.Rate; r != nil {
+		w.object("rate")
+		for _, m := range [...]struct{ k, v string }{{"scope", r.Scope}, {"key", r.Key}, {"limit", r.Limit}} {
+			if m.v != "" {
+				w.str(m.k, m.v)
+			}
+		}
+		for _, m := range [...]struct {
+			k string
+			v float64
+		}{{"per_minute", r.PerMinute}, {"burst", r.Burst}, {"weight", r.Weight}} {
+			if m.v != 0 {
+				w.float(m.k, m.v)
+			}
+		}
+		if r.Remaining != nil {
+			w.float("remaining", *r.Remaining)
+		}
+		if r.Error != "" {
+			w.str("error", r.Error)
+		}
+		w.end()
+	}
+	if f := d.Fleet; f != nil {
+		w.object("fleet")
+		w.str("pool", f.Pool)
+		w.int("in_flight", f.InFlight)
+		w.int("in_flight_tokens", f.InFlightTokens)
+		w.int("max_concurrent", f.MaxConcurrent)
+		w.int("token_budget", f.TokenBudget)
+		if f.Error != "" {
+			w.str("error", f.Error)
+		}
+		w.end()
+	}
+	if c := d.Cooldown; c != nil {
+		w.object("cooldown")
+		w.str("model", c.Model)
+		w.time("until", c.Until)
+		w.end()
+	}
+	w.end()
 }
 
 // rateType is the error type of a per-tenant or rate rejection.

@@ -12,7 +12,7 @@ import (
 // upstream for the calls in flight (http.DefaultTransport keeps 2).
 func TestDefaultTransportKeepsConnections(t *testing.T) {
 	u, _ := url.Parse("http://upstream.test")
-	rp := proxy(Route{Format: stream.OpenAIChat, Upstream: u}, 0)
+	rp := proxy(Route{Format: stream.OpenAIChat, Upstream: u}, 0, newGate(nil))
 	tr := rp.Transport.(*stream.Transport)
 	base, ok := tr.Base.(*http.Transport)
 	if !ok || base != defaultTransport || base.MaxIdleConnsPerHost != DefaultMaxIdleConnsPerHost || base.MaxIdleConns != 0 {

@@ -49,12 +49,9 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		fmt.Fprintf(stderr, "bulkhead gateway: %v\n", err)
 		return 1
 	}
-	logger := slog.New(slog.NewJSONHandler(stderr, nil)) // the request log
-	switch {
-	case *check:
+	logger := gateway.NewLogger(stderr, cfg.Log.Format) // the request log
+	if *check {
 		logger = slog.New(slog.DiscardHandler)
-	case cfg.Log.Format == "text":
-		logger = slog.New(slog.NewTextHandler(stderr, nil))
 	}
 	g, err := gateway.Build(cfg, *config, os.Getenv, logger)
 	if err != nil {

@@ -28,7 +28,9 @@ type Result struct {
 	// client's retries.
 	Failed429 int
 	// Shed counts calls the bulkhead rejected, and ShedByReason splits them
-	// (from the bulkhead's Stats).
+	// by the reason each caller was given (the gateway turns some calls
+	// away before their body is read: the bulkhead's Stats do not count
+	// those).
 	Shed         int
 	ShedByReason map[bulkhead.Reason]int64
 	// Failed counts calls that failed otherwise (the run was cancelled).
@@ -245,6 +247,9 @@ dispatch:
 	}
 
 	res := Result{Name: name, Calls: len(reqs), Wall: wall, Provider: prov.Stats()}
+	if b != nil {
+		res.ShedByReason = map[bulkhead.Reason]int64{}
+	}
 	var okLat, failLat, shedLat []time.Duration
 	for _, o := range outcomes {
 		var rej *bulkhead.RejectedError
@@ -254,8 +259,13 @@ dispatch:
 			res.OK++
 			okLat = append(okLat, o.latency)
 			continue
-		case errors.As(o.err, &rej), errors.As(o.err, &shed):
+		case errors.As(o.err, &rej):
 			res.Shed++
+			res.ShedByReason[rej.Reason]++
+			shedLat = append(shedLat, o.latency)
+		case errors.As(o.err, &shed):
+			res.Shed++
+			res.ShedByReason[reasonNamed(shed.reason)]++
 			shedLat = append(shedLat, o.latency)
 		case errors.Is(o.err, simprovider.ErrRateLimited):
 			res.Failed429++
@@ -268,7 +278,6 @@ dispatch:
 	if b != nil {
 		st := b.Stats()
 		res.Bulkhead = &st
-		res.ShedByReason = st.Calls.RejectedByReason
 	}
 	return res, nil
 }
@@ -315,4 +324,16 @@ func (c *client) retry(ctx context.Context, id uint64, attempt func() error) err
 			return err
 		}
 	}
+}
+
+// reasonNamed returns the Reason whose wire name is name (the gateway's
+// X-Bulkhead-Reason), or the zero Reason.
+func reasonNamed(name string) bulkhead.Reason {
+	for r := bulkhead.Reason(1); r != 0; r++ { // every value of the uint8
+
+		if r.String() == name {
+			return r
+		}
+	}
+	return 0
 }

@@ -1,0 +1,178 @@
+package gateway
+
+import (
+	"crypto/tls"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+)
+
+// A streamed answer goes to the client event by event, but not a write
+// per event: the proxy writes what each read of the upstream brings, and
+// the coalescer flushes it to the client only when the next read of the
+// upstream connection would wait for more (or at the end of the answer).
+// Events that arrive together leave together; an event followed by a
+// pause leaves at once. This needs to see the upstream connection's
+// reads: the connections of the routes' default transport are
+// watchedConns; with another transport (and over HTTP/2, where the
+// connection carries other calls too) the coalescer flushes every write,
+// as the proxy asks.
+
+// watchedConn is an upstream connection that tells the call reading it
+// (its owner) when a read is about to wait for the upstream.
+type watchedConn struct {
+	net.Conn
+	raw   syscall.RawConn
+	owner atomic.Pointer[coalescer]
+}
+
+// watch wraps c, when its reads can be watched (a TCP connection).
+func watch(c net.Conn) net.Conn {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return c
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return c
+	}
+	return &watchedConn{Conn: c, raw: raw}
+}
+
+// Read reads as net.Conn's Read does; when the connection has no bytes to
+// give and the read is about to wait, it first flushes what its owner has
+// written to its client.
+func (c *watchedConn) Read(p []byte) (int, error) {
+	owner := c.owner.Load()
+	if owner == nil || len(p) == 0 {
+		return c.Conn.Read(p)
+	}
+	var n int
+	var rerr error
+	flushed := false
+	err := c.raw.Read(func(fd uintptr) bool {
+		for {
+			n, rerr = syscall.Read(int(fd), p)
+			if rerr != syscall.EINTR {
+				break
+			}
+		}
+		if rerr == syscall.EAGAIN {
+			if !flushed {
+				flushed = true
+				owner.flushPending()
+			}
+			return false // wait until there is something to read
+		}
+		return true
+	})
+	switch {
+	case err != nil: // the deadline passed, or the connection was closed
+		var oe *net.OpError
+		if errors.As(err, &oe) {
+			err = oe.Err
+		}
+		return 0, &net.OpError{Op: "read", Net: c.LocalAddr().Network(), Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
+	case rerr != nil:
+		return 0, &net.OpError{Op: "read", Net: c.LocalAddr().Network(), Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: os.NewSyscallError("read", rerr)}
+	case n <= 0:
+		return 0, io.EOF
+	}
+	return n, nil
+}
+
+// coalescer is the ResponseWriter a streamed call's answer is proxied
+// through (see the top of this file).
+type coalescer struct {
+	http.ResponseWriter
+	mu      sync.Mutex
+	conn    *watchedConn // the upstream connection that tells when to flush; nil: flush every write
+	pending bool         // written since the last flush
+	done    bool         // the proxy is done with the answer
+}
+
+// trace attaches c to the upstream connection its call gets.
+func (c *coalescer) trace() *httptrace.ClientTrace {
+	return &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) { c.attach(info.Conn) }}
+}
+
+func (c *coalescer) attach(conn net.Conn) {
+	if tc, ok := conn.(*tls.Conn); ok {
+		if tc.ConnectionState().NegotiatedProtocol == "h2" {
+			conn = nil // the connection's reads are every call's
+		} else {
+			conn = tc.NetConn()
+		}
+	}
+	wc, _ := conn.(*watchedConn)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.conn != nil { // a retry on another connection
+		c.conn.owner.CompareAndSwap(c, nil)
+	}
+	c.conn = wc
+	if wc != nil {
+		wc.owner.Store(c)
+	}
+}
+
+func (c *coalescer) WriteHeader(status int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.ResponseWriter.WriteHeader(status)
+}
+
+func (c *coalescer) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.ResponseWriter.Write(p)
+}
+
+// Flush flushes at once without a watched connection; with one, it leaves
+// the flush to the moment the connection's next read would wait.
+func (c *coalescer) Flush() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.conn != nil {
+		c.pending = true
+		return
+	}
+	_ = http.NewResponseController(c.ResponseWriter).Flush()
+}
+
+// flushPending flushes what was written since the last flush, unless the
+// proxy is done with the answer (the server then writes it).
+func (c *coalescer) flushPending() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.pending && !c.done {
+		c.pending = false
+		_ = http.NewResponseController(c.ResponseWriter).Flush()
+	}
+}
+
+// finish ends the coalescer's use of its connection, once the proxy is
+// done with the answer. What waits is left to the server, which writes it
+// with the answer's end, unless the proxy aborted the answer (the upstream
+// broke off, say): it goes to the client now, before the connection is
+// closed.
+func (c *coalescer) finish(aborted bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if aborted && c.pending {
+		_ = http.NewResponseController(c.ResponseWriter).Flush()
+	}
+	c.pending, c.done = false, true
+	if c.conn != nil {
+		c.conn.owner.CompareAndSwap(c, nil)
+	}
+}
+
+// Unwrap lets http.ResponseController reach the connection.
+func (c *coalescer) Unwrap() http.ResponseWriter { return c.ResponseWriter }

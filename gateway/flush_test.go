@@ -1,0 +1,135 @@
+package gateway_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/llmbulkhead/bulkhead"
+	"github.com/llmbulkhead/bulkhead/gateway"
+	"github.com/llmbulkhead/bulkhead/internal/testutil"
+	"github.com/llmbulkhead/bulkhead/stream"
+)
+
+// deliveringWriter is a ResponseWriter whose client sees a write only once
+// it is flushed; it counts the flushes.
+type deliveringWriter struct {
+	h       http.Header
+	mu      sync.Mutex
+	pending bytes.Buffer
+	seen    bytes.Buffer
+	flushes int
+}
+
+func (w *deliveringWriter) Header() http.Header { return w.h }
+func (w *deliveringWriter) WriteHeader(int)     {}
+func (w *deliveringWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.pending.Write(p)
+}
+
+func (w *deliveringWriter) Flush() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.flushes++
+	w.pending.WriteTo(&w.seen)
+}
+
+// delivered returns what the client has seen, and the flushes so far.
+func (w *deliveringWriter) delivered() (string, int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.seen.String(), w.flushes
+}
+
+// rawUpstream is an upstream that answers one streamed call: it writes the
+// answer's head and the chunks of first at once, then waits for release,
+// then writes the chunks of rest and the end of the answer.
+func rawUpstream(t *testing.T, first, rest []string, release <-chan struct{}) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	t.Cleanup(func() { ln.Close(); <-done })
+	chunks := func(events []string) string {
+		var b strings.Builder
+		for _, e := range events {
+			fmt.Fprintf(&b, "%x\r\n%s\r\n", len(e), e)
+		}
+		return b.String()
+	}
+	go func() {
+		defer close(done)
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		br := bufio.NewReader(c)
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			return
+		}
+		io.Copy(io.Discard, req.Body)
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"+chunks(first))
+		<-release
+		io.WriteString(c, chunks(rest)+"0\r\n\r\n")
+	}()
+	return "http://" + ln.Addr().String()
+}
+
+// event is the n-th text delta of a chat stream.
+func event(n int) string {
+	return fmt.Sprintf("data: {\"id\":\"c1\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"word %04d %s\"}}]}\n\n", n, strings.Repeat("x", 150))
+}
+
+// TestStreamFlushCoalesced: events that the upstream sends together reach
+// the client in one flush, however many reads the proxy makes of them,
+// and at once, while the upstream says nothing more; the rest follows when
+// it comes.
+func TestStreamFlushCoalesced(t *testing.T) {
+	var first, rest []string
+	for i := range 1000 { // ~200 KB: many reads of the upstream's answer
+		first = append(first, event(i))
+	}
+	rest = append(rest, event(1000), "data: {\"id\":\"c1\",\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":1001,\"total_tokens\":1010}}\n\n", "data: [DONE]\n\n")
+	release := make(chan struct{})
+	up, _ := url.Parse(rawUpstream(t, first, rest, release))
+	b, _ := bulkhead.New(budgetConfig(4))
+	defer b.Shutdown(context.Background())
+	h, err := gateway.New(gateway.Route{Format: stream.OpenAIChat, Upstream: up, Bulkhead: b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := httptest.NewRequest("POST", "/v1/chat/completions", strings.NewReader(`{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}],"max_tokens":500}`))
+	w := &deliveringWriter{h: http.Header{}}
+	served := make(chan struct{})
+	go func() { defer close(served); h.ServeHTTP(w, req) }()
+
+	want := strings.Join(first, "")
+	testutil.WaitFor(t, "the first events, while the upstream waits", func() bool { got, _ := w.delivered(); return got == want })
+	// One flush, or two should the kernel hand the upstream's write over
+	// in parts (a flush for every read of the upstream is about 8).
+	if _, flushes := w.delivered(); flushes > 2 {
+		t.Errorf("%d events sent together reached the client in %d flushes; want 1", len(first), flushes)
+	}
+	close(release)
+	<-served
+	w.Flush() // the server's own, at the end of the handler
+	if got, _ := w.delivered(); got != want+strings.Join(rest, "") {
+		t.Fatalf("the stream as the client got it:\n%q", got)
+	}
+	testutil.WaitFor(t, "the call's release", idle(b))
+}
