@@ -12,7 +12,9 @@
 //     scheduled start, what each proxy adds over the direct call, CPU
 //     seconds per 1,000 calls (from /proc/<pid>/stat) and peak RSS;
 //   - shed cost: the same rate while -limit calls hold every slot, so that
-//     every call is turned away, against the served calls' cost;
+//     every call is turned away, against the served calls' cost (the
+//     bare Go proxy of -goproxy answers these calls 503 itself: the floor
+//     of a call a Go server turns away);
 //   - overload: rising rates against an upstream that takes -overload-delay
 //     per call, up to the rate where the p99 of all calls first exceeds
 //     100 ms (a call that is not served counts as slower than any), then
@@ -351,17 +353,16 @@ func (b *bench) latency() map[string]float64 {
 // "mode/proxy".
 func (b *bench) shedCost(served map[string]float64) {
 	o := b.o
-	var names []string
-	for _, name := range b.names[1:] {
-		if name != "goproxy" { // no limit: nothing is shed
-			names = append(names, name)
-		}
-	}
+	names := b.names[1:]
 	// Every slot of every proxy is held for the whole phase.
 	hold := time.Duration(o.rounds*len(names))*(o.dur+time.Second) + 5*time.Second
 	var holding sync.WaitGroup
 	targets, results := map[string]*target{}, map[string]*measured{}
 	for _, name := range names {
+		if name == "goproxy" { // no limit: it answers these calls itself (see shedHeader)
+			targets[name], results[name] = newTarget(name, b.addrs[name], plainBody, shedHeader+": 1\r\n"), &measured{}
+			continue
+		}
 		holder := newTarget(name, b.addrs[name], plainBody, fmt.Sprintf("X-Bench-Delay-Ms: %d\r\n", hold.Milliseconds()))
 		holder.timeout = hold + 10*time.Second
 		for range o.limit + o.queue {

@@ -307,6 +307,15 @@ func serveGoProxy(ln net.Listener, upstream string) error {
 	t.MaxIdleConnsPerHost = 256
 	proxy := &httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(u) }, Transport: t}
 	return http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get(shedHeader) != "" {
+			// The floor of a call a Go server answers itself: its body
+			// read and discarded, a small JSON error written.
+			_, _ = io.Copy(io.Discard, r.Body)
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = io.WriteString(w, `{"error":{"message":"overloaded","type":"service_unavailable_error","code":"server_is_overloaded"}}`)
+			return
+		}
 		body, err := io.ReadAll(r.Body)
 		if err != nil {
 			return
@@ -315,6 +324,10 @@ func serveGoProxy(ln net.Listener, upstream string) error {
 		proxy.ServeHTTP(w, r)
 	}))
 }
+
+// shedHeader asks the bare Go proxy to answer a call itself, 503, as the
+// gateway answers a call it sheds: the floor of a shed call in Go.
+const shedHeader = "X-Bench-Shed"
 
 // nginxBinary finds nginx, "" when it is not installed.
 func nginxBinary() string {
