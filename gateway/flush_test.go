@@ -133,3 +133,57 @@ func TestStreamFlushCoalesced(t *testing.T) {
 	}
 	testutil.WaitFor(t, "the call's release", idle(b))
 }
+
+// TestStreamHeadBeforeFirstEvent: a streamed answer's head reaches the
+// client as soon as the upstream sends it, while the upstream has yet to
+// send its first event (a model's time to first token), as it did before
+// flushes were coalesced.
+func TestStreamHeadBeforeFirstEvent(t *testing.T) {
+	release := make(chan struct{})
+	released := false
+	up, _ := url.Parse(rawUpstream(t, nil, []string{event(0), "data: [DONE]\n\n"}, release))
+	b, _ := bulkhead.New(budgetConfig(4))
+	defer b.Shutdown(context.Background())
+	h, err := gateway.New(gateway.Route{Format: stream.OpenAIChat, Upstream: up, Bulkhead: b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw := httptest.NewServer(h)
+	defer gw.Close()
+	defer func() { // before gw.Close, which waits for the call
+		if !released {
+			close(release)
+		}
+	}()
+	head := make(chan *http.Response, 1)
+	go func() {
+		res, err := http.Post(gw.URL+"/v1/chat/completions", "application/json",
+			strings.NewReader(`{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"hi"}]}`))
+		if err != nil {
+			t.Error(err)
+			close(head)
+			return
+		}
+		head <- res
+	}()
+	var res *http.Response
+	testutil.WaitFor(t, "the answer's head while the upstream thinks", func() bool {
+		select {
+		case res = <-head:
+			return true
+		default:
+			return false
+		}
+	})
+	if res == nil {
+		return
+	}
+	defer res.Body.Close()
+	close(release)
+	released = true
+	body, err := io.ReadAll(res.Body)
+	if err != nil || res.StatusCode != 200 || !strings.HasSuffix(string(body), "data: [DONE]\n\n") {
+		t.Fatalf("%d %q %v", res.StatusCode, body, err)
+	}
+	testutil.WaitFor(t, "the call's release", idle(b))
+}
