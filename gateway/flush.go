@@ -32,19 +32,6 @@ type watchedConn struct {
 	owner atomic.Pointer[coalescer]
 }
 
-// watch wraps c, when its reads can be watched (a TCP connection).
-func watch(c net.Conn) net.Conn {
-	sc, ok := c.(syscall.Conn)
-	if !ok {
-		return c
-	}
-	raw, err := sc.SyscallConn()
-	if err != nil {
-		return c
-	}
-	return &watchedConn{Conn: c, raw: raw}
-}
-
 // Read reads as net.Conn's Read does; when the connection has no bytes to
 // give and the read is about to wait, it first flushes what its owner has
 // written to its client.
@@ -58,7 +45,7 @@ func (c *watchedConn) Read(p []byte) (int, error) {
 	flushed := false
 	err := c.raw.Read(func(fd uintptr) bool {
 		for {
-			n, rerr = syscall.Read(int(fd), p)
+			n, rerr = readFD(fd, p)
 			if rerr != syscall.EINTR {
 				break
 			}
