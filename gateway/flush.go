@@ -32,19 +32,6 @@ type watchedConn struct {
 	owner atomic.Pointer[coalescer]
 }
 
-// watch wraps c, when its reads can be watched (a TCP connection).
-func watch(c net.Conn) net.Conn {
-	sc, ok := c.(syscall.Conn)
-	if !ok {
-		return c
-	}
-	raw, err := sc.SyscallConn()
-	if err != nil {
-		return c
-	}
-	return &watchedConn{Conn: c, raw: raw}
-}
-
 // Read reads as net.Conn's Read does; when the connection has no bytes to
 // give and the read is about to wait, it first flushes what its owner has
 // written to its client.
@@ -58,7 +45,7 @@ func (c *watchedConn) Read(p []byte) (int, error) {
 	flushed := false
 	err := c.raw.Read(func(fd uintptr) bool {
 		for {
-			n, rerr = syscall.Read(int(fd), p)
+			n, rerr = readFD(fd, p)
 			if rerr != syscall.EINTR {
 				break
 			}
@@ -72,6 +59,9 @@ func (c *watchedConn) Read(p []byte) (int, error) {
 		}
 		return true
 	})
+	if flushed {
+		owner.readDone()
+	}
 	switch {
 	case err != nil: // the deadline passed, or the connection was closed
 		var oe *net.OpError
@@ -94,6 +84,7 @@ type coalescer struct {
 	mu      sync.Mutex
 	conn    *watchedConn // the upstream connection that tells when to flush; nil: flush every write
 	pending bool         // written since the last flush
+	waiting bool         // a read of conn waits for the upstream: a flush cannot wait for it
 	done    bool         // the proxy is done with the answer
 }
 
@@ -135,11 +126,13 @@ func (c *coalescer) Write(p []byte) (int, error) {
 }
 
 // Flush flushes at once without a watched connection; with one, it leaves
-// the flush to the moment the connection's next read would wait.
+// the flush to the moment the connection's next read would wait, unless a
+// read waits already (the proxy's first flush, of the answer's head, comes
+// from a timer while the proxy waits for the body).
 func (c *coalescer) Flush() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.conn != nil {
+	if c.conn != nil && !c.waiting {
 		c.pending = true
 		return
 	}
@@ -147,14 +140,24 @@ func (c *coalescer) Flush() {
 }
 
 // flushPending flushes what was written since the last flush, unless the
-// proxy is done with the answer (the server then writes it).
+// proxy is done with the answer (the server then writes it), as a read of
+// the connection is about to wait; until readDone, flushes are not
+// deferred.
 func (c *coalescer) flushPending() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.waiting = true
 	if c.pending && !c.done {
 		c.pending = false
 		_ = http.NewResponseController(c.ResponseWriter).Flush()
 	}
+}
+
+// readDone notes that the read that waited has returned.
+func (c *coalescer) readDone() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.waiting = false
 }
 
 // finish ends the coalescer's use of its connection, once the proxy is

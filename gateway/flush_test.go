@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -100,6 +101,9 @@ func event(n int) string {
 // and at once, while the upstream says nothing more; the rest follows when
 // it comes.
 func TestStreamFlushCoalesced(t *testing.T) {
+	if runtime.GOOS == "windows" {
+		t.Skip("connections are watched on Unix only: every write is flushed")
+	}
 	var first, rest []string
 	for i := range 1000 { // ~200 KB: many reads of the upstream's answer
 		first = append(first, event(i))
@@ -130,6 +134,60 @@ func TestStreamFlushCoalesced(t *testing.T) {
 	w.Flush() // the server's own, at the end of the handler
 	if got, _ := w.delivered(); got != want+strings.Join(rest, "") {
 		t.Fatalf("the stream as the client got it:\n%q", got)
+	}
+	testutil.WaitFor(t, "the call's release", idle(b))
+}
+
+// TestStreamHeadBeforeFirstEvent: a streamed answer's head reaches the
+// client as soon as the upstream sends it, while the upstream has yet to
+// send its first event (a model's time to first token), as it did before
+// flushes were coalesced.
+func TestStreamHeadBeforeFirstEvent(t *testing.T) {
+	release := make(chan struct{})
+	released := false
+	up, _ := url.Parse(rawUpstream(t, nil, []string{event(0), "data: [DONE]\n\n"}, release))
+	b, _ := bulkhead.New(budgetConfig(4))
+	defer b.Shutdown(context.Background())
+	h, err := gateway.New(gateway.Route{Format: stream.OpenAIChat, Upstream: up, Bulkhead: b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw := httptest.NewServer(h)
+	defer gw.Close()
+	defer func() { // before gw.Close, which waits for the call
+		if !released {
+			close(release)
+		}
+	}()
+	head := make(chan *http.Response, 1)
+	go func() {
+		res, err := http.Post(gw.URL+"/v1/chat/completions", "application/json",
+			strings.NewReader(`{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"hi"}]}`))
+		if err != nil {
+			t.Error(err)
+			close(head)
+			return
+		}
+		head <- res
+	}()
+	var res *http.Response
+	testutil.WaitFor(t, "the answer's head while the upstream thinks", func() bool {
+		select {
+		case res = <-head:
+			return true
+		default:
+			return false
+		}
+	})
+	if res == nil {
+		return
+	}
+	defer res.Body.Close()
+	close(release)
+	released = true
+	body, err := io.ReadAll(res.Body)
+	if err != nil || res.StatusCode != 200 || !strings.HasSuffix(string(body), "data: [DONE]\n\n") {
+		t.Fatalf("%d %q %v", res.StatusCode, body, err)
 	}
 	testutil.WaitFor(t, "the call's release", idle(b))
 }

@@ -82,8 +82,9 @@ type Route struct {
 // A streamed answer goes to the client as the upstream sends it, flushed
 // when the next read of the upstream would wait: events that arrive
 // together leave in one write, and an event the upstream follows with a
-// pause leaves at once. With a Route.Transport of its own, or an upstream
-// answering over HTTP/2, every write is flushed.
+// pause leaves at once. With a Route.Transport of its own, an upstream
+// answering over HTTP/2, or on a system other than Unix, every write is
+// flushed.
 //
 // The Handler reads a call's body itself, before admission, and bounds
 // the memory that takes whatever clients declare: the body grows as its

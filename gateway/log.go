@@ -38,7 +38,18 @@ type lineHandler struct {
 	json bool
 }
 
-// flushLogs writes the lines that wait in logger, when it is NewLogger's.
+// WithAttrs and WithGroup keep the writer, for flushLogs; the derived
+// handler writes the request lines through slog, with its attributes.
+func (h *lineHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return &lineHandler{Handler: h.Handler.WithAttrs(attrs), w: h.w}
+}
+
+func (h *lineHandler) WithGroup(name string) slog.Handler {
+	return &lineHandler{Handler: h.Handler.WithGroup(name), w: h.w}
+}
+
+// flushLogs writes the lines that wait in logger, when it is NewLogger's
+// (or derived from it).
 func flushLogs(logger *slog.Logger) {
 	if lh, ok := logger.Handler().(*lineHandler); ok {
 		lh.w.flush()

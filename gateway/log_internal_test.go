@@ -150,3 +150,38 @@ func TestNewLoggerGathersLines(t *testing.T) {
 		t.Errorf("after the flush: %d lines", n)
 	}
 }
+
+// TestFlushLogsDerived: the lines of a logger derived from NewLogger's
+// (With, WithGroup), as a Build gateway's may be, are written by flushLogs
+// (Gateway.Shutdown) too, not left to the timer; a derived logger's
+// request lines keep its attributes.
+func TestFlushLogsDerived(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		derive func(*slog.Logger) *slog.Logger
+		want   string
+	}{
+		{"with", func(l *slog.Logger) *slog.Logger { return l.With("service", "gw") }, `"service":"gw"`},
+		{"group", func(l *slog.Logger) *slog.Logger { return l.WithGroup("g").With("service", "gw") }, `"g":{"service":"gw"`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var w countingWriter
+			logger := c.derive(NewLogger(&w, "json"))
+			logger.Info("last")
+			flushLogs(logger)
+			if n, _ := w.lines(); n != 1 {
+				t.Fatalf("after the flush: %d lines", n)
+			}
+
+			f := &front{logger: logger, mode: logAll}
+			req := httptest.NewRequest("POST", "/v1/chat/completions", nil)
+			f.log(req, &recorder{ResponseWriter: httptest.NewRecorder(), note: &callNote{route: -1}}, time.Now(), "")
+			flushLogs(logger)
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			if lines := bytes.Split(bytes.TrimSpace(w.b.Bytes()), []byte("\n")); len(lines) != 2 || !bytes.Contains(lines[1], []byte(c.want)) {
+				t.Errorf("the request line: %s", w.b.Bytes())
+			}
+		})
+	}
+}
