@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -189,14 +190,15 @@ func (h *Handler) bodyDeadline(w http.ResponseWriter, req *http.Request) (interr
 // route whose bodies may hold limit bytes: its body is first read and
 // discarded, within the body timeout, when it is no longer than
 // max(limit, 1 MiB), as readCall does for a body it refuses; a longer one
-// is not read, and the answer closes the connection.
+// is not read, nor the body of a client waiting for 100 Continue before
+// it sends it, and the answer closes the connection.
 func (h *Handler) refuseEarly(w http.ResponseWriter, req *http.Request, format stream.Format, limit int64, r Rejection, end string) {
 	body := req.Body
 	if body == nil {
 		body = http.NoBody
 	}
 	discard := max(min(limit, h.bodyBudget()), minDiscard)
-	if req.ContentLength > discard {
+	if req.ContentLength > discard || strings.EqualFold(req.Header.Get("Expect"), "100-continue") {
 		discard = -1
 	}
 	_, disarm := h.bodyDeadline(w, req)
