@@ -182,6 +182,9 @@ func TestPoolAdjust(t *testing.T) {
 
 	p.Adjust(idn(1), Hold{1, 400}, 1) // the first goes at once
 	waitVal("1 400 1")
+	// Redis has it before the pool has its reply: until then, the next
+	// adjustments wait behind it and would be coalesced with it.
+	poll(t, 5*time.Second, "the first adjustment's reply", func() bool { return p.Stats().Adjusts.Applied == 1 })
 	p.Adjust(idn(1), Hold{1, 300}, 2) // a refund within the interval waits
 	p.Adjust(idn(1), Hold{1, 200}, 3) // and is coalesced with this one
 	p.Adjust(idn(1), Hold{1, 900}, 2) // stale: ignored
