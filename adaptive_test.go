@@ -539,22 +539,16 @@ func TestCooldownHoldPaced(t *testing.T) {
 	}
 	clk.Add(10 * time.Second) // the cool-down ends: one goes, the others wait for their turns
 	// The three waits end at the same instant, and timers due together
-	// fire in no set order: any of the calls may take the first turn.
-	var first result
-	select {
-	case first = <-calls[0]:
-		calls = calls[1:]
-	case first = <-calls[1]:
-		calls = []<-chan result{calls[0], calls[2]}
-	case first = <-calls[2]:
-		calls = calls[:2]
-	}
+	// fire in no set order: the calls still take their turns in the order
+	// they came.
+	first := <-calls[0]
+	calls = calls[1:]
 	if first.err != nil {
 		t.Fatal(first.err)
 	}
-	for range 2 {
-		if d := next(); d <= 0 {
-			t.Fatalf("a paced wait of %v after the cool-down", d)
+	for i := range 2 {
+		if d := next(); d != time.Duration(i+1)*time.Second {
+			t.Fatalf("paced wait %d after the cool-down: %v, want %ds", i, d, i+1)
 		}
 	}
 	if st := b.Stats(); st.Gate.InFlight != 1 || st.Cooldown.Held != 3 {

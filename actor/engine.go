@@ -647,7 +647,7 @@ func (a *admissionActor) armTimer(r *AcquireRequest) {
 
 // armPark arms r's timer to wake it, parked, after d.
 func (a *admissionActor) armPark(r *AcquireRequest, d time.Duration) {
-	msg := &parkMsg{r: r, gen: r.gen}
+	msg := &parkMsg{r: r, gen: r.gen, seq: r.parkSeq}
 	e := a.engine
 	r.timer = e.clk.AfterFunc(d, func() { e.send(msg) })
 	if a.onPark != nil {

@@ -120,7 +120,8 @@ type AcquireRequest struct {
 	// a cool-down held it back; checking while a remote stage decides it.
 	turned, parked, held, checking bool
 	parkFor                        parkReason
-	parkedAt                       time.Time
+	parkedAt, parkUntil            time.Time
+	parkSeq                        uint32   // counts its parks, to tell a stale timer message
 	set                            *rateSet // its rates, looked up once
 	setDone                        bool
 	// gone is the cause of a cancel message that came while the engine

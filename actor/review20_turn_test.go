@@ -39,7 +39,7 @@ func TestReviewRemoteTurnCancelWhileCheckingParked(t *testing.T) {
 	s.verdict(j)
 	rec.clock = rec.clock.Add(300 * time.Millisecond)
 	if a.parked {
-		s.unpark(&parkMsg{r: a, gen: a.gen})
+		s.unpark(&parkMsg{r: a, gen: a.gen, seq: a.parkSeq})
 	}
 	wantAnswers(t, rec, "a", aborted)
 	if !s.idle() {

@@ -54,10 +54,13 @@ const (
 	parkTurn                       // a paced call waits for its turn
 )
 
-// parkMsg is a parked call's timer firing for generation gen.
+// parkMsg is a parked call's timer firing for generation gen and its
+// park seq (a later park of the same call, or an earlier wake, makes it
+// stale).
 type parkMsg struct {
 	r   *AcquireRequest
 	gen uint64
+	seq uint32
 }
 
 // remoteKind is what a remote job decides.
@@ -248,6 +251,8 @@ func (s *state) turned(r *AcquireRequest, delay time.Duration, why admission.Rea
 // place there, and nothing else).
 func (s *state) park(r *AcquireRequest, d time.Duration, why parkReason) {
 	r.parked, r.parkFor, r.parkedAt = true, why, s.fx.now()
+	r.parkUntil = r.parkedAt.Add(d)
+	r.parkSeq++
 	s.parkedLine.push(r)
 	s.nparked++
 	s.fx.armPark(r, d)
@@ -265,13 +270,37 @@ func (s *state) unparkRequest(r *AcquireRequest) {
 // its queue timeout (and, for a turn, is its rate wait), and its decision
 // timing starts again. A call whose context has ended stays parked: its
 // cancel message, with the context's cause, is on its way.
+//
+// Calls held back by a cool-down wait until the same moment, and timers
+// due together fire in no set order: when one of them wakes, every call
+// of the parked line whose cool-down wait is over goes on with it, in the
+// order they were parked, so that they take their turns in arrival order.
 func (s *state) unpark(m *parkMsg) {
 	r := m.r
-	if !r.parked || r.gen != m.gen || r.ctxEnded() {
-		return // answered before the timer's message arrived, or being cancelled
+	if !r.parked || r.gen != m.gen || r.parkSeq != m.seq || r.ctxEnded() {
+		return // answered or woken before the timer's message arrived, or being cancelled
 	}
-	s.unparkRequest(r)
 	now := s.fx.now()
+	if r.parkFor != parkCooldown {
+		s.resume(r, now)
+		return
+	}
+	var due []*AcquireRequest
+	for q := s.parkedLine.head; q != nil; q = q.next {
+		if q == r || (q.parkFor == parkCooldown && !q.parkUntil.After(now) && !q.ctxEnded()) {
+			due = append(due, q)
+		}
+	}
+	for _, q := range due {
+		if q.parked { // what went before may have answered it (Close)
+			s.resume(q, now)
+		}
+	}
+}
+
+// resume goes on with parked r at now.
+func (s *state) resume(r *AcquireRequest, now time.Time) {
+	s.unparkRequest(r)
 	waited := s.waited(r, now)
 	if r.QueueTimeout > 0 {
 		r.QueueTimeout = max(time.Microsecond, r.QueueTimeout-waited)

@@ -111,7 +111,7 @@ func TestStagesProperties(t *testing.T) {
 				rec.clock = rec.clock.Add(time.Duration(rapid.IntRange(1, 1500).Draw(rt, "advanceMs")) * time.Millisecond)
 				for q, gen := range rec.armed {
 					if q.parked {
-						s.unpark(&parkMsg{r: q, gen: gen})
+						s.unpark(&parkMsg{r: q, gen: gen, seq: q.parkSeq})
 					} else if q.queued && q.QueueTimeout > 0 && !rec.clock.Before(q.queuedAt.Add(q.QueueTimeout)) {
 						s.timeout(&timeoutMsg{r: q, gen: gen})
 					}

@@ -229,7 +229,7 @@ func TestStageRatePaced(t *testing.T) {
 	s.acquire(late)
 	wantAnswers(t, rec, "late", rateLimit)
 	rec.clock = rec.clock.Add(time.Second)
-	s.unpark(&parkMsg{r: b, gen: b.gen})
+	s.unpark(&parkMsg{r: b, gen: b.gen, seq: b.parkSeq})
 	wantAnswers(t, rec, "b", admitted)
 	if b.RateWait != time.Second || s.rates.paced.Load() != 1 {
 		t.Fatalf("rate wait %v, paced %d", b.RateWait, s.rates.paced.Load())
@@ -246,8 +246,46 @@ func TestStageRatePaced(t *testing.T) {
 		t.Fatalf("parked %d, timers %d after cancel and close", s.nparked, len(rec.armed))
 	}
 	// A timer message that arrives after the answer changes nothing.
-	s.unpark(&parkMsg{r: d, gen: d.gen - 1})
+	s.unpark(&parkMsg{r: d, gen: d.gen - 1, seq: d.parkSeq})
 	wantAnswers(t, rec)
+}
+
+// Paced calls held back by one cool-down all wait until its end, and
+// timers due together fire in no set order: whichever fires first, the
+// calls take their turns in the order they came, and the timer messages
+// that follow, now stale, change nothing.
+func TestStageCooldownParkedInOrder(t *testing.T) {
+	s, rec := newStageState(t, admission.Limits{MaxConcurrent: 4}, stageConfig{model: "m",
+		rates: &Rates{Name: "bh", Model: "m", Pace: true, PerModel: Rate{RequestsPerMinute: 60}}})
+	s.feedback(&Feedback{Model: "m", Outcome: adaptive.RateLimited, RetryAfter: 10 * time.Second})
+	var calls []*AcquireRequest
+	for _, name := range []string{"a", "b", "c"} {
+		r := modelReq(name, "m", 0)
+		r.QueueTimeout = 30 * time.Second
+		s.acquire(r)
+		if !r.parked || rec.parks[r] != 10*time.Second {
+			t.Fatalf("%s: parked %v for %v, want the 10s cool-down", name, r.parked, rec.parks[r])
+		}
+		calls = append(calls, r)
+	}
+	a, b, c := calls[0], calls[1], calls[2]
+	stale := []*parkMsg{{r: a, gen: a.gen, seq: a.parkSeq}, {r: b, gen: b.gen, seq: b.parkSeq}}
+	rec.clock = rec.clock.Add(10 * time.Second)
+	s.unpark(&parkMsg{r: c, gen: c.gen, seq: c.parkSeq}) // the last one's timer fires first
+	wantAnswers(t, rec, "a", admitted)
+	if !b.parked || !c.parked || rec.parks[b] != time.Second || rec.parks[c] != 2*time.Second {
+		t.Fatalf("turns: b %v, c %v; want 1s and 2s", rec.parks[b], rec.parks[c])
+	}
+	for _, m := range stale {
+		s.unpark(m)
+	}
+	wantAnswers(t, rec)
+	rec.clock = rec.clock.Add(time.Second)
+	s.unpark(&parkMsg{r: b, gen: b.gen, seq: b.parkSeq})
+	wantAnswers(t, rec, "b", admitted)
+	rec.clock = rec.clock.Add(time.Second)
+	s.unpark(&parkMsg{r: c, gen: c.gen, seq: c.parkSeq})
+	wantAnswers(t, rec, "c", admitted)
 }
 
 // A paced call on a remote store: a worker books the turn, and the verdict
@@ -268,7 +306,7 @@ func TestStageRemoteTurn(t *testing.T) {
 		t.Fatalf("parks %v: want a parked for the turn the store gave", rec.parks)
 	}
 	rec.clock = rec.clock.Add(300 * time.Millisecond)
-	s.unpark(&parkMsg{r: a, gen: a.gen})
+	s.unpark(&parkMsg{r: a, gen: a.gen, seq: a.parkSeq})
 	wantAnswers(t, rec, "a", admitted)
 	b := newReq("b", 0)
 	s.acquire(b)
