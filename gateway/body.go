@@ -97,7 +97,9 @@ func (h *Handler) bodyTimeout() time.Duration {
 // first read and discarded, up to as many bytes again as the limit (at
 // least 1 MiB) and within the body timeout, so that a client that sends
 // its whole body before it reads the answer, as the SDKs do, gets the
-// answer; when more is left, the answer closes the connection.
+// answer; when more is left, the answer closes the connection. A body
+// refused before any of it is read, whose client waits for 100 Continue,
+// is not asked for.
 func (h *Handler) readCall(w http.ResponseWriter, req *http.Request, format stream.Format, limit int64) (call *stream.Call, release func(), ok bool) {
 	budget := h.bodyBudget()
 	limit = min(limit, budget) // a body over the budget could never be read
@@ -117,14 +119,17 @@ func (h *Handler) readCall(w http.ResponseWriter, req *http.Request, format stre
 	switch {
 	case req.ContentLength > limit:
 		// Nothing is read: the client said it is too large.
-		if req.ContentLength-limit > discard {
-			discard = -1 // not worth reading
+		if req.ContentLength-limit > discard || expectsContinue(req) {
+			discard = -1 // not worth reading, or not sent yet
 		} else {
 			discard = req.ContentLength
 		}
 		refuseUnread(w, req, format, body, discard, tooLarge(), endRefused)
 		return nil, release, false
 	case h.held.Load() >= budget:
+		if expectsContinue(req) {
+			discard = -1
+		}
 		refuseUnread(w, req, format, body, discard, h.budgetSpent(format, budget), endShed)
 		return nil, release, false
 	}
@@ -198,12 +203,19 @@ func (h *Handler) refuseEarly(w http.ResponseWriter, req *http.Request, format s
 		body = http.NoBody
 	}
 	discard := max(min(limit, h.bodyBudget()), minDiscard)
-	if req.ContentLength > discard || strings.EqualFold(req.Header.Get("Expect"), "100-continue") {
+	if req.ContentLength > discard || expectsContinue(req) {
 		discard = -1
 	}
 	_, disarm := h.bodyDeadline(w, req)
 	defer disarm()
 	refuseUnread(w, req, format, body, discard, r, end)
+}
+
+// expectsContinue reports whether req's client waits for 100 Continue
+// before it sends its body: a call refused before its body is read is
+// then answered without asking for it.
+func expectsContinue(req *http.Request) bool {
+	return strings.EqualFold(req.Header.Get("Expect"), "100-continue")
 }
 
 func isBodyError(err error) bool {

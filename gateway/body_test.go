@@ -346,3 +346,28 @@ func TestRouteBodyLimit(t *testing.T) {
 		}
 	}
 }
+
+// TestExpectContinueRefused: a body refused for its declared length is not
+// asked for when its client waits for 100 Continue: the answer comes at
+// once, and closes the connection.
+func TestExpectContinueRefused(t *testing.T) {
+	up := newFakeOpenAI(t)
+	u, _ := url.Parse(up.srv.URL)
+	b, _ := bulkhead.New(budgetConfig(4))
+	defer b.Shutdown(context.Background())
+	h, err := gateway.New(gateway.Route{Format: stream.OpenAIChat, Upstream: u, Bulkhead: b, MaxBodyBytes: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	conn, err := net.Dial("tcp", strings.TrimPrefix(srv.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	io.WriteString(conn, strings.Replace(rawRequest("/v1/chat/completions", 500), "\r\n\r\n", "\r\nExpect: 100-continue\r\n\r\n", 1))
+	if res, body := readResponse(t, bufio.NewReader(conn)); res.StatusCode != 413 || !res.Close {
+		t.Fatalf("%d close=%v %s; want 413 without 100 Continue", res.StatusCode, res.Close, body)
+	}
+}
