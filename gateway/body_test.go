@@ -352,22 +352,25 @@ func TestRouteBodyLimit(t *testing.T) {
 // once, and closes the connection.
 func TestExpectContinueRefused(t *testing.T) {
 	up := newFakeOpenAI(t)
-	u, _ := url.Parse(up.srv.URL)
 	b, _ := bulkhead.New(budgetConfig(4))
 	defer b.Shutdown(context.Background())
-	h, err := gateway.New(gateway.Route{Format: stream.OpenAIChat, Upstream: u, Bulkhead: b, MaxBodyBytes: 100})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(h)
-	defer srv.Close()
-	conn, err := net.Dial("tcp", strings.TrimPrefix(srv.URL, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	io.WriteString(conn, strings.Replace(rawRequest("/v1/chat/completions", 500), "\r\n\r\n", "\r\nExpect: 100-continue\r\n\r\n", 1))
-	if res, body := readResponse(t, bufio.NewReader(conn)); res.StatusCode != 413 || !res.Close {
+	_, srv := newHandler(t, up.srv.URL, b, 100, nil, stream.OpenAIChat)
+	if res, body := expectContinue(t, srv.URL, 500); res.StatusCode != 413 || !res.Close {
 		t.Fatalf("%d close=%v %s; want 413 without 100 Continue", res.StatusCode, res.Close, body)
 	}
+}
+
+// expectContinue sends, on a connection of its own, the head of a chat
+// completion whose body is n bytes, saying the client waits for 100
+// Continue before it sends the body (which it never does), and returns the
+// first response.
+func expectContinue(t *testing.T, srvURL string, n int) (*http.Response, string) {
+	t.Helper()
+	conn, err := net.Dial("tcp", strings.TrimPrefix(srvURL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	io.WriteString(conn, strings.Replace(rawRequest("/v1/chat/completions", n), "\r\n\r\n", "\r\nExpect: 100-continue\r\n\r\n", 1))
+	return readResponse(t, bufio.NewReader(conn))
 }

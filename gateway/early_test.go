@@ -125,13 +125,7 @@ routes:
 	// A client that waits for 100 Continue before sending its body is
 	// answered without it: the body is never asked for, and the
 	// connection closes after the answer.
-	conn2, err := net.Dial("tcp", strings.TrimPrefix(srv.URL, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn2.Close()
-	io.WriteString(conn2, strings.Replace(rawRequest("/v1/chat/completions", 1000), "\r\n\r\n", "\r\nExpect: 100-continue\r\n\r\n", 1))
-	if res, body := readResponse(t, bufio.NewReader(conn2)); res.StatusCode != 503 || !res.Close {
+	if res, body := expectContinue(t, srv.URL, 1000); res.StatusCode != 503 || !res.Close {
 		t.Fatalf("a call expecting 100 Continue: %d close=%v %s", res.StatusCode, res.Close, body)
 	}
 
