@@ -128,6 +128,13 @@ type bench struct {
 	names    []string // the targets: direct, nginx (when there), goproxy and baseline (when asked), gateway
 }
 
+// add makes p, listening on addr, the target name, after those added
+// before; run stops it on its way out.
+func (b *bench) add(name string, p *proc, addr string) {
+	b.procs[name], b.addrs[name] = p, addr
+	b.names = append(b.names, name)
+}
+
 func run(o options) error {
 	dir, err := os.MkdirTemp("", "bench-gateway-")
 	if err != nil {
@@ -148,6 +155,11 @@ func run(o options) error {
 	b.up = up
 	b.names = append(b.names, "direct")
 	b.addrs["direct"] = b.upstream
+	defer func() {
+		for _, p := range b.procs {
+			p.stop()
+		}
+	}()
 	if o.nginx == "" {
 		fmt.Println("nginx is not installed (apt-get install nginx): the nginx floor is skipped")
 	} else {
@@ -155,9 +167,7 @@ func run(o options) error {
 		if err != nil {
 			return err
 		}
-		defer p.stop()
-		b.procs["nginx"], b.addrs["nginx"] = p, addr
-		b.names = append(b.names, "nginx")
+		b.add("nginx", p, addr)
 	}
 	if o.goproxy {
 		addr := freePort()
@@ -165,31 +175,23 @@ func run(o options) error {
 		if err != nil {
 			return err
 		}
-		defer p.stop()
-		b.procs["goproxy"], b.addrs["goproxy"] = p, addr
-		b.names = append(b.names, "goproxy")
+		b.add("goproxy", p, addr)
 	}
-	if o.baseline != "" {
-		p, addr, err := startGateway("baseline", o.baseline, dir, b.upstream, o.limit, o.queue, o.logMode)
+	for _, g := range []struct{ name, bin string }{{"baseline", o.baseline}, {"gateway", o.gateway}} {
+		if g.bin == "" {
+			continue // no -baseline
+		}
+		p, addr, err := startGateway(g.name, g.bin, dir, b.upstream, o.limit, o.queue, o.logMode)
 		if err != nil {
 			return err
 		}
-		defer p.stop()
-		b.procs["baseline"], b.addrs["baseline"] = p, addr
-		b.names = append(b.names, "baseline")
+		b.add(g.name, p, addr)
 	}
-	p, addr, err := startGateway("gateway", o.gateway, dir, b.upstream, o.limit, o.queue, o.logMode)
-	if err != nil {
-		return err
-	}
-	defer p.stop()
-	b.procs["gateway"], b.addrs["gateway"] = p, addr
-	b.names = append(b.names, "gateway")
 
 	fmt.Printf("%d CPUs; limit %d calls at once (gateway queue %d); request log %s; rounds of %v\n",
 		runtime.NumCPU(), o.limit, o.queue, o.logMode, o.dur)
 	if o.perf != "" {
-		perf := exec.Command("perf", "record", "-F", "499", "-g", "-o", o.perf, "-p", strconv.Itoa(p.cmd.Process.Pid))
+		perf := exec.Command("perf", "record", "-F", "499", "-g", "-o", o.perf, "-p", strconv.Itoa(b.procs["gateway"].cmd.Process.Pid))
 		perf.Stdout, perf.Stderr = io.Discard, io.Discard
 		if err := perf.Start(); err != nil {
 			return fmt.Errorf("perf: %w", err)
