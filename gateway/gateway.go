@@ -66,8 +66,9 @@ type Gateway struct {
 // Build makes the gateway cfg describes: file names the configuration for
 // errors, getenv reads the upstreams' API keys and the clients' keys
 // (os.Getenv; nil means none is set), and logger receives one line per
-// request (nil: a JSON or text handler on standard error, as cfg.Log
-// says). An invalid limit, a missing key or an unreadable certificate is
+// request, the state changes of the fleet pools (each also counted in
+// /metrics as bulkhead_gateway_fleet_events_total) (nil: a JSON or text
+// handler on standard error, as cfg.Log says). An invalid limit, a missing key or an unreadable certificate is
 // a *ConfigError with the line of its key. Shut the gateway down with
 // Shutdown.
 func Build(cfg *Config, file string, getenv func(string) string, logger *slog.Logger) (*Gateway, error) {
@@ -99,6 +100,13 @@ func Build(cfg *Config, file string, getenv func(string) string, logger *slog.Lo
 	if err != nil {
 		return fail(err)
 	}
+	if logger == nil {
+		logger = NewLogger(os.Stderr, cfg.Log.Format)
+	}
+	g.logger = logger
+	fleetEvents := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "bulkhead_gateway_fleet_events_total",
+		Help: "State changes of the bulkheads' fleet pools, by pool and kind (state_lost, breaker_opened, breaker_closed, leases_lapsed, leases_restored, hold_reinstated); each is logged."},
+		[]string{"pool", "kind"})
 	g.clients = map[string]*redis.Client{}
 	client := func(name string) *redis.Client {
 		if c := g.clients[name]; c != nil {
@@ -136,6 +144,11 @@ func Build(cfg *Config, file string, getenv func(string) string, logger *slog.Lo
 				fc.TokenBudget = *f.TokenBudget
 			}
 			fc.OnFailure = map[string]fleet.FailurePolicy{"": fleet.FailClosed, "closed": fleet.FailClosed, "open": fleet.FailOpen, "local_share": fleet.FailLocalShare}[f.OnFailure]
+			fc.Logger = logger
+			fc.OnEvent = func(e fleet.Event) { fleetEvents.WithLabelValues(e.Pool, e.Kind.String()).Inc() }
+			for _, k := range fleet.EventKinds() {
+				fleetEvents.WithLabelValues(f.Pool, k.String()) // at 0 from the start
+			}
 			p, err := fleet.New(fc)
 			if err != nil {
 				var ce *fleet.ConfigError
@@ -158,6 +171,9 @@ func Build(cfg *Config, file string, getenv func(string) string, logger *slog.Lo
 		g.Bulkheads[name] = b
 	}
 	reg := prometheus.NewRegistry()
+	if err := reg.Register(fleetEvents); err != nil {
+		return fail(err)
+	}
 	for _, name := range sortedKeys(g.Bulkheads) {
 		c, err := metrics.New(g.Bulkheads[name], metrics.Options{Name: name})
 		if err == nil {
@@ -205,10 +221,6 @@ func Build(cfg *Config, file string, getenv func(string) string, logger *slog.Lo
 	if err := reg.Register(newEarlyCollector(h, names)); err != nil {
 		return fail(err)
 	}
-	if logger == nil {
-		logger = NewLogger(os.Stderr, cfg.Log.Format)
-	}
-	g.logger = logger
 	f := &front{next: h, g: g, clients: clients, logger: logger, mode: cfg.Log.Requests}
 	for _, rc := range cfg.Routes {
 		f.bulkhead = append(f.bulkhead, rc.Bulkhead)
