@@ -38,8 +38,11 @@ type Gateway struct {
 	// /readyz (200 until SetReady(false) or Shutdown, then 503) and
 	// /metrics (every bulkhead's Prometheus metrics, labelled
 	// bulkhead="<name>"). On the routes it answers a call without a
-	// client's key 401 when the configuration has clients, and logs one
-	// line per request however it ends.
+	// client's key 401 when the configuration has clients (after reading
+	// and discarding its body, as the Handler does for a body it
+	// refuses), and logs one line per request however it ends. A body
+	// not read to its end, whatever the answer, holds its connection no
+	// longer than the body timeout.
 	Handler http.Handler
 	// Bulkheads are the gateway's bulkheads, by name.
 	Bulkheads map[string]*bulkhead.Bulkhead
@@ -236,18 +239,25 @@ func Build(cfg *Config, file string, getenv func(string) string, logger *slog.Lo
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.Handle("/", f)
-	g.Handler = &router{admin: mux, front: f}
+	g.Handler = &router{admin: mux, front: f, h: h}
 	return g, nil
 }
 
 // router sends the requests for the health and metrics endpoints to admin,
 // and every other to front at once, without the pattern matching (and its
-// allocations) a ServeMux does for each request.
-type router struct{ admin, front http.Handler }
+// allocations) a ServeMux does for each request. It bounds the wait for
+// every request's body first (see guardedBody), whatever answers it; the
+// endpoints, which take no body, answer once it is dropped.
+type router struct {
+	admin, front http.Handler
+	h            *Handler
+}
 
 func (r *router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	r.h.guard(w, req)
 	switch req.URL.Path {
 	case "/healthz", "/readyz", "/metrics":
+		r.h.dropBody(w, req, 0)
 		r.admin.ServeHTTP(w, req)
 	default:
 		r.front.ServeHTTP(w, req)

@@ -96,7 +96,15 @@ type Route struct {
 // 400. A body refused before its end is read and discarded up to as many
 // bytes again as its limit (at least 1 MiB), so that a client that sends
 // its whole body before it reads, as the SDKs do, reads the answer; a
-// longer one is answered at once and its connection closed.
+// longer one is answered at once and its connection closed. A request the
+// Handler answers without using its body (a path no route serves, a 404)
+// is answered the same way.
+//
+// Whatever the answer, a body not read to its end does not hold its
+// connection: the connection keeps a read deadline at the body timeout,
+// so the server, which would wait for the rest of the body to use the
+// connection again, closes it by then (at once for a client waiting for
+// 100 Continue that was not asked for its body).
 //
 // Under overload a call is turned away before its body is read or parsed:
 // once a route's bulkhead has refused a call for want of a slot or a queue
@@ -119,10 +127,14 @@ type Handler struct {
 	BodyBudget int64
 
 	// BodyTimeout bounds the reading of one request body, counted from
-	// the moment the Handler starts reading it. Zero means
-	// DefaultBodyTimeout; a negative value sets none. It needs a
+	// the moment the Handler starts serving the request, and the time the
+	// server may wait for the rest of a body the Handler did not read to
+	// its end. Zero means DefaultBodyTimeout. A negative value sets none:
+	// a body is then read for as long as it takes, and a refused one is
+	// not read at all (its connection closes at once). It needs a
 	// ResponseWriter that supports read deadlines (see
-	// http.ResponseController), as net/http's server's does.
+	// http.ResponseController), as net/http's server's does; without
+	// them the Handler acts as with none.
 	BodyTimeout time.Duration
 
 	formats map[stream.Format]*formatRoutes
@@ -342,16 +354,17 @@ func newRequestID() string {
 // (see Handler). It gives a request without an X-Request-Id one (see
 // RequestIDHeader).
 func (h *Handler) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	h.guard(w, req)
 	requestID(req)
 	format, ok := stream.FormatOf(req.URL.Path)
 	fr := h.formats[format]
 	switch {
 	case !ok || fr == nil:
-		answer(w, req, format, notFound(format, "no route for "+req.URL.Path), endRefused)
+		h.refuseEarly(w, req, format, 0, notFound(format, "no route for "+req.URL.Path), endRefused)
 		return
 	case req.Method != http.MethodPost:
 		if fr.other == nil {
-			answer(w, req, format, notFound(format, "no route for "+req.Method+" "+req.URL.Path), endRefused)
+			h.refuseEarly(w, req, format, fr.maxBody, notFound(format, "no route for "+req.Method+" "+req.URL.Path), endRefused)
 			return
 		}
 		forward(w, req, fr.other, "")

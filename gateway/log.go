@@ -179,11 +179,17 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}()
 	if f.clients != nil {
-		format, _ := stream.FormatOf(r.URL.Path)
+		format, known := stream.FormatOf(r.URL.Path)
 		key := presentedKey(r)
 		c := f.clients.find(key)
 		if c == nil {
-			answer(rec, r, format, unauthorized(format, key == ""), endUnauthorized)
+			// Its body is read and discarded first, as a refused body's is,
+			// so that a client uploading it reads the 401.
+			limit := int64(0)
+			if known {
+				limit = f.g.proxy.bodyLimitOf(format)
+			}
+			f.g.proxy.refuseEarly(rec, r, format, limit, unauthorized(format, key == ""), endUnauthorized)
 			return
 		}
 		note.client = c
