@@ -70,8 +70,9 @@ type Gateway struct {
 // errors, getenv reads the upstreams' API keys and the clients' keys
 // (os.Getenv; nil means none is set), and logger receives one line per
 // request, the state changes of the fleet pools (each also counted in
-// /metrics as bulkhead_gateway_fleet_events_total) (nil: a JSON or text
-// handler on standard error, as cfg.Log says). An invalid limit, a missing key or an unreadable certificate is
+// /metrics as bulkhead_gateway_fleet_events_total) and, as warnings, the
+// reverse proxy's own errors (nil: a JSON or text handler on standard
+// error, as cfg.Log says). An invalid limit, a missing key or an unreadable certificate is
 // a *ConfigError with the line of its key. Shut the gateway down with
 // Shutdown.
 func Build(cfg *Config, file string, getenv func(string) string, logger *slog.Logger) (*Gateway, error) {
@@ -216,6 +217,7 @@ func Build(cfg *Config, file string, getenv func(string) string, logger *slog.Lo
 		return fail(err)
 	}
 	h.BodyBudget, h.BodyTimeout = cfg.BodyBudgetBytes, time.Duration(cfg.BodyTimeout)
+	h.logProxyErrors(logger)
 	g.proxy = h
 	names := map[*bulkhead.Bulkhead]string{}
 	for name, b := range g.Bulkheads {

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -242,6 +243,12 @@ func proxy(r Route, index int, g *gate) *routeProxy {
 			if resp.Header.Get(RequestIDHeader) == "" && resp.Request != nil { // the provider's own ID stands
 				resp.Header.Set(RequestIDHeader, resp.Request.Header.Get(RequestIDHeader))
 			}
+			if m, ok := resp.Body.(*stream.Meter); ok && resp.Request != nil {
+				if n := noteOf(resp.Request.Context()); n != nil {
+					n.answer = &endWatch{Meter: m, gemini: format == stream.Gemini}
+					resp.Body = n.answer
+				}
+			}
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, req *http.Request, err error) {
@@ -259,6 +266,55 @@ func proxy(r Route, index int, g *gate) *routeProxy {
 			}
 		},
 	}}
+}
+
+// endWatch is an admitted call's metered answer as the proxy reads it from
+// the upstream. It notes whether the answer reached its end, as its format
+// marks it, while reading the upstream still succeeded: the terminal event
+// of a stream (OpenAI chat's data: [DONE], a Responses
+// response.completed, Anthropic's message_stop; for Gemini, which has
+// none, the chunk that ends generation with the final counts), or the end
+// of a JSON answer. The proxy writes what it reads before it reads again,
+// so a call that breaks off after that point (its client closed the
+// stream as soon as it had read the last event, as openai-go does) was
+// answered whole. An answer that ended with the provider's error event
+// does not count.
+type endWatch struct {
+	*stream.Meter
+	gemini bool
+	ended  atomic.Bool
+}
+
+func (e *endWatch) Read(p []byte) (int, error) {
+	n, err := e.Meter.Read(p)
+	if err == nil && !e.ended.Load() && e.Err() == nil {
+		if e.gemini {
+			_, final := e.Usage() // the chunk with a finishReason, and the counts it closes
+			e.ended.Store(final)
+		} else {
+			e.ended.Store(e.Settled())
+		}
+	}
+	return n, err
+}
+
+// answered reports whether the call's answer reached its end before it
+// broke off (see endWatch); false for a call that was not metered.
+func (n *callNote) answered() bool { return n.answer != nil && n.answer.ended.Load() }
+
+// logProxyErrors sends the lines the routes' reverse proxies log of their
+// own (a read of an upstream's answer that failed mid-way) to logger, as
+// warnings, rather than to the standard logger. Set before serving.
+func (h *Handler) logProxyErrors(logger *slog.Logger) {
+	l := slog.NewLogLogger(logger.Handler(), slog.LevelWarn)
+	for _, fr := range h.formats {
+		for _, rp := range fr.byModel {
+			rp.ErrorLog = l
+		}
+		if fr.other != nil {
+			fr.other.ErrorLog = l
+		}
+	}
 }
 
 // defaultTransport sends the calls of a route without a Transport: it is
