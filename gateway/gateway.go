@@ -72,9 +72,9 @@ type Gateway struct {
 // request, the state changes of the fleet pools (each also counted in
 // /metrics as bulkhead_gateway_fleet_events_total) and, as warnings, the
 // reverse proxy's own errors (nil: a JSON or text handler on standard
-// error, as cfg.Log says). An invalid limit, a missing key or an unreadable certificate is
-// a *ConfigError with the line of its key. Shut the gateway down with
-// Shutdown.
+// error, as cfg.Log says). An invalid limit, a missing key or an
+// unreadable certificate is a *ConfigError with the line of its key. Shut
+// the gateway down with Shutdown.
 func Build(cfg *Config, file string, getenv func(string) string, logger *slog.Logger) (*Gateway, error) {
 	if getenv == nil {
 		getenv = func(string) string { return "" }
