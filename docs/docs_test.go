@@ -322,19 +322,25 @@ func TestMetricsGuide(t *testing.T) {
 	if n < 50 {
 		t.Errorf("found only %d metric families in package metrics: has the way they are named changed?", n)
 	}
-	gw := gatewayMetric.FindAllStringSubmatch(read(t, "gateway/early.go"), -1)
-	if len(gw) == 0 {
-		t.Errorf("found no metric family in gateway/early.go: has the way it is named changed?")
-	}
-	for _, m := range gw {
-		if !strings.Contains(guide, m[1]) {
-			t.Errorf("docs/metrics.md does not name %s (gateway/early.go)", m[1])
+	gatewayGuide := read(t, "docs/gateway.md")
+	for _, file := range []string{"gateway/early.go", "gateway/gateway.go"} {
+		gw := gatewayMetric.FindAllStringSubmatch(read(t, file), -1)
+		if len(gw) == 0 {
+			t.Errorf("found no metric family in %s: has the way it is named changed?", file)
+		}
+		for _, m := range gw {
+			if !strings.Contains(guide, m[1]) {
+				t.Errorf("docs/metrics.md does not name %s (%s)", m[1], file)
+			}
+			if !strings.Contains(gatewayGuide, m[1]) {
+				t.Errorf("docs/gateway.md does not name %s (%s)", m[1], file)
+			}
 		}
 	}
 }
 
 // gatewayMetric matches the name of a metric family package gateway serves.
-var gatewayMetric = regexp.MustCompile(`NewDesc\("(bulkhead_[a-z_]+)"`)
+var gatewayMetric = regexp.MustCompile(`(?:NewDesc\(|Name: )"(bulkhead_[a-z_]+)"`)
 
 // TestGatewayGuide checks that the gateway guide names every key of the
 // gateway's configuration file, and that its YAML blocks are valid

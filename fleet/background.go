@@ -118,6 +118,7 @@ func (p *Pool) renewAll() bool {
 					rs.Reinstated++
 					if !hd.unaccounted {
 						p.log.Warn("fleet: a live hold had gone from Redis; registered again", "id", e.id.String())
+						p.notify(HoldReinstated)
 					}
 				}
 				hd.leaseEnd = start.Add(p.s.LeaseTTL)

@@ -233,6 +233,12 @@ type Config struct {
 	// Logger receives state changes: state losses, the breaker opening and
 	// closing, holds found expired. Nil means silent.
 	Logger *slog.Logger
+
+	// OnEvent, when not nil, is called with each state change the pool
+	// logs (see Event), to count or act on them. It is called
+	// synchronously, with the pool's lock held: it must return quickly
+	// and must not call the Pool's methods.
+	OnEvent func(Event)
 }
 
 // settings is a Config with its defaults applied.

@@ -250,6 +250,18 @@ func poll(t testing.TB, d time.Duration, what string, cond func() bool) {
 	}
 }
 
+// openBreaker reserves on p, whose Redis is down, until its circuit
+// breaker opens (the policy admits or refuses those reserves).
+func openBreaker(t testing.TB, p *Pool) {
+	t.Helper()
+	for i := 0; !p.Stats().BreakerOpen; i++ {
+		if i > breakerErrors {
+			t.Fatal("the breaker does not open")
+		}
+		p.Reserve(bg, idn(100+i), Hold{1, 10}, false)
+	}
+}
+
 // forget drops a live hold without releasing or renewing it again: its call
 // crashed. For tests.
 func (p *Pool) forget(id ID) {

@@ -512,6 +512,7 @@ func (p *Pool) observeLocked(r reply, view View) {
 			p.stats.StateLosses++
 			p.log.Warn("fleet: the pool's state in Redis is new (lost, rewound, or left unrenewed); registering live holds again",
 				"old_gen", p.seen.gen, "gen", r.gen, "live", len(p.live))
+			p.notify(StateLost)
 			kick(p.kickRenew)
 		}
 		p.seen = r.seen
@@ -529,8 +530,10 @@ func (p *Pool) lapsedLocked(now time.Time) bool {
 		p.stats.Lapses++
 		p.log.Warn("fleet: leases not renewed within LeaseTTL; no new holds until the live ones are registered again",
 			"live", len(p.live), "lease_ttl", p.s.LeaseTTL)
+		p.notify(LeasesLapsed)
 	case !lapsed && p.lapsed:
 		p.log.Info("fleet: live holds registered again")
+		p.notify(LeasesRestored)
 	}
 	p.lapsed = lapsed
 	return lapsed
@@ -570,6 +573,7 @@ func (p *Pool) failed(o op, err error) {
 	if p.fails >= breakerErrors {
 		if p.fails == breakerErrors {
 			p.log.Warn("fleet: Redis failing; circuit breaker open", "err", err, "policy", p.s.OnFailure.String())
+			p.notify(BreakerOpened)
 		}
 		p.openUntil = now.Add(p.s.BreakerCooldown)
 	}
@@ -579,6 +583,7 @@ func (p *Pool) failed(o op, err error) {
 func (p *Pool) succeededLocked() {
 	if p.fails >= breakerErrors {
 		p.log.Info("fleet: Redis answering again; circuit breaker closed")
+		p.notify(BreakerClosed)
 	}
 	p.fails, p.lastErr, p.probing = 0, nil, false
 	if p.unaccounted > 0 {

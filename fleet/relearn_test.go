@@ -358,12 +358,7 @@ func TestLapseDuringOutage(t *testing.T) {
 	p := mustPool(t, cfg)
 	reserveOK(t, p, idn(1), Hold{1, 10}, false)
 	srv.Stop()
-	for i := 0; !p.Stats().BreakerOpen; i++ {
-		if i > breakerErrors {
-			t.Fatal("the breaker does not open")
-		}
-		p.Reserve(bg, idn(100+i), Hold{1, 10}, false)
-	}
+	openBreaker(t, p)
 	clk.Add(cfg.LeaseTTL) // the renewals fail meanwhile
 	res, err := p.Reserve(bg, idn(2), Hold{1, 10}, false)
 	if err != nil || !res.Admitted || !res.Unaccounted || res.Fallback == nil {

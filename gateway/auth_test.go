@@ -1,6 +1,7 @@
 package gateway_test
 
 import (
+	"bufio"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -9,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -216,6 +218,75 @@ func TestClientsAuthenticate(t *testing.T) {
 		if strings.Contains(lines, secret) {
 			t.Errorf("the log holds the key %q:\n%s", secret, lines)
 		}
+	}
+}
+
+// TestUnauthorizedUploadReads401: a client that uploads a large body with
+// a wrong key, or none, gets the 401, not a broken connection: the gateway
+// reads and discards the body before it answers, so that a client that
+// writes its whole body before it reads (as the Python SDKs do) reads the
+// 401, and its connection stays usable. A Go client, which reads while it
+// writes, gets it too.
+func TestUnauthorizedUploadReads401(t *testing.T) {
+	up := newAnyProvider(t)
+	_, srv := buildGateway(t, authConfig(up.srv.URL), map[string]string{"WEB_KEY": webKey, "UP_KEY": "sk-upstream"}, io.Discard)
+	big := `{"model":"gpt-4o","messages":[{"role":"user","content":"` + strings.Repeat("x", 8<<20) + `"}],"max_tokens":5}`
+	small := `{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}],"max_tokens":5}`
+	head := func(key string, n int) string {
+		h := "POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n" + fmt.Sprintf("Content-Length: %d\r\n", n)
+		if key != "" {
+			h += "Authorization: " + key + "\r\n"
+		}
+		return h + "\r\n"
+	}
+
+	// The whole body, then the answer, as a sequential client.
+	for _, key := range []string{"Bearer sk-wrong-key-0123456789", ""} {
+		conn, err := net.Dial("tcp", strings.TrimPrefix(srv.URL, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		if _, err := io.WriteString(conn, head(key, len(big))+big); err != nil {
+			t.Fatalf("key %q: writing the body: %v (the gateway closed the connection before reading it)", key, err)
+		}
+		br := bufio.NewReader(conn)
+		res, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("key %q: reading the answer: %v", key, err)
+		}
+		body, _ := io.ReadAll(res.Body)
+		if res.StatusCode != 401 || !strings.Contains(string(body), "invalid_api_key") || res.Close {
+			t.Fatalf("key %q: %d close=%v %s; want 401 on a connection kept open", key, res.StatusCode, res.Close, body)
+		}
+		// The connection goes on.
+		if _, err := io.WriteString(conn, head("Bearer "+webKey, len(small))+small); err != nil {
+			t.Fatal(err)
+		}
+		if res, err := http.ReadResponse(br, nil); err != nil || res.StatusCode != 200 {
+			t.Fatalf("key %q: the next call on the connection: %v, %v", key, res, err)
+		}
+	}
+
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+	for i, key := range []string{"Bearer sk-wrong-key-0123456789", ""} {
+		req, _ := http.NewRequest("POST", srv.URL+"/v1/chat/completions", strings.NewReader(big))
+		if key != "" {
+			req.Header.Set("Authorization", key)
+		}
+		res, err := client.Do(req)
+		if err != nil {
+			t.Fatalf("Go client, call %d: %v; want a 401", i, err)
+		}
+		io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+		if res.StatusCode != 401 {
+			t.Fatalf("Go client, call %d: %d; want 401", i, res.StatusCode)
+		}
+	}
+	if n := up.hits.Load(); n != 2 {
+		t.Fatalf("the upstream saw %d calls; want the 2 with the client's key", n)
 	}
 }
 

@@ -103,14 +103,15 @@ func (h *Handler) bodyTimeout() time.Duration {
 func (h *Handler) readCall(w http.ResponseWriter, req *http.Request, format stream.Format, limit int64) (call *stream.Call, release func(), ok bool) {
 	budget := h.bodyBudget()
 	limit = min(limit, budget) // a body over the budget could never be read
-	body := req.Body
-	if body == nil {
-		body = http.NoBody
+	g := h.guard(w, req)
+	var body io.Reader = http.NoBody
+	if g != nil {
+		body = g
 	}
 	held := &heldBody{src: body, held: &h.held, limit: budget}
 	release = held.release
-	interrupted, disarm := h.bodyDeadline(w, req)
-	defer disarm()
+	interrupted, stop := g.interruptOn(req.Context())
+	defer stop()
 	discard := max(limit, minDiscard)
 	tooLarge := func() Rejection {
 		return Rejection{Status: http.StatusRequestEntityTooLarge, Type: invalidType(format), Code: "request_too_large",
@@ -119,18 +120,18 @@ func (h *Handler) readCall(w http.ResponseWriter, req *http.Request, format stre
 	switch {
 	case req.ContentLength > limit:
 		// Nothing is read: the client said it is too large.
-		if req.ContentLength-limit > discard || expectsContinue(req) {
-			discard = -1 // not worth reading, or not sent yet
-		} else {
-			discard = req.ContentLength
+		n := req.ContentLength
+		if n-limit > discard || expectsContinue(req) {
+			n = -1 // not worth reading, or not sent yet
 		}
-		refuseUnread(w, req, format, body, discard, tooLarge(), endRefused)
+		refuseUnread(w, req, format, g, n, tooLarge(), endRefused)
 		return nil, release, false
 	case h.held.Load() >= budget:
+		n := discard
 		if expectsContinue(req) {
-			discard = -1
+			n = -1
 		}
-		refuseUnread(w, req, format, body, discard, h.budgetSpent(format, budget), endShed)
+		refuseUnread(w, req, format, g, n, h.budgetSpent(format, budget), endShed)
 		return nil, release, false
 	}
 	req.Body = held
@@ -141,74 +142,142 @@ func (h *Handler) readCall(w http.ResponseWriter, req *http.Request, format stre
 		return call, release, true
 	case errors.As(err, &tl):
 		held.release() // its bytes are dropped
-		refuseUnread(w, req, format, body, discard, tooLarge(), endRefused)
+		refuseUnread(w, req, format, g, discard, tooLarge(), endRefused)
 	case errors.Is(err, errBodyBudget):
 		held.release()
-		refuseUnread(w, req, format, body, discard, h.budgetSpent(format, budget), endShed)
+		refuseUnread(w, req, format, g, discard, h.budgetSpent(format, budget), endShed)
 	case errors.Is(err, os.ErrDeadlineExceeded) && !interrupted():
-		w.Header().Set("Connection", "close")
-		answer(w, req, format, Rejection{Status: http.StatusRequestTimeout, ShouldRetry: true, Type: invalidType(format), Code: "request_timeout",
+		refuseUnread(w, req, format, g, -1, Rejection{Status: http.StatusRequestTimeout, ShouldRetry: true, Type: invalidType(format), Code: "request_timeout",
 			Message: fmt.Sprintf("gateway: the request body did not arrive within %v", h.bodyTimeout())}, endRefused)
 	case req.Context().Err() != nil:
-		w.Header().Set("Connection", "close")
-		answer(w, req, format, RejectionOf(format, context.Cause(req.Context())), endOf(context.Cause(req.Context())))
+		refuseUnread(w, req, format, g, -1, RejectionOf(format, context.Cause(req.Context())), endOf(context.Cause(req.Context())))
 	case errors.Is(err, stream.ErrBodyTooLarge), isBodyError(err):
-		answer(w, req, format, RejectionOf(format, err), endRefused)
+		refuseUnread(w, req, format, g, -1, RejectionOf(format, err), endRefused) // read whole: the connection goes on
 	default: // the client stopped sending mid-body
-		w.Header().Set("Connection", "close")
-		answer(w, req, format, RejectionOf(format, context.Canceled), endClientGone)
+		refuseUnread(w, req, format, g, -1, RejectionOf(format, context.Canceled), endClientGone)
 	}
 	return nil, release, false
 }
 
-// bodyDeadline bounds the reading of req's body by the body timeout, until
-// disarm is called; interrupted then reports whether the read was cut
-// short because req's context ended first (its client gone, the gateway
-// shutting down), rather than by the timeout.
-func (h *Handler) bodyDeadline(w http.ResponseWriter, req *http.Request) (interrupted func() bool, disarm func()) {
-	d := h.bodyTimeout()
-	if d <= 0 {
-		return func() bool { return false }, func() {}
+// guardedBody is a request body whose wait the Handler bounds. From the
+// moment the Handler (or a Build gateway) starts serving the request, the
+// connection has a read deadline at the body timeout; it is lifted once
+// the body has been read to its end, since the server then watches the
+// connection for the client going away, which must not time out. A body
+// not read to its end keeps the deadline whatever the answer: the server,
+// which would wait for the rest of the body to use the connection again,
+// gives up on it, and closes the connection, by then.
+type guardedBody struct {
+	io.ReadCloser
+	rc       *http.ResponseController
+	deadline time.Time   // zero: none (no body timeout, or a ResponseWriter without read deadlines)
+	ended    atomic.Bool // read to its end
+}
+
+func (b *guardedBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF && !b.ended.Swap(true) && !b.deadline.IsZero() {
+		_ = b.rc.SetReadDeadline(time.Time{})
 	}
-	rc := http.NewResponseController(w)
-	deadline := time.Now().Add(d)
-	if rc.SetReadDeadline(deadline) != nil {
-		return func() bool { return false }, func() {}
+	return n, err
+}
+
+// guard bounds the wait for req's body (see guardedBody), once per
+// request: it returns the guard in place already, and nil for a request
+// without a body.
+func (h *Handler) guard(w http.ResponseWriter, req *http.Request) *guardedBody {
+	switch b := req.Body.(type) {
+	case *guardedBody:
+		return b
+	case nil:
+		return nil
+	}
+	if req.Body == http.NoBody {
+		return nil
+	}
+	g := &guardedBody{ReadCloser: req.Body, rc: http.NewResponseController(w)}
+	if d := h.bodyTimeout(); d > 0 {
+		deadline := time.Now().Add(d)
+		if g.rc.SetReadDeadline(deadline) == nil {
+			g.deadline = deadline
+		}
+	}
+	req.Body = g
+	return g
+}
+
+// interruptOn cuts the reading of the body short when ctx ends before the
+// deadline (its client gone, the gateway shutting down), until stop is
+// called; interrupted then reports whether it did. When the deadline
+// itself ended the read, the server ends the context too: that is no
+// interruption.
+func (g *guardedBody) interruptOn(ctx context.Context) (interrupted func() bool, stop func() bool) {
+	if g == nil || g.deadline.IsZero() {
+		return func() bool { return false }, func() bool { return false }
 	}
 	var cut atomic.Bool
-	// A call cut short stops waiting for its body at once. When the
-	// deadline itself ended the read, the server ends the context too:
-	// that is no interruption.
-	stop := context.AfterFunc(req.Context(), func() {
-		if time.Now().Before(deadline) {
+	stop = context.AfterFunc(ctx, func() {
+		if time.Now().Before(g.deadline) {
 			cut.Store(true)
-			_ = rc.SetReadDeadline(time.Now())
+			_ = g.rc.SetReadDeadline(time.Now())
 		}
 	})
-	return cut.Load, func() {
-		stop()
-		_ = rc.SetReadDeadline(time.Time{})
+	return cut.Load, stop
+}
+
+// drop reads and discards up to n more bytes of the body, within its
+// deadline, and reports whether the body ended. With n negative, or
+// without a deadline, it reads nothing, and the server is not to wait for
+// the rest at all: the read deadline becomes now. A nil g (no body) has
+// ended.
+func (g *guardedBody) drop(n int64) bool {
+	if g == nil || g.ended.Load() {
+		return true
+	}
+	if n < 0 || g.deadline.IsZero() {
+		_ = g.rc.SetReadDeadline(time.Now())
+		return false
+	}
+	if _, err := io.CopyN(io.Discard, g, n); err != nil {
+		return err == io.EOF
+	}
+	var one [1]byte
+	_, err := io.ReadFull(g, one[:])
+	return err == io.EOF
+}
+
+// dropBody reads and discards req's body ahead of an answer that does not
+// use it, for a route whose bodies may hold limit bytes, as readCall does
+// for a body it refuses: up to max(limit, 1 MiB) bytes, within the body
+// timeout. A longer one is not read, nor the body of a client waiting for
+// 100 Continue before it sends it; when the body did not end, the answer
+// closes the connection.
+func (h *Handler) dropBody(w http.ResponseWriter, req *http.Request, limit int64) {
+	g := h.guard(w, req)
+	n := max(min(limit, h.bodyBudget()), minDiscard)
+	if req.ContentLength > n || expectsContinue(req) {
+		n = -1
+	}
+	if !g.drop(n) {
+		w.Header().Set("Connection", "close")
 	}
 }
 
 // refuseEarly answers r to a call whose body has not been read, for a
-// route whose bodies may hold limit bytes: its body is first read and
-// discarded, within the body timeout, when it is no longer than
-// max(limit, 1 MiB), as readCall does for a body it refuses; a longer one
-// is not read, nor the body of a client waiting for 100 Continue before
-// it sends it, and the answer closes the connection.
+// route whose bodies may hold limit bytes, its body first dropped (see
+// dropBody).
 func (h *Handler) refuseEarly(w http.ResponseWriter, req *http.Request, format stream.Format, limit int64, r Rejection, end string) {
-	body := req.Body
-	if body == nil {
-		body = http.NoBody
+	h.dropBody(w, req, limit)
+	answer(w, req, format, r, end)
+}
+
+// bodyLimitOf is the largest body a route of format reads; 0 when no
+// route serves it.
+func (h *Handler) bodyLimitOf(format stream.Format) int64 {
+	if fr := h.formats[format]; fr != nil {
+		return fr.maxBody
 	}
-	discard := max(min(limit, h.bodyBudget()), minDiscard)
-	if req.ContentLength > discard || expectsContinue(req) {
-		discard = -1
-	}
-	_, disarm := h.bodyDeadline(w, req)
-	defer disarm()
-	refuseUnread(w, req, format, body, discard, r, end)
+	return 0
 }
 
 // expectsContinue reports whether req's client waits for 100 Continue
@@ -234,27 +303,12 @@ func (h *Handler) budgetSpent(format stream.Format, budget int64) Rejection {
 	return r
 }
 
-// refuseUnread answers r to a call whose body has not been read to its
-// end, after reading and discarding up to discard more bytes of it (none
-// when discard is negative); when more is left, the answer closes the
-// connection.
-func refuseUnread(w http.ResponseWriter, req *http.Request, format stream.Format, body io.Reader, discard int64, r Rejection, end string) {
-	if !discardRest(body, discard) {
+// refuseUnread answers r to a call whose body g has not been read to its
+// end, after reading and discarding up to n more bytes of it (none when n
+// is negative); when more is left, the answer closes the connection.
+func refuseUnread(w http.ResponseWriter, req *http.Request, format stream.Format, g *guardedBody, n int64, r Rejection, end string) {
+	if !g.drop(n) {
 		w.Header().Set("Connection", "close")
 	}
 	answer(w, req, format, r, end)
-}
-
-// discardRest reads and discards body, and reports whether it ended within
-// n bytes.
-func discardRest(body io.Reader, n int64) bool {
-	if n < 0 {
-		return false
-	}
-	if _, err := io.CopyN(io.Discard, body, n); err != nil {
-		return err == io.EOF
-	}
-	var one [1]byte
-	_, err := io.ReadFull(body, one[:])
-	return err == io.EOF
 }

@@ -374,3 +374,89 @@ func expectContinue(t *testing.T, srvURL string, n int) (*http.Response, string)
 	io.WriteString(conn, strings.Replace(rawRequest("/v1/chat/completions", n), "\r\n\r\n", "\r\nExpect: 100-continue\r\n\r\n", 1))
 	return readResponse(t, bufio.NewReader(conn))
 }
+
+// TestRefusedBodiesCloseConnections: clients that declare a body, send
+// part of it and stop, to a path no route serves, to a route (too slow, or
+// declared too large) or waiting for 100 Continue, get their answer and
+// their connection closed by the Handler's server within the body timeout,
+// though they keep it open: no connection is left open.
+func TestRefusedBodiesCloseConnections(t *testing.T) {
+	b, _ := bulkhead.New(budgetConfig(4))
+	defer b.Shutdown(context.Background())
+	u, _ := url.Parse("http://upstream.invalid")
+	h, err := gateway.New(gateway.Route{Format: stream.OpenAIChat, Upstream: u, Bulkhead: b, MaxBodyBytes: 10_000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const bodyTimeout = 300 * time.Millisecond
+	h.BodyTimeout = bodyTimeout
+	var open sync.WaitGroup // the server's connections
+	srv := httptest.NewUnstartedServer(h)
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		switch s {
+		case http.StateNew:
+			open.Add(1)
+		case http.StateClosed, http.StateHijacked:
+			open.Done()
+		}
+	}
+	srv.Start()
+	defer srv.Close()
+	variants := []struct {
+		head, part string
+		status     int
+	}{
+		{rawRequest("/v1/no/such/api", 100_000), "{", 404},
+		{strings.Replace(rawRequest("/v1/no/such/api", 100_000), "\r\n\r\n", "\r\nExpect: 100-continue\r\n\r\n", 1), "", 404},
+		{rawRequest("/v1/chat/completions", 5000), `{"model":`, 408},
+		{rawRequest("/v1/chat/completions", -1), "100\r\n{\"model\":", 408},
+		{rawRequest("/v1/chat/completions", 20_000), `{"model":`, 413},
+	}
+	const clients = 100
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	statuses := make([]int, clients)
+	var read sync.WaitGroup
+	for i := range clients {
+		v := variants[i%len(variants)]
+		c, err := net.Dial("tcp", strings.TrimPrefix(srv.URL, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+		if _, err := io.WriteString(c, v.head+v.part); err != nil {
+			t.Fatal(err)
+		}
+		read.Add(1)
+		go func() {
+			defer read.Done()
+			if res, err := http.ReadResponse(bufio.NewReader(c), nil); err == nil {
+				statuses[i] = res.StatusCode
+			}
+		}()
+	}
+	closed := make(chan struct{})
+	go func() {
+		read.Wait()
+		open.Wait()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+	case <-time.After(bodyTimeout + testutil.Settle):
+		for _, c := range conns {
+			c.Close() // lets the test end
+		}
+		<-closed
+		t.Fatalf("connections still open %v after the body timeout", testutil.Settle)
+	}
+	for i, st := range statuses {
+		if want := variants[i%len(variants)].status; st != want {
+			t.Errorf("client %d (%q): answered %d; want %d", i, variants[i%len(variants)].head, st, want)
+		}
+	}
+}

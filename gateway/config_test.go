@@ -3,6 +3,7 @@ package gateway_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -305,6 +306,74 @@ routes: [{api: openai-chat, upstream: openai, bulkhead: gpt4o}]
 	bad := strings.Replace(text, "fleet: {redis: main", "fleet: {redis: other", 1)
 	if _, err := gateway.ParseConfig("gw.yaml", []byte(bad)); err == nil || !strings.Contains(err.Error(), "gw.yaml:9: bulkheads.gpt4o.fleet.redis: no redis server \"other\"") {
 		t.Fatalf("unknown redis: %v", err)
+	}
+}
+
+// TestFleetEventsLoggedAndCounted: what a bulkhead's fleet pool has to
+// tell an operator (Redis losing the pool's state, the circuit breaker
+// opening when Redis fails) is a warning in the gateway's log, naming the
+// pool, and counted by pool and kind in /metrics.
+func TestFleetEventsLoggedAndCounted(t *testing.T) {
+	srv := redistest.TryStart(t)
+	if srv == nil {
+		t.Skip("redis-server not installed")
+	}
+	up := newFakeOpenAI(t)
+	logs := &testutil.Buffer{}
+	_, gw := buildGateway(t, `log: {format: json}
+upstreams: {openai: {base_url: "`+up.srv.URL+`"}}
+redis: {main: {addr: "`+srv.Addr()+`", timeout: 1s}}
+bulkheads:
+  gpt4o:
+    model: gpt-4o
+    max_concurrent: 4
+    fleet: {redis: main, pool: gw-events, max_concurrent: 8, on_failure: open}
+routes: [{api: openai-chat, upstream: openai, bulkhead: gpt4o}]
+`, nil, logs)
+	post := func() int {
+		res, err := http.Post(gw.URL+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}],"max_tokens":5}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+		if res.StatusCode == 200 {
+			<-up.auth
+		}
+		return res.StatusCode
+	}
+	counter := func(kind string) string {
+		return metric(t, gw.URL, `bulkhead_gateway_fleet_events_total{kind="`+kind+`",pool="gw-events"}`)
+	}
+	if c := counter("state_lost"); !strings.HasSuffix(c, " 0") {
+		t.Fatalf("before any event: %q; want the counter at 0", c)
+	}
+	post() // the pool's first use: answered by Redis (its first relearn window may refuse it)
+	if _, err := srv.Do("FLUSHALL"); err != nil {
+		t.Fatal(err)
+	}
+	post() // Redis lost the pool's state
+	srv.Stop()
+	for range 3 { // three failures in a row open the breaker; the calls go on (on_failure: open)
+		if st := post(); st != 200 {
+			t.Fatalf("a call while Redis is down: %d; want it admitted by the failure policy", st)
+		}
+	}
+	for _, kind := range []string{"state_lost", "breaker_opened"} {
+		if c := counter(kind); !strings.HasSuffix(c, " 1") {
+			t.Errorf("%s: %q; want 1", kind, c)
+		}
+	}
+	srv.Restart() // the gateway's shutdown releases the holds of the calls admitted meanwhile
+	testutil.WaitFor(t, "the fleet's warnings in the log", func() bool { return strings.Count(logs.String(), `"pool":"gw-events"`) >= 2 })
+	var warnings []string
+	for _, l := range logLines(t, logs) {
+		if l["pool"] == "gw-events" && l["level"] == "WARN" {
+			warnings = append(warnings, fmt.Sprint(l["msg"]))
+		}
+	}
+	if w := strings.Join(warnings, "\n"); !strings.Contains(w, "state in Redis is new") || !strings.Contains(w, "circuit breaker open") {
+		t.Errorf("the fleet's warnings in the log: %q", w)
 	}
 }
 

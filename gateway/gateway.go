@@ -38,8 +38,11 @@ type Gateway struct {
 	// /readyz (200 until SetReady(false) or Shutdown, then 503) and
 	// /metrics (every bulkhead's Prometheus metrics, labelled
 	// bulkhead="<name>"). On the routes it answers a call without a
-	// client's key 401 when the configuration has clients, and logs one
-	// line per request however it ends.
+	// client's key 401 when the configuration has clients (after reading
+	// and discarding its body, as the Handler does for a body it
+	// refuses), and logs one line per request however it ends. A body
+	// not read to its end, whatever the answer, holds its connection no
+	// longer than the body timeout.
 	Handler http.Handler
 	// Bulkheads are the gateway's bulkheads, by name.
 	Bulkheads map[string]*bulkhead.Bulkhead
@@ -66,10 +69,12 @@ type Gateway struct {
 // Build makes the gateway cfg describes: file names the configuration for
 // errors, getenv reads the upstreams' API keys and the clients' keys
 // (os.Getenv; nil means none is set), and logger receives one line per
-// request (nil: a JSON or text handler on standard error, as cfg.Log
-// says). An invalid limit, a missing key or an unreadable certificate is
-// a *ConfigError with the line of its key. Shut the gateway down with
-// Shutdown.
+// request, the state changes of the fleet pools (each also counted in
+// /metrics as bulkhead_gateway_fleet_events_total) and, as warnings, the
+// reverse proxy's own errors (nil: a JSON or text handler on standard
+// error, as cfg.Log says). An invalid limit, a missing key or an
+// unreadable certificate is a *ConfigError with the line of its key. Shut
+// the gateway down with Shutdown.
 func Build(cfg *Config, file string, getenv func(string) string, logger *slog.Logger) (*Gateway, error) {
 	if getenv == nil {
 		getenv = func(string) string { return "" }
@@ -99,6 +104,13 @@ func Build(cfg *Config, file string, getenv func(string) string, logger *slog.Lo
 	if err != nil {
 		return fail(err)
 	}
+	if logger == nil {
+		logger = NewLogger(os.Stderr, cfg.Log.Format)
+	}
+	g.logger = logger
+	fleetEvents := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "bulkhead_gateway_fleet_events_total",
+		Help: "State changes of the bulkheads' fleet pools, by pool and kind (state_lost, breaker_opened, breaker_closed, leases_lapsed, leases_restored, hold_reinstated); each is logged."},
+		[]string{"pool", "kind"})
 	g.clients = map[string]*redis.Client{}
 	client := func(name string) *redis.Client {
 		if c := g.clients[name]; c != nil {
@@ -136,6 +148,11 @@ func Build(cfg *Config, file string, getenv func(string) string, logger *slog.Lo
 				fc.TokenBudget = *f.TokenBudget
 			}
 			fc.OnFailure = map[string]fleet.FailurePolicy{"": fleet.FailClosed, "closed": fleet.FailClosed, "open": fleet.FailOpen, "local_share": fleet.FailLocalShare}[f.OnFailure]
+			fc.Logger = logger
+			fc.OnEvent = func(e fleet.Event) { fleetEvents.WithLabelValues(e.Pool, e.Kind.String()).Inc() }
+			for _, k := range fleet.EventKinds() {
+				fleetEvents.WithLabelValues(f.Pool, k.String()) // at 0 from the start
+			}
 			p, err := fleet.New(fc)
 			if err != nil {
 				var ce *fleet.ConfigError
@@ -158,6 +175,9 @@ func Build(cfg *Config, file string, getenv func(string) string, logger *slog.Lo
 		g.Bulkheads[name] = b
 	}
 	reg := prometheus.NewRegistry()
+	if err := reg.Register(fleetEvents); err != nil {
+		return fail(err)
+	}
 	for _, name := range sortedKeys(g.Bulkheads) {
 		c, err := metrics.New(g.Bulkheads[name], metrics.Options{Name: name})
 		if err == nil {
@@ -197,6 +217,7 @@ func Build(cfg *Config, file string, getenv func(string) string, logger *slog.Lo
 		return fail(err)
 	}
 	h.BodyBudget, h.BodyTimeout = cfg.BodyBudgetBytes, time.Duration(cfg.BodyTimeout)
+	h.logProxyErrors(logger)
 	g.proxy = h
 	names := map[*bulkhead.Bulkhead]string{}
 	for name, b := range g.Bulkheads {
@@ -205,10 +226,6 @@ func Build(cfg *Config, file string, getenv func(string) string, logger *slog.Lo
 	if err := reg.Register(newEarlyCollector(h, names)); err != nil {
 		return fail(err)
 	}
-	if logger == nil {
-		logger = NewLogger(os.Stderr, cfg.Log.Format)
-	}
-	g.logger = logger
 	f := &front{next: h, g: g, clients: clients, logger: logger, mode: cfg.Log.Requests}
 	for _, rc := range cfg.Routes {
 		f.bulkhead = append(f.bulkhead, rc.Bulkhead)
@@ -224,18 +241,25 @@ func Build(cfg *Config, file string, getenv func(string) string, logger *slog.Lo
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.Handle("/", f)
-	g.Handler = &router{admin: mux, front: f}
+	g.Handler = &router{admin: mux, front: f, h: h}
 	return g, nil
 }
 
 // router sends the requests for the health and metrics endpoints to admin,
 // and every other to front at once, without the pattern matching (and its
-// allocations) a ServeMux does for each request.
-type router struct{ admin, front http.Handler }
+// allocations) a ServeMux does for each request. It bounds the wait for
+// every request's body first (see guardedBody), whatever answers it; the
+// endpoints, which take no body, answer once it is dropped.
+type router struct {
+	admin, front http.Handler
+	h            *Handler
+}
 
 func (r *router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	r.h.guard(w, req)
 	switch req.URL.Path {
 	case "/healthz", "/readyz", "/metrics":
+		r.h.dropBody(w, req, 0)
 		r.admin.ServeHTTP(w, req)
 	default:
 		r.front.ServeHTTP(w, req)

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -96,7 +97,15 @@ type Route struct {
 // 400. A body refused before its end is read and discarded up to as many
 // bytes again as its limit (at least 1 MiB), so that a client that sends
 // its whole body before it reads, as the SDKs do, reads the answer; a
-// longer one is answered at once and its connection closed.
+// longer one is answered at once and its connection closed. A request the
+// Handler answers without using its body (a path no route serves, a 404)
+// is answered the same way.
+//
+// Whatever the answer, a body not read to its end does not hold its
+// connection: the connection keeps a read deadline at the body timeout,
+// so the server, which would wait for the rest of the body to use the
+// connection again, closes it by then (at once for a client waiting for
+// 100 Continue that was not asked for its body).
 //
 // Under overload a call is turned away before its body is read or parsed:
 // once a route's bulkhead has refused a call for want of a slot or a queue
@@ -119,10 +128,14 @@ type Handler struct {
 	BodyBudget int64
 
 	// BodyTimeout bounds the reading of one request body, counted from
-	// the moment the Handler starts reading it. Zero means
-	// DefaultBodyTimeout; a negative value sets none. It needs a
+	// the moment the Handler starts serving the request, and the time the
+	// server may wait for the rest of a body the Handler did not read to
+	// its end. Zero means DefaultBodyTimeout. A negative value sets none:
+	// a body is then read for as long as it takes, and a refused one is
+	// not read at all (its connection closes at once). It needs a
 	// ResponseWriter that supports read deadlines (see
-	// http.ResponseController), as net/http's server's does.
+	// http.ResponseController), as net/http's server's does; without
+	// them the Handler acts as with none.
 	BodyTimeout time.Duration
 
 	formats map[stream.Format]*formatRoutes
@@ -230,6 +243,12 @@ func proxy(r Route, index int, g *gate) *routeProxy {
 			if resp.Header.Get(RequestIDHeader) == "" && resp.Request != nil { // the provider's own ID stands
 				resp.Header.Set(RequestIDHeader, resp.Request.Header.Get(RequestIDHeader))
 			}
+			if m, ok := resp.Body.(*stream.Meter); ok && resp.Request != nil {
+				if n := noteOf(resp.Request.Context()); n != nil {
+					n.answer = &endWatch{Meter: m, gemini: format == stream.Gemini}
+					resp.Body = n.answer
+				}
+			}
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, req *http.Request, err error) {
@@ -247,6 +266,55 @@ func proxy(r Route, index int, g *gate) *routeProxy {
 			}
 		},
 	}}
+}
+
+// endWatch is an admitted call's metered answer as the proxy reads it from
+// the upstream. It notes whether the answer reached its end, as its format
+// marks it, while reading the upstream still succeeded: the terminal event
+// of a stream (OpenAI chat's data: [DONE], a Responses
+// response.completed, Anthropic's message_stop; for Gemini, which has
+// none, the chunk that ends generation with the final counts), or the end
+// of a JSON answer. The proxy writes what it reads before it reads again,
+// so a call that breaks off after that point (its client closed the
+// stream as soon as it had read the last event, as openai-go does) was
+// answered whole. An answer that ended with the provider's error event
+// does not count.
+type endWatch struct {
+	*stream.Meter
+	gemini bool
+	ended  atomic.Bool
+}
+
+func (e *endWatch) Read(p []byte) (int, error) {
+	n, err := e.Meter.Read(p)
+	if err == nil && !e.ended.Load() && e.Err() == nil {
+		if e.gemini {
+			_, final := e.Usage() // the chunk with a finishReason, and the counts it closes
+			e.ended.Store(final)
+		} else {
+			e.ended.Store(e.Settled())
+		}
+	}
+	return n, err
+}
+
+// answered reports whether the call's answer reached its end before it
+// broke off (see endWatch); false for a call that was not metered.
+func (n *callNote) answered() bool { return n.answer != nil && n.answer.ended.Load() }
+
+// logProxyErrors sends the lines the routes' reverse proxies log of their
+// own (a read of an upstream's answer that failed mid-way) to logger, as
+// warnings, rather than to the standard logger. Set before serving.
+func (h *Handler) logProxyErrors(logger *slog.Logger) {
+	l := slog.NewLogLogger(logger.Handler(), slog.LevelWarn)
+	for _, fr := range h.formats {
+		for _, rp := range fr.byModel {
+			rp.ErrorLog = l
+		}
+		if fr.other != nil {
+			fr.other.ErrorLog = l
+		}
+	}
 }
 
 // defaultTransport sends the calls of a route without a Transport: it is
@@ -342,16 +410,17 @@ func newRequestID() string {
 // (see Handler). It gives a request without an X-Request-Id one (see
 // RequestIDHeader).
 func (h *Handler) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	h.guard(w, req)
 	requestID(req)
 	format, ok := stream.FormatOf(req.URL.Path)
 	fr := h.formats[format]
 	switch {
 	case !ok || fr == nil:
-		answer(w, req, format, notFound(format, "no route for "+req.URL.Path), endRefused)
+		h.refuseEarly(w, req, format, 0, notFound(format, "no route for "+req.URL.Path), endRefused)
 		return
 	case req.Method != http.MethodPost:
 		if fr.other == nil {
-			answer(w, req, format, notFound(format, "no route for "+req.Method+" "+req.URL.Path), endRefused)
+			h.refuseEarly(w, req, format, fr.maxBody, notFound(format, "no route for "+req.Method+" "+req.URL.Path), endRefused)
 			return
 		}
 		forward(w, req, fr.other, "")

@@ -165,6 +165,10 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p := recover()
 		if p != nil { // a stream aborted (http.ErrAbortHandler), or a bug: log it, then go on panicking
 			switch {
+			case note.answered() && !rec.failed:
+				// The whole answer went to the client, which may have
+				// closed as soon as it read the last event.
+				note.end = endDone
 			case errors.Is(context.Cause(ctx), errShutdownCut):
 				note.end = endShutdown
 			case clientCtx.Err() != nil:
@@ -179,11 +183,17 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}()
 	if f.clients != nil {
-		format, _ := stream.FormatOf(r.URL.Path)
+		format, known := stream.FormatOf(r.URL.Path)
 		key := presentedKey(r)
 		c := f.clients.find(key)
 		if c == nil {
-			answer(rec, r, format, unauthorized(format, key == ""), endUnauthorized)
+			// Its body is read and discarded first, as a refused body's is,
+			// so that a client uploading it reads the 401.
+			limit := int64(0)
+			if known {
+				limit = f.g.proxy.bodyLimitOf(format)
+			}
+			f.g.proxy.refuseEarly(rec, r, format, limit, unauthorized(format, key == ""), endUnauthorized)
 			return
 		}
 		note.client = c
@@ -316,6 +326,7 @@ type recorder struct {
 	note   *callNote
 	status int
 	bytes  int64
+	failed bool // a write failed: what followed did not reach the client
 }
 
 func (r *recorder) WriteHeader(status int) {
@@ -331,6 +342,9 @@ func (r *recorder) Write(p []byte) (int, error) {
 	}
 	n, err := r.ResponseWriter.Write(p)
 	r.bytes += int64(n)
+	if err != nil {
+		r.failed = true
+	}
 	return n, err
 }
 
@@ -397,6 +411,7 @@ type callNote struct {
 	high   bool
 	end    string
 	header time.Time // when the response's headers were written
+	answer *endWatch // the admitted call's answer, nil before (or without) one
 }
 
 type noteKey struct{}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -140,9 +141,14 @@ func TestRequestLog(t *testing.T) {
 	}
 	cut.Body.Close()
 
-	lines := logLines(t, logs)
+	var lines []map[string]any // the request lines (the proxy warns of the broken and the cut streams too)
+	for _, l := range logLines(t, logs) {
+		if l["msg"] == "request" {
+			lines = append(lines, l)
+		}
+	}
 	if len(lines) != 7 {
-		t.Fatalf("%d lines; want 7:\n%s", len(lines), logs.String())
+		t.Fatalf("%d request lines; want 7:\n%s", len(lines), logs.String())
 	}
 	for _, want := range []struct {
 		tag, end string
@@ -200,5 +206,132 @@ func TestRequestLogModes(t *testing.T) {
 		if fmt.Sprint(tags) != fmt.Sprint(want) {
 			t.Errorf("requests: %s logged %v; want %v", mode, tags, want)
 		}
+	}
+}
+
+// stdLog captures what the standard logger writes until the test ends.
+func stdLog(t *testing.T) *testutil.Buffer {
+	var b testutil.Buffer
+	w, flags := log.Writer(), log.Flags()
+	log.SetOutput(&b)
+	t.Cleanup(func() { log.SetOutput(w); log.SetFlags(flags) })
+	return &b
+}
+
+// TestProxyErrorsInGatewayLog: the reverse proxy's own error lines (a
+// stream the upstream broke off) go to the gateway's log, as structured
+// warnings, never to the standard logger.
+func TestProxyErrorsInGatewayLog(t *testing.T) {
+	std := stdLog(t)
+	logs, _, call, _ := logRig(t, "all")
+	res := call("/v1/messages", "broken", `{"model":"claude","max_tokens":5,"stream":true,"messages":[{"role":"user","content":"hi"}]}`, context.Background())
+	io.Copy(io.Discard, res.Body)
+	res.Body.Close()
+	testutil.WaitFor(t, "the broken stream's line", func() bool { return strings.Contains(logs.String(), `"tag":"broken"`) })
+	if s := std.String(); s != "" {
+		t.Errorf("the standard logger got %q", s)
+	}
+	var warned bool
+	for _, l := range logLines(t, logs) {
+		if l["level"] == "WARN" && strings.Contains(fmt.Sprint(l["msg"]), "ReverseProxy read error") {
+			warned = true
+		}
+	}
+	if !warned {
+		t.Errorf("no warning of the proxy's read error in the gateway's log:\n%s", logs.String())
+	}
+}
+
+// TestStreamClosedAfterLastEventIsDone: a client that closes a stream as
+// soon as it has read its last event (openai-go stops at data: [DONE]),
+// while the upstream has not ended the response yet, got the whole
+// answer: the call is logged done, 200, in every dialect, and the
+// bulkhead settles it with the provider's usage.
+func TestStreamClosedAfterLastEventIsDone(t *testing.T) {
+	events := map[string][]string{
+		"/v1/chat/completions": {
+			`data: {"id":"c","choices":[{"index":0,"delta":{"content":"hi"}}]}`,
+			`data: {"id":"c","choices":[],"usage":{"prompt_tokens":10,"completion_tokens":3,"total_tokens":13}}`,
+			`data: [DONE]`,
+		},
+		"/v1/responses": {
+			"event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"hi\"}",
+			"event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":10,\"output_tokens\":3,\"total_tokens\":13}}}",
+		},
+		"/v1/messages": {
+			"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":10,\"output_tokens\":1}}}",
+			"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"hi\"}}",
+			"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":3}}",
+			"event: message_stop\ndata: {\"type\":\"message_stop\"}",
+		},
+		"/v1beta/models/gemini-2.5-flash:streamGenerateContent": {
+			`data: {"candidates":[{"content":{"parts":[{"text":"hi"}]}}]}`,
+			`data: {"candidates":[{"content":{"parts":[{"text":"!"}]},"finishReason":"STOP"}],"usageMetadata":{"promptTokenCount":10,"candidatesTokenCount":3,"totalTokenCount":13}}`,
+		},
+	}
+	// The upstream sends a stream's events, then holds the response open
+	// until the gateway gives up on it.
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		for _, e := range events[r.URL.Path] {
+			fmt.Fprint(w, e+"\n\n")
+		}
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	}))
+	defer up.Close()
+	std := stdLog(t)
+	logs := &testutil.Buffer{}
+	g, srv := buildGateway(t, `log: {format: json}
+upstreams: {up: {base_url: "`+up.URL+`"}}
+bulkheads: {main: {model: gpt-4o, max_concurrent: 8, token_budget: 100000}}
+routes:
+  - {api: openai-chat, upstream: up, bulkhead: main}
+  - {api: openai-responses, upstream: up, bulkhead: main}
+  - {api: anthropic-messages, upstream: up, bulkhead: main}
+  - {api: gemini, upstream: up, bulkhead: main}
+`, nil, logs)
+	bodies := map[string]string{
+		"/v1/chat/completions": `{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"hi"}],"max_tokens":5}`,
+		"/v1/responses":        `{"model":"gpt-4o","stream":true,"input":"hi","max_output_tokens":5}`,
+		"/v1/messages":         `{"model":"gpt-4o","stream":true,"max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`,
+		"/v1beta/models/gemini-2.5-flash:streamGenerateContent": `{"contents":[{"role":"user","parts":[{"text":"hi"}]}],"generationConfig":{"maxOutputTokens":5}}`,
+	}
+	for path, body := range bodies {
+		req, _ := http.NewRequest("POST", srv.URL+path+"?alt=sse", strings.NewReader(body))
+		req.Header.Set("X-Request-Id", path)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		last := events[path][len(events[path])-1]
+		last = last[strings.LastIndex(last, "data: "):]
+		br := bufio.NewReader(res.Body)
+		for {
+			line, err := br.ReadString('\n')
+			if err != nil {
+				t.Fatalf("%s: %v before the last event", path, err)
+			}
+			if strings.TrimSuffix(line, "\n") == last {
+				break
+			}
+		}
+		res.Body.Close() // as soon as the last event is read
+		testutil.WaitFor(t, path+"'s log line", func() bool { return strings.Contains(logs.String(), `"tag":"`+path+`"`) })
+	}
+	lines := logLines(t, logs)
+	for path := range bodies {
+		if l := lineOf(t, lines, path); l["end"] != "done" || l["status"] != 200.0 {
+			t.Errorf("%s: logged %v; want end done, status 200", path, l)
+		}
+	}
+	b := g.Bulkheads["main"]
+	testutil.WaitFor(t, "the calls to be released", func() bool { return b.Stats().Calls.Released == 4 })
+	if st := b.Stats(); st.TokenBudget.TotalConsumed != 4*13 {
+		t.Errorf("consumed %d tokens; want the provider's 13 for each call", st.TokenBudget.TotalConsumed)
+	}
+	if s := std.String(); s != "" {
+		t.Errorf("the standard logger got %q", s)
 	}
 }

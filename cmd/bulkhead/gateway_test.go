@@ -10,6 +10,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"io"
 	"math/big"
@@ -18,6 +19,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -299,4 +301,143 @@ routes: [{api: openai-chat, upstream: openai, bulkhead: main}]
 			t.Errorf("%q: exit %d, %q %q; want %d and %q", tc.head, code, out, errOut, tc.code, tc.want)
 		}
 	}
+}
+
+// openFDs is the number of descriptors the process has open; -1 where
+// /proc/self/fd cannot tell.
+func openFDs() int {
+	entries, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return -1
+	}
+	return len(entries)
+}
+
+// TestRefusedCallersDoNotHoldConnections: hundreds of clients declare a
+// body, send part of it and stop, without a key, with a wrong one or with
+// the right one, waiting for 100 Continue or not, to a route, a path no
+// route serves, /healthz and /metrics. Each gets its answer (401, 404, 408,
+// 413, 200) and its connection is closed by the gateway within the body
+// timeout, while the client keeps it open: the gateway's descriptors
+// return to what they were.
+func TestRefusedCallersDoNotHoldConnections(t *testing.T) {
+	if openFDs() < 0 {
+		t.Skip("no /proc/self/fd")
+	}
+	const bodyTimeout = time.Second
+	up, _ := holdingUpstream(t)
+	t.Setenv("TEST_CLIENT_KEY", "gw-client-key-0123456789")
+	t.Setenv("TEST_UPSTREAM_KEY", "sk-upstream")
+	cfg := writeConfig(t, `listen: "127.0.0.1:0"
+body_timeout: 1s
+log: {format: json, requests: none}
+clients: {app: {key_env: TEST_CLIENT_KEY}}
+upstreams: {openai: {base_url: "`+up+`", api_key_env: TEST_UPSTREAM_KEY}}
+bulkheads: {main: {model: gpt-4o, max_concurrent: 4}}
+routes: [{api: openai-chat, upstream: openai, bulkhead: main}]
+`)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	gw := startGateway(t, ctx, cfg)
+	addr := strings.TrimPrefix(gw.url, "http://")
+	// The first request on a connection sets up what the server keeps for
+	// good (its poller, its buffers): count from there.
+	if st := status(gw.url + "/healthz"); st != 200 {
+		t.Fatalf("/healthz: %d", st)
+	}
+	baseline := openFDs()
+
+	const (
+		key     = "Authorization: Bearer gw-client-key-0123456789\r\n"
+		wrong   = "Authorization: Bearer not-a-key-of-this-gateway\r\n"
+		expect  = "Expect: 100-continue\r\n"
+		chunked = "Transfer-Encoding: chunked\r\n"
+	)
+	length := func(n int) string { return fmt.Sprintf("Content-Length: %d\r\n", n) }
+	variants := []struct {
+		name, method, path, headers, part string
+		status                            int
+	}{
+		{"no key", "POST", "/v1/chat/completions", length(1 << 20), `{"model":"gpt-4o"`, 401},
+		{"wrong key", "POST", "/v1/chat/completions", wrong + length(1<<20), `{"model":"gpt-4o"`, 401},
+		{"no key, 100-continue", "POST", "/v1/chat/completions", expect + length(1<<20), "", 401},
+		{"wrong key, 100-continue", "POST", "/v1/chat/completions", wrong + expect + length(100_000), "", 401},
+		{"no key, chunked", "POST", "/v1/chat/completions", chunked, "100\r\n{\"model\":", 401},
+		{"no key, 1 GiB declared", "POST", "/v1/chat/completions", length(1 << 30), "{", 401},
+		{"no route", "POST", "/v1/no/such/api", key + length(100_000), "{", 404},
+		{"no route, 100-continue", "POST", "/v1/no/such/api", key + expect + length(100_000), "", 404},
+		{"/healthz", "GET", "/healthz", length(100_000), "x", 200},
+		{"/metrics", "GET", "/metrics", length(100_000), "x", 200},
+		{"/metrics, 100-continue", "GET", "/metrics", expect + length(100_000), "", 200},
+		{"body too slow", "POST", "/v1/chat/completions", key + length(100_000), `{"model":`, 408},
+		{"body too slow, chunked", "POST", "/v1/chat/completions", key + chunked, "100\r\n{\"model\":", 408},
+		{"body too large", "POST", "/v1/chat/completions", key + length(40<<20), `{"model":`, 413},
+	}
+	const clients = 280
+	type outcome struct {
+		status int
+		held   bool // still open at the deadline
+		err    error
+	}
+	conns := make([]net.Conn, clients)
+	outcomes := make([]outcome, clients)
+	defer func() {
+		for _, c := range conns {
+			if c != nil {
+				c.Close()
+			}
+		}
+	}()
+	start := time.Now()
+	for i := range conns {
+		v := variants[i%len(variants)]
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatalf("client %d: %v", i, err)
+		}
+		conns[i] = c
+		if _, err := io.WriteString(c, v.method+" "+v.path+" HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"+v.headers+"\r\n"+v.part); err != nil {
+			t.Fatalf("client %d: %v", i, err)
+		}
+	}
+	// Each client reads its answer, then waits for the gateway to close
+	// the connection, up to the body timeout and some slack.
+	deadline := start.Add(bodyTimeout + 4*time.Second)
+	var wg sync.WaitGroup
+	for i, c := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.SetReadDeadline(deadline)
+			br := bufio.NewReader(c)
+			res, err := http.ReadResponse(br, nil)
+			if err == nil {
+				outcomes[i].status = res.StatusCode
+				_, err = io.Copy(io.Discard, res.Body)
+				if err == nil {
+					_, err = io.Copy(io.Discard, br) // until the gateway closes
+				}
+			}
+			var ne net.Error
+			outcomes[i].held = errors.As(err, &ne) && ne.Timeout()
+			outcomes[i].err = err
+		}()
+	}
+	wg.Wait()
+	for i, o := range outcomes {
+		v := variants[i%len(variants)]
+		switch {
+		case o.held:
+			t.Errorf("%s (client %d): the connection is still open %v after the request (answer %d)", v.name, i, time.Since(start).Round(time.Millisecond), o.status)
+		case o.status != v.status:
+			t.Errorf("%s (client %d): answered %d (%v); want %d", v.name, i, o.status, o.err, v.status)
+		}
+	}
+	// The gateway's own descriptors are back where they were: the clients
+	// still hold theirs.
+	testutil.WaitFor(t, "the gateway's connections to close", func() bool { return openFDs() <= baseline+clients })
+	for _, c := range conns {
+		c.Close()
+	}
+	testutil.WaitFor(t, "the descriptors to return to the baseline", func() bool { return openFDs() <= baseline })
 }
