@@ -340,9 +340,13 @@ func (m *machine) finishRun(t *rapid.T, h *hold, fail bool, usage *bulkhead.Usag
 		m.awaitReturn(t, h.w, fail)
 	} else {
 		// Run returned at the deadline; the late callback's settlement still
-		// releases the admission (its tokens) when it returns.
+		// releases the admission (its tokens) when it returns, and books
+		// its overrun on the rates: on a remote store, on a goroutine of its
+		// own that nobody waits for, so the check waits for it too.
 		err := spinUntil("the late callback's release", func() (bool, error) {
-			return m.b.Stats().Calls.Released == m.calls.Released, nil
+			st := m.b.Stats()
+			booked := st.Rate == nil || st.Rate.Overruns == m.rateStats.Overruns
+			return st.Calls.Released == m.calls.Released && booked, nil
 		})
 		if err != nil {
 			t.Fatalf("%s: %v", m.descr, err)
