@@ -137,7 +137,8 @@ type LogConfig struct {
 type UpstreamConfig struct {
 	// BaseURL is the provider's base URL, such as https://api.openai.com,
 	// without the API's version: a call's path (/v1/chat/completions) is
-	// joined to it as it came, after any path the base URL has.
+	// joined to it as it came, after any path the base URL has. A base URL
+	// whose path ends in an API version (/v1, /v1beta) is an error.
 	BaseURL string `yaml:"base_url"`
 	// APIKeyEnv names the environment variable holding the API key sent
 	// upstream in place of the caller's. Empty passes the caller's own
@@ -504,6 +505,9 @@ func (v *validator) check(c *Config) {
 		pu, err := url.Parse(u.BaseURL)
 		if err != nil || pu.Scheme == "" || pu.Host == "" {
 			v.failf(append(p, "base_url"), "want an absolute URL such as https://api.openai.com, got %q", u.BaseURL)
+		} else if version, fix := versionSuffix(pu); version != "" {
+			v.failf(append(p, "base_url"), "%q ends in the API version %s, but a call's path brings its own (such as /v1/chat/completions), so every call would go to .../%s/%s/...: write %q",
+				u.BaseURL, version, version, version, fix)
 		}
 	}
 	for _, name := range sortedKeys(c.Redis) {
@@ -557,6 +561,24 @@ func (v *validator) check(c *Config) {
 			v.failf([]string{"upstreams", r.Upstream, "api_key_env"}, "is needed with clients: a client's key is the gateway's own, never sent upstream")
 		}
 	}
+}
+
+// apiVersion matches a path segment that names an API version: v1, v2,
+// v1beta, v1alpha2.
+var apiVersion = regexp.MustCompile(`^[vV][0-9]+((alpha|beta)[0-9]*)?$`)
+
+// versionSuffix returns the API version u's path ends in, and u without it;
+// "" when its path ends otherwise. A call's path is joined to the base URL
+// with its own version, so a base URL must not end in one.
+func versionSuffix(u *url.URL) (version, fix string) {
+	path := strings.TrimSuffix(u.Path, "/")
+	i := strings.LastIndexByte(path, '/')
+	if i < 0 || !apiVersion.MatchString(path[i+1:]) {
+		return "", ""
+	}
+	v := *u
+	v.Path, v.RawPath = path[:i], ""
+	return path[i+1:], v.String()
 }
 
 // checkListen checks that a gateway without clients listens only on

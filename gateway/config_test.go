@@ -333,3 +333,31 @@ routes: [{api: openai-chat, upstream: openai, bulkhead: b}]
 		t.Fatalf("a misspelt key in an anchor: %v", err)
 	}
 }
+
+// TestConfigRefusesVersionInBaseURL: a base URL that ends in an API
+// version would send every call to /v1/v1/...; -check says so, and what to
+// write instead.
+func TestConfigRefusesVersionInBaseURL(t *testing.T) {
+	for _, c := range []struct{ url, version, fix string }{
+		{"https://api.openai.com/v1", "v1", "https://api.openai.com"},
+		{"https://api.openai.com/v1/", "v1", "https://api.openai.com"},
+		{"https://api.anthropic.com/v1", "v1", "https://api.anthropic.com"},
+		{"https://generativelanguage.googleapis.com/v1beta", "v1beta", "https://generativelanguage.googleapis.com"},
+		{"https://proxy.internal/openai/v1", "v1", "https://proxy.internal/openai"},
+		{"http://127.0.0.1:9000/V2", "V2", "http://127.0.0.1:9000"},
+	} {
+		text := strings.Replace(sample, "UPSTREAM", c.url, 1)
+		_, err := gateway.ParseConfig("gw.yaml", []byte(text))
+		want := `gw.yaml:6: upstreams.openai.base_url: "` + c.url + `" ends in the API version ` + c.version +
+			`, but a call's path brings its own (such as /v1/chat/completions), so every call would go to .../` +
+			c.version + "/" + c.version + `/...: write "` + c.fix + `"`
+		if !errors.Is(err, bulkhead.ErrInvalid) || !strings.HasSuffix(err.Error(), want) {
+			t.Errorf("base_url %s: error %v\nwant one ending %s", c.url, err, want)
+		}
+	}
+	for _, url := range []string{"https://api.openai.com", "https://api.openai.com/", "https://proxy.internal/openai", "https://host/v1/openai", "https://host/vault"} {
+		if _, err := gateway.ParseConfig("gw.yaml", []byte(strings.Replace(sample, "UPSTREAM", url, 1))); err != nil {
+			t.Errorf("base_url %s: %v", url, err)
+		}
+	}
+}
