@@ -109,7 +109,8 @@ type TLSFiles struct {
 // Authorization: Bearer (OpenAI), x-api-key (Anthropic), x-goog-api-key or
 // ?key= (Gemini).
 type ClientConfig struct {
-	// KeyEnv names the environment variable holding the client's key.
+	// KeyEnv names the environment variable holding the client's key; it
+	// must be set, to at least 16 characters.
 	KeyEnv string `yaml:"key_env"`
 	// KeySHA256 is the SHA-256 digest of the client's key, 64 hex digits.
 	KeySHA256 string `yaml:"key_sha256"`
@@ -143,7 +144,8 @@ type UpstreamConfig struct {
 	// APIKeyEnv names the environment variable holding the API key sent
 	// upstream in place of the caller's. Empty passes the caller's own
 	// credentials upstream; that is allowed only without clients: with
-	// clients, every upstream a route uses needs one.
+	// clients, every upstream a route uses needs one. A variable it names
+	// must be set and not empty.
 	APIKeyEnv string `yaml:"api_key_env"`
 	// HeaderTimeout bounds the wait for the upstream's response headers;
 	// zero means none.
@@ -155,7 +157,7 @@ type RedisConfig struct {
 	// Addr is host:port.
 	Addr string `yaml:"addr"`
 	// PasswordEnv names the environment variable holding the password;
-	// empty means none.
+	// empty means none. A variable it names must be set and not empty.
 	PasswordEnv string `yaml:"password_env"`
 	// DB is the database number.
 	DB int `yaml:"db"`

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -52,7 +53,7 @@ func TestConfigBuildAndServe(t *testing.T) {
 		t.Fatal(err)
 	}
 	var logs testutil.Buffer
-	g, err := gateway.Build(cfg, "gw.yaml", func(k string) string { return map[string]string{"TEST_OPENAI_KEY": "sk-env"}[k] },
+	g, err := gateway.Build(cfg, "gw.yaml", lookup(map[string]string{"TEST_OPENAI_KEY": "sk-env"}),
 		slog.New(slog.NewTextHandler(&logs, nil)))
 	if err != nil {
 		t.Fatal(err)
@@ -219,7 +220,7 @@ func TestConfigAdaptive(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, err := gateway.Build(cfg, "gw.yaml", func(string) string { return "sk" }, slog.New(slog.DiscardHandler))
+	g, err := gateway.Build(cfg, "gw.yaml", lookup(map[string]string{"TEST_OPENAI_KEY": "sk"}), slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -359,5 +360,59 @@ func TestConfigRefusesVersionInBaseURL(t *testing.T) {
 		if _, err := gateway.ParseConfig("gw.yaml", []byte(strings.Replace(sample, "UPSTREAM", url, 1))); err != nil {
 			t.Errorf("base_url %s: %v", url, err)
 		}
+	}
+}
+
+// TestConfigEnvironmentVariables: each key that names an environment
+// variable (api_key_env, key_env, password_env) is an error at start when
+// the variable is not set, and another when it is set but empty; none is
+// read as an empty key or password.
+func TestConfigEnvironmentVariables(t *testing.T) {
+	text := `upstreams: {openai: {base_url: "https://api.openai.com", api_key_env: UP_KEY}}
+clients: {web: {key_env: WEB_KEY}}
+redis: {main: {addr: "127.0.0.1:1", password_env: REDIS_PASSWORD}}
+bulkheads:
+  gpt4o: {max_concurrent: 4, rate_limits: {redis: main, requests_per_minute: 60}}
+routes: [{api: openai-chat, upstream: openai, bulkhead: gpt4o}]
+`
+	cfg, err := gateway.ParseConfig("gw.yaml", []byte(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := map[string]string{"UP_KEY": "sk-up", "WEB_KEY": "a-client-key-of-24-chars", "REDIS_PASSWORD": "pw"}
+	build := func(env map[string]string) error {
+		g, err := gateway.Build(cfg, "gw.yaml", lookup(env), slog.New(slog.DiscardHandler))
+		if err == nil {
+			g.Shutdown(context.Background())
+		}
+		return err
+	}
+	if err := build(set); err != nil {
+		t.Fatalf("every variable set: %v", err)
+	}
+	for _, c := range []struct{ name, where string }{
+		{"UP_KEY", "gw.yaml:1: upstreams.openai.api_key_env"},
+		{"WEB_KEY", "gw.yaml:2: clients.web.key_env"},
+		{"REDIS_PASSWORD", "gw.yaml:3: redis.main.password_env"},
+	} {
+		env := maps.Clone(set)
+		delete(env, c.name)
+		want := c.where + ": the environment variable " + c.name + " is not set"
+		if err := build(env); !errors.Is(err, bulkhead.ErrInvalid) || !strings.HasSuffix(err.Error(), want) {
+			t.Errorf("%s not set: error %v\nwant one ending %s", c.name, err, want)
+		}
+		env[c.name] = ""
+		want = c.where + ": the environment variable " + c.name + " is set but empty"
+		if err := build(env); !errors.Is(err, bulkhead.ErrInvalid) || !strings.HasSuffix(err.Error(), want) {
+			t.Errorf("%s empty: error %v\nwant one ending %s", c.name, err, want)
+		}
+	}
+}
+
+// lookup is a lookupEnv of the variables of env.
+func lookup(env map[string]string) func(string) (string, bool) {
+	return func(k string) (string, bool) {
+		v, ok := env[k]
+		return v, ok
 	}
 }

@@ -53,7 +53,7 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	if *check {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	g, err := gateway.Build(cfg, *config, os.Getenv, logger)
+	g, err := gateway.Build(cfg, *config, os.LookupEnv, logger)
 	if err != nil {
 		fmt.Fprintf(stderr, "bulkhead gateway: %v\n", err)
 		return 1
