@@ -143,20 +143,11 @@ func Build(cfg *Config, file string, lookupEnv func(string) (string, bool), logg
 			if err != nil {
 				return fail(err)
 			}
-			fc := fleet.Config{Client: c, Pool: f.Pool, MaxConcurrent: -1, TokenBudget: -1, LeaseTTL: time.Duration(f.LeaseTTL),
-				LocalShare: fleet.Share{Slots: f.LocalShare.Slots, Tokens: f.LocalShare.Tokens}}
-			if f.MaxConcurrent != nil {
-				fc.MaxConcurrent = *f.MaxConcurrent
-			}
-			if f.TokenBudget != nil {
-				fc.TokenBudget = *f.TokenBudget
-			}
-			fc.OnFailure = map[string]fleet.FailurePolicy{"": fleet.FailClosed, "closed": fleet.FailClosed, "open": fleet.FailOpen, "local_share": fleet.FailLocalShare}[f.OnFailure]
-			p, err := fleet.New(fc)
+			p, err := fleet.New(f.config(c))
 			if err != nil {
 				var ce *fleet.ConfigError
 				if errors.As(err, &ce) {
-					return fail(v.at([]string{"bulkheads", name, "fleet"}, "%s: %s", ce.Field, ce.Problem))
+					return fail(v.at(keyOf("fleet", ce.Field, name), "%s", keyProblem("fleet", ce.Field, ce.Problem)))
 				}
 				return fail(err)
 			}
@@ -167,7 +158,7 @@ func Build(cfg *Config, file string, lookupEnv func(string) (string, bool), logg
 		if err != nil {
 			var ce *bulkhead.ConfigError
 			if errors.As(err, &ce) {
-				return fail(v.at(append([]string{"bulkheads", name}, strings.Split(yamlKey(ce.Field), ".")...), "%s", ce.Problem))
+				return fail(v.at(keyOf("bulkhead", ce.Field, name), "%s", keyProblem("bulkhead", ce.Field, ce.Problem)))
 			}
 			return fail(err)
 		}
@@ -208,7 +199,7 @@ func Build(cfg *Config, file string, lookupEnv func(string) (string, bool), logg
 	if err != nil {
 		var ce *bulkhead.ConfigError
 		if errors.As(err, &ce) {
-			return fail(&ConfigError{File: file, Key: "routes", Problem: ce.Field + ": " + ce.Problem})
+			return fail(v.at(keyOf("gateway", ce.Field), "%s", keyProblem("gateway", ce.Field, ce.Problem)))
 		}
 		return fail(err)
 	}
@@ -338,7 +329,7 @@ func (b BulkheadConfig) config(store pacer.Store, pool *fleet.Pool) bulkhead.Con
 			MinConcurrent: a.MinConcurrent, MaxConcurrent: a.MaxConcurrent, MinBudget: a.MinBudget, MaxBudget: a.MaxBudget}
 	}
 	if r := b.RateLimits; r != nil {
-		c.RateLimits = &bulkhead.RateLimits{Store: store, Pace: r.Pace, PerModel: bulkhead.Rate(Rate{r.RequestsPerMinute, r.TokensPerMinute, r.RequestBurst, r.TokenBurst})}
+		c.RateLimits = &bulkhead.RateLimits{Store: store, Pace: r.Pace, PerModel: bulkhead.Rate(r.perModel())}
 		if len(r.PerClass) > 0 {
 			c.RateLimits.PerClass = map[string]bulkhead.Rate{}
 			for name, cr := range r.PerClass {
@@ -349,34 +340,18 @@ func (b BulkheadConfig) config(store pacer.Store, pool *fleet.Pool) bulkhead.Con
 	return c
 }
 
-// yamlKey turns a bulkhead.Config field path into the file's key (a dotted
-// path for a nested key).
-func yamlKey(field string) string {
-	for _, m := range []struct{ prefix, key string }{
-		{"Config.TokenBudget.HighPriorityReserve", "high_priority_reserve"},
-		{"Config.TokenBudget.OutputCap", "output_cap"},
-		{"Config.TokenBudget", "token_budget"},
-		{"Config.Classes", "classes"},
-		{"Config.Queue.WaitForCapacity", "queue.wait_for_capacity"},
-		{"Config.Queue.Weights", "queue.weights"},
-		{"Config.Queue.Fair", "queue.fair"},
-		{"Config.RateLimits", "rate_limits"},
-		{"Config.Fleet", "fleet"},
-		{"Config.Adaptive.MinConcurrent", "adaptive.min_concurrent"},
-		{"Config.Adaptive.MaxConcurrent", "adaptive.max_concurrent"},
-		{"Config.Adaptive.MinBudget", "adaptive.min_budget"},
-		{"Config.Adaptive.MaxBudget", "adaptive.max_budget"},
-		{"Config.Adaptive", "adaptive"},
-		{"Config.MaxConcurrent", "max_concurrent"},
-		{"Config.MaxQueue", "max_queue"},
-		{"Config.QueueTimeout", "queue_timeout"},
-		{"Config.Model", "model"},
-	} {
-		if strings.HasPrefix(field, m.prefix) {
-			return m.key
-		}
+// config is the fleet.Config of f, its pool on client c.
+func (f *FleetConfig) config(c redis.UniversalClient) fleet.Config {
+	fc := fleet.Config{Client: c, Pool: f.Pool, MaxConcurrent: -1, TokenBudget: -1, LeaseTTL: time.Duration(f.LeaseTTL),
+		LocalShare: fleet.Share{Slots: f.LocalShare.Slots, Tokens: f.LocalShare.Tokens}}
+	if f.MaxConcurrent != nil {
+		fc.MaxConcurrent = *f.MaxConcurrent
 	}
-	return field
+	if f.TokenBudget != nil {
+		fc.TokenBudget = *f.TokenBudget
+	}
+	fc.OnFailure = failurePolicies[f.OnFailure]
+	return fc
 }
 
 // admission returns the admission class and priority of a call on a
