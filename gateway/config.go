@@ -125,7 +125,9 @@ type ClientConfig struct {
 	AllowHighPriority bool `yaml:"allow_high_priority"`
 }
 
-// LogConfig is the request log.
+// LogConfig is the request log. The bulkhead gateway command writes it to
+// standard error (its own messages go to standard output); Build writes it
+// to the logger it is given.
 type LogConfig struct {
 	// Format is "json" (the default) or "text".
 	Format string `yaml:"format"`
