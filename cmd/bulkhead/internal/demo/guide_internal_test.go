@@ -3,12 +3,15 @@ package demo
 import (
 	"bytes"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -85,15 +88,26 @@ func TestGuideQuotesTheDemo(t *testing.T) {
 		t.Fatal(err)
 	}
 	guide := string(data)
-	var tables []*Table
-	for seed := uint64(1); seed <= guideSeeds; seed++ {
-		cfg := DefaultConfig()
-		cfg.Seed = seed
-		tb, err := RunTable(ctx, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		tables = append(tables, tb)
+	// Every seed's table, run side by side (each run is a simulation of
+	// its own, on one goroutine).
+	tables := make([]*Table, guideSeeds)
+	errs := make([]error, guideSeeds)
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, runtime.GOMAXPROCS(0))
+	for i := range tables {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			cfg := DefaultConfig()
+			cfg.Seed = uint64(i + 1)
+			tables[i], errs[i] = RunTable(ctx, cfg)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
 	}
 
 	// The seeds table: the lines after its comment, up to a blank line.
