@@ -360,7 +360,7 @@ func TestGatewayGuide(t *testing.T) {
 			t.Errorf("%v", err)
 			continue
 		}
-		g, err := gateway.Build(cfg, name, func(string) string { return "a-key-of-sixteen-characters-or-more" }, slog.New(slog.DiscardHandler))
+		g, err := gateway.Build(cfg, name, func(string) (string, bool) { return "a-key-of-sixteen-characters-or-more", true }, slog.New(slog.DiscardHandler))
 		if err != nil {
 			t.Errorf("%v", err)
 			continue

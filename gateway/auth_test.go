@@ -104,7 +104,7 @@ func buildGateway(t *testing.T, text string, env map[string]string, logs io.Writ
 	if cfg.Log.Format == "json" {
 		format = "json"
 	}
-	g, err := gateway.Build(cfg, "gw.yaml", func(k string) string { return env[k] }, gateway.NewLogger(logs, format))
+	g, err := gateway.Build(cfg, "gw.yaml", lookup(env), gateway.NewLogger(logs, format))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -329,7 +329,7 @@ func TestConfigSafetyErrors(t *testing.T) {
 			cfg, err := gateway.ParseConfig("gw.yaml", []byte(text))
 			if err == nil {
 				var g *gateway.Gateway
-				if g, err = gateway.Build(cfg, "gw.yaml", func(k string) string { return env[k] }, slog.New(slog.DiscardHandler)); err == nil {
+				if g, err = gateway.Build(cfg, "gw.yaml", lookup(env), slog.New(slog.DiscardHandler)); err == nil {
 					g.Shutdown(context.Background())
 				}
 			}

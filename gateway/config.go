@@ -10,6 +10,7 @@ import (
 	"os"
 	"reflect"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -18,6 +19,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/llmbulkhead/bulkhead"
+	"github.com/llmbulkhead/bulkhead/fleet"
 	"github.com/llmbulkhead/bulkhead/stream"
 )
 
@@ -109,7 +111,8 @@ type TLSFiles struct {
 // Authorization: Bearer (OpenAI), x-api-key (Anthropic), x-goog-api-key or
 // ?key= (Gemini).
 type ClientConfig struct {
-	// KeyEnv names the environment variable holding the client's key.
+	// KeyEnv names the environment variable holding the client's key; it
+	// must be set, to at least 16 characters.
 	KeyEnv string `yaml:"key_env"`
 	// KeySHA256 is the SHA-256 digest of the client's key, 64 hex digits.
 	KeySHA256 string `yaml:"key_sha256"`
@@ -122,7 +125,9 @@ type ClientConfig struct {
 	AllowHighPriority bool `yaml:"allow_high_priority"`
 }
 
-// LogConfig is the request log.
+// LogConfig is the request log. The bulkhead gateway command writes it to
+// standard error (its own messages go to standard output); Build writes it
+// to the logger it is given.
 type LogConfig struct {
 	// Format is "json" (the default) or "text".
 	Format string `yaml:"format"`
@@ -137,12 +142,14 @@ type LogConfig struct {
 type UpstreamConfig struct {
 	// BaseURL is the provider's base URL, such as https://api.openai.com,
 	// without the API's version: a call's path (/v1/chat/completions) is
-	// joined to it as it came, after any path the base URL has.
+	// joined to it as it came, after any path the base URL has. A base URL
+	// whose path ends in an API version (/v1, /v1beta) is an error.
 	BaseURL string `yaml:"base_url"`
 	// APIKeyEnv names the environment variable holding the API key sent
 	// upstream in place of the caller's. Empty passes the caller's own
 	// credentials upstream; that is allowed only without clients: with
-	// clients, every upstream a route uses needs one.
+	// clients, every upstream a route uses needs one. A variable it names
+	// must be set and not empty.
 	APIKeyEnv string `yaml:"api_key_env"`
 	// HeaderTimeout bounds the wait for the upstream's response headers;
 	// zero means none.
@@ -154,7 +161,7 @@ type RedisConfig struct {
 	// Addr is host:port.
 	Addr string `yaml:"addr"`
 	// PasswordEnv names the environment variable holding the password;
-	// empty means none.
+	// empty means none. A variable it names must be set and not empty.
 	PasswordEnv string `yaml:"password_env"`
 	// DB is the database number.
 	DB int `yaml:"db"`
@@ -254,10 +261,11 @@ type AdaptiveConfig struct {
 	Cooldown string `yaml:"cooldown"`
 }
 
-// adaptiveRules and cooldownModes map the file's names.
+// adaptiveRules, cooldownModes and failurePolicies map the file's names.
 var (
-	adaptiveRules = map[string]bulkhead.AdaptiveRule{"": bulkhead.AIMD, "aimd": bulkhead.AIMD, "gradient": bulkhead.Gradient}
-	cooldownModes = map[string]bulkhead.CooldownMode{"": bulkhead.HoldCooldown, "hold": bulkhead.HoldCooldown, "shed": bulkhead.ShedCooldown}
+	adaptiveRules   = map[string]bulkhead.AdaptiveRule{"": bulkhead.AIMD, "aimd": bulkhead.AIMD, "gradient": bulkhead.Gradient}
+	cooldownModes   = map[string]bulkhead.CooldownMode{"": bulkhead.HoldCooldown, "hold": bulkhead.HoldCooldown, "shed": bulkhead.ShedCooldown}
+	failurePolicies = map[string]fleet.FailurePolicy{"": fleet.FailClosed, "closed": fleet.FailClosed, "open": fleet.FailOpen, "local_share": fleet.FailLocalShare}
 )
 
 // ClassesConfig is an admission class table.
@@ -294,6 +302,24 @@ type RateConfig struct {
 	PerClass map[string]Rate `yaml:"per_class"`
 }
 
+// perModel is the per-model rate r sets.
+func (r *RateConfig) perModel() Rate {
+	return Rate{r.RequestsPerMinute, r.TokensPerMinute, r.RequestBurst, r.TokenBurst}
+}
+
+// setsRate reports whether r sets a rate, per model or for a class.
+func (r *RateConfig) setsRate() bool {
+	if r.perModel() != (Rate{}) {
+		return true
+	}
+	for _, cr := range r.PerClass {
+		if cr != (Rate{}) {
+			return true
+		}
+	}
+	return false
+}
+
 // Rate is one rate (see bulkhead.Rate): RequestBurst N lets N+1 calls
 // through at once after a quiet period, then one per
 // 60/RequestsPerMinute seconds; TokenBurst is the same in tokens, each
@@ -326,11 +352,20 @@ type Duration time.Duration
 func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 	v, err := time.ParseDuration(n.Value)
 	if err != nil || v < 0 {
-		return fmt.Errorf("line %d: want a duration such as 2s or 1m30s, got %q", n.Line, n.Value)
+		return &valueError{line: n.Line, column: n.Column, problem: fmt.Sprintf("want a duration such as 2s or 1m30s, got %q", n.Value)}
 	}
 	*d = Duration(v)
 	return nil
 }
+
+// valueError is a value that its own UnmarshalYAML refused, at its line
+// and column.
+type valueError struct {
+	line, column int
+	problem      string
+}
+
+func (e *valueError) Error() string { return fmt.Sprintf("line %d: %s", e.line, e.problem) }
 
 // ConfigError reports a problem in a configuration file, with the line and
 // the key. It matches bulkhead.ErrInvalid.
@@ -388,7 +423,7 @@ func ParseConfig(name string, data []byte) (*Config, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
-		return nil, yamlError(name, err)
+		return nil, v.decodeError(err)
 	}
 	cfg.root = &root
 	v.check(&cfg)
@@ -411,6 +446,99 @@ func yamlError(name string, err error) *ConfigError {
 		ce.Problem = m[2]
 	}
 	return ce
+}
+
+// typeError is the text of a yaml.TypeError's error: the line, the YAML
+// tag and value of what the file has (the value's first 7 bytes and "..."
+// when it is longer than 10), and the Go type it did not fit.
+var typeError = regexp.MustCompile("^line ([0-9]+): cannot unmarshal !!([a-z]+)(?: `(.*)`)? into (.+)$")
+
+// decodeError is the ConfigError of err, an error of the YAML decoder
+// after the file parsed, with the line and the key of the value it is
+// about, and what the key wants in words rather than a Go type.
+func (v *validator) decodeError(err error) *ConfigError {
+	var ve *valueError
+	if errors.As(err, &ve) {
+		path := v.valueKey(func(n *yaml.Node) bool { return n.Line == ve.line && n.Column == ve.column })
+		return &ConfigError{File: v.file, Line: ve.line, Key: strings.Join(path, "."), Problem: ve.problem}
+	}
+	var te *yaml.TypeError
+	if !errors.As(err, &te) || len(te.Errors) == 0 {
+		return yamlError(v.file, err)
+	}
+	m := typeError.FindStringSubmatch(te.Errors[0])
+	if m == nil {
+		return yamlError(v.file, err)
+	}
+	line, _ := strconv.Atoi(m[1])
+	tag, value, into := m[2], m[3], m[4]
+	got := strconv.Quote(value)
+	kind := yaml.ScalarNode
+	switch tag {
+	case "seq":
+		got, kind = "a list", yaml.SequenceNode
+	case "map":
+		got, kind = "a mapping", yaml.MappingNode
+	}
+	path := v.valueKey(func(n *yaml.Node) bool {
+		if n.Line != line || n.Kind != kind {
+			return false
+		}
+		prefix, cut := strings.CutSuffix(value, "...")
+		return kind != yaml.ScalarNode || n.Value == value || cut && strings.HasPrefix(n.Value, prefix)
+	})
+	return &ConfigError{File: v.file, Line: line, Key: strings.Join(path, "."), Problem: "want " + goTypeWords(into) + ", got " + got}
+}
+
+// goTypeWords says what a value of the Go type named t is, in words.
+func goTypeWords(t string) string {
+	t = strings.TrimLeft(t, "*")
+	switch {
+	case strings.HasPrefix(t, "[]"):
+		return "a list"
+	case strings.HasPrefix(t, "map["), strings.HasPrefix(t, "struct"), strings.Contains(t, "."):
+		return "a mapping"
+	case strings.HasPrefix(t, "int"), strings.HasPrefix(t, "uint"):
+		return "a whole number"
+	case strings.HasPrefix(t, "float"):
+		return "a number"
+	case t == "bool":
+		return "true or false"
+	case t == "string":
+		return "a string"
+	}
+	return "another kind of value"
+}
+
+// valueKey returns the key of the deepest value in the file that match
+// reports, nil for none.
+func (v *validator) valueKey(match func(*yaml.Node) bool) []string {
+	var best []string
+	var walk func(n *yaml.Node, path []string)
+	walk = func(n *yaml.Node, path []string) {
+		if n == nil {
+			return
+		}
+		if match(n) && len(path) >= len(best) {
+			best = slices.Clone(path)
+		}
+		switch n.Kind {
+		case yaml.DocumentNode:
+			for _, c := range n.Content {
+				walk(c, path)
+			}
+		case yaml.SequenceNode:
+			for i, c := range n.Content {
+				walk(c, append(path, strconv.Itoa(i)))
+			}
+		case yaml.MappingNode:
+			for i := 0; i+1 < len(n.Content); i += 2 {
+				walk(n.Content[i+1], append(path, n.Content[i].Value))
+			}
+		}
+	}
+	walk(v.root, nil)
+	return best
 }
 
 // validator checks a decoded configuration and reports the first problem
@@ -504,6 +632,9 @@ func (v *validator) check(c *Config) {
 		pu, err := url.Parse(u.BaseURL)
 		if err != nil || pu.Scheme == "" || pu.Host == "" {
 			v.failf(append(p, "base_url"), "want an absolute URL such as https://api.openai.com, got %q", u.BaseURL)
+		} else if version, fix := versionSuffix(pu); version != "" {
+			v.failf(append(p, "base_url"), "%q ends in the API version %s, but a call's path brings its own (such as /v1/chat/completions), so every call would go to .../%s/%s/...: write %q",
+				u.BaseURL, version, version, version, fix)
 		}
 	}
 	for _, name := range sortedKeys(c.Redis) {
@@ -519,15 +650,16 @@ func (v *validator) check(c *Config) {
 			if _, ok := c.Redis[f.Redis]; !ok {
 				v.failf(append(p, "fleet", "redis"), "no redis server %q", f.Redis)
 			}
-			switch f.OnFailure {
-			case "", "closed", "open", "local_share":
-			default:
+			if _, ok := failurePolicies[f.OnFailure]; !ok {
 				v.failf(append(p, "fleet", "on_failure"), "want closed, open or local_share, got %q", f.OnFailure)
 			}
 		}
-		if r := b.RateLimits; r != nil && r.Redis != "" {
-			if _, ok := c.Redis[r.Redis]; !ok {
+		if r := b.RateLimits; r != nil {
+			if _, ok := c.Redis[r.Redis]; r.Redis != "" && !ok {
 				v.failf(append(p, "rate_limits", "redis"), "no redis server %q", r.Redis)
+			}
+			if !r.setsRate() {
+				v.failf(append(p, "rate_limits"), "sets no rate: set a rate per minute, or per_class")
 			}
 		}
 		if a := b.Adaptive; a != nil {
@@ -538,10 +670,11 @@ func (v *validator) check(c *Config) {
 				v.failf(append(p, "adaptive", "cooldown"), "want hold or shed, got %q", a.Cooldown)
 			}
 		}
-		if b.TokenBudget != nil && b.Model == "" {
+		if b.TokenBudget != nil && strings.TrimSpace(b.Model) == "" {
 			v.failf(append(p, "model"), "is needed with token_budget: the estimator reads it")
 		}
 	}
+	v.checkRouteModels(c)
 	for i, r := range c.Routes {
 		p := []string{"routes", strconv.Itoa(i)}
 		if _, ok := apis[r.API]; !ok {
@@ -557,6 +690,49 @@ func (v *validator) check(c *Config) {
 			v.failf([]string{"upstreams", r.Upstream, "api_key_env"}, "is needed with clients: a client's key is the gateway's own, never sent upstream")
 		}
 	}
+}
+
+// checkRouteModels checks that each API has at most one route without
+// models, and each model of an API at most one route.
+func (v *validator) checkRouteModels(c *Config) {
+	other := map[string]int{}      // API: its route without models
+	routeOf := map[[2]string]int{} // API and model: its route
+	for i, r := range c.Routes {
+		p := []string{"routes", strconv.Itoa(i)}
+		if len(r.Models) == 0 {
+			if j, dup := other[r.API]; dup {
+				v.failf(p, "%s has a route without models already (routes.%d): a call whose model no route lists goes there", r.API, j)
+			}
+			other[r.API] = i
+		}
+		for k, m := range r.Models {
+			switch j, dup := routeOf[[2]string{r.API, m}]; {
+			case dup && j == i:
+				v.failf(append(p, "models", strconv.Itoa(k)), "%q is listed twice", m)
+			case dup:
+				v.failf(append(p, "models", strconv.Itoa(k)), "%s model %q has a route already (routes.%d)", r.API, m, j)
+			}
+			routeOf[[2]string{r.API, m}] = i
+		}
+	}
+}
+
+// apiVersion matches a path segment that names an API version: v1, v2,
+// v1beta, v1alpha2.
+var apiVersion = regexp.MustCompile(`^[vV][0-9]+((alpha|beta)[0-9]*)?$`)
+
+// versionSuffix returns the API version u's path ends in, and u without it;
+// "" when its path ends otherwise. A call's path is joined to the base URL
+// with its own version, so a base URL must not end in one.
+func versionSuffix(u *url.URL) (version, fix string) {
+	path := strings.TrimSuffix(u.Path, "/")
+	i := strings.LastIndexByte(path, '/')
+	if i < 0 || !apiVersion.MatchString(path[i+1:]) {
+		return "", ""
+	}
+	v := *u
+	v.Path, v.RawPath = path[:i], ""
+	return path[i+1:], v.String()
 }
 
 // checkListen checks that a gateway without clients listens only on

@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -53,7 +55,7 @@ func TestConfigBuildAndServe(t *testing.T) {
 		t.Fatal(err)
 	}
 	var logs testutil.Buffer
-	g, err := gateway.Build(cfg, "gw.yaml", func(k string) string { return map[string]string{"TEST_OPENAI_KEY": "sk-env"}[k] },
+	g, err := gateway.Build(cfg, "gw.yaml", lookup(map[string]string{"TEST_OPENAI_KEY": "sk-env"}),
 		slog.New(slog.NewTextHandler(&logs, nil)))
 	if err != nil {
 		t.Fatal(err)
@@ -148,7 +150,7 @@ func TestConfigErrors(t *testing.T) {
 		{"unknown top-level key", "", `gw.yaml:1: unknown key "lsten" (did you mean listen?)`},
 		{"unknown key in a list", "", `gw.yaml:22: routes.0: unknown key "bulkhed" (did you mean bulkhead?)`},
 		{"unknown key in a map", "", `gw.yaml:19: bulkheads.gpt4o.classes.limits.batch: unknown key "ceiling"`},
-		{"bad duration", "shutdown_timeout: 5s", "gw.yaml:2: want a duration such as 2s or 1m30s"},
+		{"bad duration", "shutdown_timeout: 5s", "gw.yaml:2: shutdown_timeout: want a duration such as 2s or 1m30s"},
 		{"bad api", "api: openai-chat", "gw.yaml:22: routes.0.api: want openai-chat"},
 		{"no upstream", "upstream: openai, bulk", "gw.yaml:22: routes.0.upstream: no upstream"},
 		{"bad url", "base_url: UPSTREAM", "gw.yaml:6: upstreams.openai.base_url: want an absolute URL"},
@@ -158,7 +160,7 @@ func TestConfigErrors(t *testing.T) {
 		{"adaptive unknown key", "", `gw.yaml:21: bulkheads.gpt4o.adaptive: unknown key "min_concurent" (did you mean min_concurrent?)`},
 		{"adaptive rule", "", "gw.yaml:21: bulkheads.gpt4o.adaptive.rule: want aimd or gradient, got \"vegas\""},
 		{"adaptive cooldown", "", "gw.yaml:21: bulkheads.gpt4o.adaptive.cooldown: want hold or shed, got \"wait\""},
-		{"adaptive bounds", "", "gw.yaml:21: bulkheads.gpt4o.adaptive.max_concurrent: must be >= MinConcurrent (4)"},
+		{"adaptive bounds", "", "gw.yaml:21: bulkheads.gpt4o.adaptive.max_concurrent: must be >= min_concurrent (4)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			text := strings.Replace(sample, "UPSTREAM", "https://api.openai.com", 1)
@@ -220,7 +222,7 @@ func TestConfigAdaptive(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, err := gateway.Build(cfg, "gw.yaml", func(string) string { return "sk" }, slog.New(slog.DiscardHandler))
+	g, err := gateway.Build(cfg, "gw.yaml", lookup(map[string]string{"TEST_OPENAI_KEY": "sk"}), slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -401,4 +403,208 @@ routes: [{api: openai-chat, upstream: openai, bulkhead: b}]
 	if err == nil || !strings.Contains(err.Error(), `gw.yaml:3: bulkheads.a: unknown key "max_qeue" (did you mean max_queue?)`) {
 		t.Fatalf("a misspelt key in an anchor: %v", err)
 	}
+}
+
+// TestConfigRefusesVersionInBaseURL: a base URL that ends in an API
+// version would send every call to /v1/v1/...; -check says so, and what to
+// write instead.
+func TestConfigRefusesVersionInBaseURL(t *testing.T) {
+	for _, c := range []struct{ url, version, fix string }{
+		{"https://api.openai.com/v1", "v1", "https://api.openai.com"},
+		{"https://api.openai.com/v1/", "v1", "https://api.openai.com"},
+		{"https://api.anthropic.com/v1", "v1", "https://api.anthropic.com"},
+		{"https://generativelanguage.googleapis.com/v1beta", "v1beta", "https://generativelanguage.googleapis.com"},
+		{"https://proxy.internal/openai/v1", "v1", "https://proxy.internal/openai"},
+		{"http://127.0.0.1:9000/V2", "V2", "http://127.0.0.1:9000"},
+	} {
+		text := strings.Replace(sample, "UPSTREAM", c.url, 1)
+		_, err := gateway.ParseConfig("gw.yaml", []byte(text))
+		want := `gw.yaml:6: upstreams.openai.base_url: "` + c.url + `" ends in the API version ` + c.version +
+			`, but a call's path brings its own (such as /v1/chat/completions), so every call would go to .../` +
+			c.version + "/" + c.version + `/...: write "` + c.fix + `"`
+		if !errors.Is(err, bulkhead.ErrInvalid) || !strings.HasSuffix(err.Error(), want) {
+			t.Errorf("base_url %s: error %v\nwant one ending %s", c.url, err, want)
+		}
+	}
+	for _, url := range []string{"https://api.openai.com", "https://api.openai.com/", "https://proxy.internal/openai", "https://host/v1/openai", "https://host/vault"} {
+		if _, err := gateway.ParseConfig("gw.yaml", []byte(strings.Replace(sample, "UPSTREAM", url, 1))); err != nil {
+			t.Errorf("base_url %s: %v", url, err)
+		}
+	}
+}
+
+// TestConfigEnvironmentVariables: each key that names an environment
+// variable (api_key_env, key_env, password_env) is an error at start when
+// the variable is not set, and another when it is set but empty; none is
+// read as an empty key or password.
+func TestConfigEnvironmentVariables(t *testing.T) {
+	text := `upstreams: {openai: {base_url: "https://api.openai.com", api_key_env: UP_KEY}}
+clients: {web: {key_env: WEB_KEY}}
+redis: {main: {addr: "127.0.0.1:1", password_env: REDIS_PASSWORD}}
+bulkheads:
+  gpt4o: {max_concurrent: 4, rate_limits: {redis: main, requests_per_minute: 60}}
+routes: [{api: openai-chat, upstream: openai, bulkhead: gpt4o}]
+`
+	cfg, err := gateway.ParseConfig("gw.yaml", []byte(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := map[string]string{"UP_KEY": "sk-up", "WEB_KEY": "a-client-key-of-24-chars", "REDIS_PASSWORD": "pw"}
+	build := func(env map[string]string) error {
+		g, err := gateway.Build(cfg, "gw.yaml", lookup(env), slog.New(slog.DiscardHandler))
+		if err == nil {
+			g.Shutdown(context.Background())
+		}
+		return err
+	}
+	if err := build(set); err != nil {
+		t.Fatalf("every variable set: %v", err)
+	}
+	for _, c := range []struct{ name, where string }{
+		{"UP_KEY", "gw.yaml:1: upstreams.openai.api_key_env"},
+		{"WEB_KEY", "gw.yaml:2: clients.web.key_env"},
+		{"REDIS_PASSWORD", "gw.yaml:3: redis.main.password_env"},
+	} {
+		env := maps.Clone(set)
+		delete(env, c.name)
+		want := c.where + ": the environment variable " + c.name + " is not set"
+		if err := build(env); !errors.Is(err, bulkhead.ErrInvalid) || !strings.HasSuffix(err.Error(), want) {
+			t.Errorf("%s not set: error %v\nwant one ending %s", c.name, err, want)
+		}
+		env[c.name] = ""
+		want = c.where + ": the environment variable " + c.name + " is set but empty"
+		if err := build(env); !errors.Is(err, bulkhead.ErrInvalid) || !strings.HasSuffix(err.Error(), want) {
+			t.Errorf("%s empty: error %v\nwant one ending %s", c.name, err, want)
+		}
+	}
+}
+
+// lookup is a lookupEnv of the variables of env.
+func lookup(env map[string]string) func(string) (string, bool) {
+	return func(k string) (string, bool) {
+		v, ok := env[k]
+		return v, ok
+	}
+}
+
+// goName matches what would be a Go name in an error: a CamelCase
+// identifier, a Config field path, a Go type.
+var goName = regexp.MustCompile(`[a-z][A-Z]|\b[A-Z][a-z]+[A-Z]|Config\.|\bgateway\.|\bint64\b|\bfloat64\b|!!`)
+
+// TestConfigErrorsNameYAMLKeys: an error found by the bulkhead, the fleet
+// pool or the YAML decoder names the file's keys, never Go's fields or
+// types: the key at its line, and the keys its problem mentions.
+func TestConfigErrorsNameYAMLKeys(t *testing.T) {
+	const head = "upstreams: {openai: {base_url: \"https://api.openai.com\"}}\nredis: {main: {addr: \"127.0.0.1:1\"}}\nbulkheads:\n  b:\n    model: gpt-4o\n"
+	const routes = "routes: [{api: openai-chat, upstream: openai, bulkhead: b}]\n"
+	for _, c := range []struct{ section, want string }{
+		// From bulkhead.New.
+		{"    max_concurrent: 2\n    rate_limits: {tokens_per_minute: 1000}\n",
+			"gw.yaml:7: bulkheads.b.rate_limits.tokens_per_minute: needs token_budget: its estimator makes the reservations that tokens per minute count"},
+		{"    rate_limits: {request_burst: 5}\n", "gw.yaml:6: bulkheads.b.rate_limits.request_burst: applies only with requests_per_minute set"},
+		{"    rate_limits: {requests_per_minute: -1}\n", "gw.yaml:6: bulkheads.b.rate_limits.requests_per_minute: must be in [0, 6e+07], got -1"},
+		{"    rate_limits: {pace: true}\n", "gw.yaml:6: bulkheads.b.rate_limits: sets no rate: set a rate per minute, or per_class"},
+		{"    rate_limits: {per_class: {batch: {requests_per_minute: 5}}}\n", "gw.yaml:6: bulkheads.b.rate_limits.per_class: needs classes"},
+		{"    classes: {default: web, limits: {web: {}}}\n    rate_limits:\n      per_class:\n        batch: {requests_per_minute: 5}\n",
+			"gw.yaml:9: bulkheads.b.rate_limits.per_class.batch: is not one of classes"},
+		{"    classes: {default: web, limits: {web: {}}}\n    rate_limits:\n      per_class:\n        web: {requests_per_minute: 5, token_burst: 3}\n",
+			"gw.yaml:9: bulkheads.b.rate_limits.per_class.web.token_burst: applies only with tokens_per_minute set"},
+		{"    max_concurrent: 4\n    classes:\n      default: web\n      limits: {web: {protected_concurrent: 3}, batch: {protected_concurrent: 3}}\n",
+			"gw.yaml:9: bulkheads.b.classes.limits: the protected_concurrent floors sum to 6, above max_concurrent 4"},
+		{"    max_concurrent: 4\n    classes:\n      default: web\n      limits:\n        web: {protected_concurrent: 3, max_concurrent: 2}\n",
+			"gw.yaml:10: bulkheads.b.classes.limits.web.protected_concurrent: must not exceed the class's max_concurrent (2), got 3"},
+		{"    max_concurrent: 4\n    classes:\n      default: web\n      limits:\n        web: {protected_tokens: 10, max_tokens: 5}\n    token_budget: 100\n",
+			"gw.yaml:10: bulkheads.b.classes.limits.web.protected_tokens: must not exceed the class's max_tokens (5), got 10"},
+		{"    classes: {default: nope, limits: {web: {}}}\n", `gw.yaml:6: bulkheads.b.classes.default: names no class: "nope" is not one of ["web"]`},
+		{"    classes: {default: web, limits: {web: {}}}\n    queue: {weights: {web: 2}}\n",
+			"gw.yaml:7: bulkheads.b.queue.weights: apply to the fair queue only; set queue.fair"},
+		{"    queue: {fair: true}\n", "gw.yaml:6: bulkheads.b.queue.fair: needs classes: the fair queue serves class by class"},
+		{"    token_budget: 100\n    high_priority_reserve: 200\n", "gw.yaml:7: bulkheads.b.high_priority_reserve: must not exceed token_budget (100), got 200"},
+		{"    token_budget: -1\n", "gw.yaml:6: bulkheads.b.token_budget: must be >= 0, got -1"},
+		{"    token_budget: 100\n    output_cap: -1\n", "gw.yaml:7: bulkheads.b.output_cap: must be >= 0, got -1"},
+		{"    max_queue: -1\n", "gw.yaml:6: bulkheads.b.max_queue: must be >= 0, got -1"},
+		{"    max_concurrent: 8\n    adaptive: {min_concurrent: 4, max_concurrent: 2}\n",
+			"gw.yaml:7: bulkheads.b.adaptive.max_concurrent: must be >= min_concurrent (4), got 2 (zero means max_concurrent)"},
+		{"    max_concurrent: 4\n    adaptive: {min_budget: 10}\n", "gw.yaml:7: bulkheads.b.adaptive.min_budget: applies only with token_budget"},
+		{"    max_concurrent: 4\n    token_budget: 1000\n    adaptive: {min_budget: 100, max_budget: 10}\n", "gw.yaml:8: bulkheads.b.adaptive.min_budget: must not exceed max_budget (10), got 100"},
+		{"    fleet: {redis: main, pool: p, token_budget: 1000}\n",
+			"gw.yaml:6: bulkheads.b.fleet: has a token budget (1000), which needs token_budget: its estimator makes the reservations the pool holds"},
+		// From the gateway's own checks, where the bulkhead's would name Go.
+		{"    model: \" \"\n    token_budget: 100\n", `gw.yaml:5: bulkheads.b.model: is needed with token_budget: the estimator reads it`},
+		// From fleet.New.
+		{"    fleet: {redis: main, pool: \"\"}\n", "gw.yaml:6: bulkheads.b.fleet.pool: must not be empty"},
+		{"    fleet: {redis: main, pool: p, max_concurrent: -2}\n", "gw.yaml:6: bulkheads.b.fleet.max_concurrent: must be -1 or in [0, 2^53), got -2"},
+		{"    fleet: {redis: main, pool: p, local_share: {slots: -1}}\n", "gw.yaml:6: bulkheads.b.fleet.local_share: must not be negative, got {slots:-1 tokens:0}"},
+		// From the YAML decoder.
+		{"    max_concurrent: many\n", `gw.yaml:6: bulkheads.b.max_concurrent: want a whole number, got "many"`},
+		{"    rate_limits: {requests_per_minute: x}\n", `gw.yaml:6: bulkheads.b.rate_limits.requests_per_minute: want a number, got "x"`},
+		{"    classes: [a, b]\n", "gw.yaml:6: bulkheads.b.classes: want a mapping, got a list"},
+		{"    queue: {fair: sometimes}\n", `gw.yaml:6: bulkheads.b.queue.fair: want true or false, got "sometimes"`},
+		{"    queue_timeout: soon\n", `gw.yaml:6: bulkheads.b.queue_timeout: want a duration such as 2s or 1m30s, got "soon"`},
+		{"    rate_limits: {pace: true, requests_per_minute: 5, per_class: {a: {requests_per_minute: [1]}}}\n",
+			"gw.yaml:6: bulkheads.b.rate_limits.per_class.a.requests_per_minute: want a number, got a list"},
+	} {
+		text := head + c.section + routes
+		if strings.HasPrefix(c.section, "    model:") {
+			text = strings.Replace(text, "    model: gpt-4o\n", "", 1)
+		}
+		cfg, err := gateway.ParseConfig("gw.yaml", []byte(text))
+		if err == nil {
+			var g *gateway.Gateway
+			if g, err = gateway.Build(cfg, "gw.yaml", nil, slog.New(slog.DiscardHandler)); err == nil {
+				g.Shutdown(context.Background())
+			}
+		}
+		var ce *gateway.ConfigError
+		if !errors.As(err, &ce) || !strings.HasSuffix(err.Error(), c.want) {
+			t.Errorf("%s: error %v\nwant one ending %s", c.section, err, c.want)
+		}
+		if err != nil && goName.MatchString(err.Error()) {
+			t.Errorf("%s: error %v names Go", c.section, err)
+		}
+	}
+}
+
+// TestConfigRoutesErrors: two routes of one API without models, or one
+// model in two routes of an API, are errors naming the second's key.
+func TestConfigRoutesErrors(t *testing.T) {
+	const head = "upstreams: {openai: {base_url: \"https://api.openai.com\"}}\nbulkheads: {b: {max_concurrent: 2}}\nroutes:\n"
+	for _, c := range []struct{ routes, want string }{
+		{"  - {api: openai-chat, upstream: openai, bulkhead: b}\n  - {api: openai-chat, upstream: openai, bulkhead: b}\n",
+			"gw.yaml:5: routes.1: openai-chat has a route without models already (routes.0): a call whose model no route lists goes there"},
+		{"  - {api: openai-chat, models: [a, b], upstream: openai, bulkhead: b}\n  - {api: openai-responses, models: [b], upstream: openai, bulkhead: b}\n  - {api: openai-chat, models: [c, b], upstream: openai, bulkhead: b}\n",
+			`gw.yaml:6: routes.2.models.1: openai-chat model "b" has a route already (routes.0)`},
+	} {
+		_, err := gateway.ParseConfig("gw.yaml", []byte(head+c.routes))
+		if !errors.Is(err, bulkhead.ErrInvalid) || !strings.HasSuffix(err.Error(), c.want) {
+			t.Errorf("error %v\nwant one ending %s", err, c.want)
+		}
+	}
+}
+
+// FuzzParseConfig: whatever the file, ParseConfig returns a configuration
+// or a *ConfigError (matching bulkhead.ErrInvalid) whose line is in the
+// file; it never panics.
+func FuzzParseConfig(f *testing.F) {
+	f.Add(strings.Replace(sample, "UPSTREAM", "https://api.openai.com", 1))
+	f.Add("bulkheads: {b: {max_concurrent: many, queue_timeout: soon}}\n")
+	f.Add("bulkheads: {b: {rate_limits: {per_class: {a: {requests_per_minute: [1]}}}, classes: [a]}}\n")
+	f.Add("routes:\n  - {api: gemini, models: [a, a]}\n  - {api: gemini}\n  - {api: gemini}\n")
+	f.Add("a: &x {b: 1}\nbulkheads: {c: *x}\n")
+	f.Fuzz(func(t *testing.T, text string) {
+		cfg, err := gateway.ParseConfig("gw.yaml", []byte(text))
+		if err == nil {
+			if cfg == nil {
+				t.Fatal("no configuration and no error")
+			}
+			return
+		}
+		var ce *gateway.ConfigError
+		if !errors.As(err, &ce) || !errors.Is(err, bulkhead.ErrInvalid) {
+			t.Fatalf("error %v (%T) is not a *ConfigError", err, err)
+		}
+		if ce.Line < 0 || ce.Line > strings.Count(text, "\n")+1 {
+			t.Fatalf("error %v: line %d of %d", err, ce.Line, strings.Count(text, "\n")+1)
+		}
+	})
 }

@@ -77,7 +77,8 @@ routes:
 		log.Fatal(err)
 	}
 	env := map[string]string{"OPENAI_API_KEY": "sk-upstream"}
-	g, err := gateway.Build(cfg, "gateway.yaml", func(k string) string { return env[k] }, slog.New(slog.DiscardHandler))
+	lookupEnv := func(k string) (string, bool) { v, ok := env[k]; return v, ok } // a program passes os.LookupEnv
+	g, err := gateway.Build(cfg, "gateway.yaml", lookupEnv, slog.New(slog.DiscardHandler))
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -67,17 +67,18 @@ type Gateway struct {
 }
 
 // Build makes the gateway cfg describes: file names the configuration for
-// errors, getenv reads the upstreams' API keys and the clients' keys
-// (os.Getenv; nil means none is set), and logger receives one line per
-// request, the state changes of the fleet pools (each also counted in
-// /metrics as bulkhead_gateway_fleet_events_total) and, as warnings, the
-// reverse proxy's own errors (nil: a JSON or text handler on standard
-// error, as cfg.Log says). An invalid limit, a missing key or an
-// unreadable certificate is a *ConfigError with the line of its key. Shut
-// the gateway down with Shutdown.
-func Build(cfg *Config, file string, getenv func(string) string, logger *slog.Logger) (*Gateway, error) {
-	if getenv == nil {
-		getenv = func(string) string { return "" }
+// errors, lookupEnv reads the environment variables the configuration
+// names, the upstreams' API keys, the clients' keys and the Redis
+// passwords (os.LookupEnv; nil means none is set), and logger receives one
+// line per request, the state changes of the fleet pools (each also
+// counted in /metrics as bulkhead_gateway_fleet_events_total) and, as
+// warnings, the reverse proxy's own errors (nil: a JSON or text handler on
+// standard error, as cfg.Log says). An invalid limit, a variable that is
+// not set or is empty, or an unreadable certificate is a *ConfigError with
+// the line of its key. Shut the gateway down with Shutdown.
+func Build(cfg *Config, file string, lookupEnv func(string) (string, bool), logger *slog.Logger) (*Gateway, error) {
+	if lookupEnv == nil {
+		lookupEnv = func(string) (string, bool) { return "", false }
 	}
 	v := &validator{file: file, root: cfg.root}
 	g := &Gateway{Bulkheads: map[string]*bulkhead.Bulkhead{}, Listen: cfg.Listen,
@@ -100,7 +101,7 @@ func Build(cfg *Config, file string, getenv func(string) string, logger *slog.Lo
 		}
 		g.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	}
-	clients, err := cfg.clientSet(v, getenv)
+	clients, err := cfg.clientSet(v, lookupEnv)
 	if err != nil {
 		return fail(err)
 	}
@@ -112,26 +113,37 @@ func Build(cfg *Config, file string, getenv func(string) string, logger *slog.Lo
 		Help: "State changes of the bulkheads' fleet pools, by pool and kind (state_lost, breaker_opened, breaker_closed, leases_lapsed, leases_restored, hold_reinstated); each is logged."},
 		[]string{"pool", "kind"})
 	g.clients = map[string]*redis.Client{}
-	client := func(name string) *redis.Client {
+	client := func(name string) (*redis.Client, error) {
 		if c := g.clients[name]; c != nil {
-			return c
+			return c, nil
 		}
 		rc := cfg.Redis[name]
+		password := ""
+		if rc.PasswordEnv != "" {
+			var err error
+			if password, err = v.env(lookupEnv, []string{"redis", name, "password_env"}, rc.PasswordEnv); err != nil {
+				return nil, err
+			}
+		}
 		timeout := time.Duration(rc.Timeout)
 		if timeout == 0 {
 			timeout = 50 * time.Millisecond
 		}
-		c := redis.NewClient(&redis.Options{Addr: rc.Addr, DB: rc.DB, Password: getenv(rc.PasswordEnv),
+		c := redis.NewClient(&redis.Options{Addr: rc.Addr, DB: rc.DB, Password: password,
 			MaxRetries: -1, DialTimeout: timeout, DialerRetries: 1, ReadTimeout: timeout, WriteTimeout: timeout,
 			PoolTimeout: timeout, ContextTimeoutEnabled: true})
 		g.clients[name] = c
-		return c
+		return c, nil
 	}
 	for _, name := range sortedKeys(cfg.Bulkheads) {
 		bc := cfg.Bulkheads[name]
 		var store pacer.Store
 		if r := bc.RateLimits; r != nil && r.Redis != "" {
-			s, err := pacer.NewRedis(client(r.Redis), pacer.RedisOptions{})
+			c, err := client(r.Redis)
+			if err != nil {
+				return fail(err)
+			}
+			s, err := pacer.NewRedis(c, pacer.RedisOptions{})
 			if err != nil {
 				return fail(err)
 			}
@@ -139,15 +151,11 @@ func Build(cfg *Config, file string, getenv func(string) string, logger *slog.Lo
 		}
 		var pool *fleet.Pool
 		if f := bc.Fleet; f != nil {
-			fc := fleet.Config{Client: client(f.Redis), Pool: f.Pool, MaxConcurrent: -1, TokenBudget: -1, LeaseTTL: time.Duration(f.LeaseTTL),
-				LocalShare: fleet.Share{Slots: f.LocalShare.Slots, Tokens: f.LocalShare.Tokens}}
-			if f.MaxConcurrent != nil {
-				fc.MaxConcurrent = *f.MaxConcurrent
+			c, err := client(f.Redis)
+			if err != nil {
+				return fail(err)
 			}
-			if f.TokenBudget != nil {
-				fc.TokenBudget = *f.TokenBudget
-			}
-			fc.OnFailure = map[string]fleet.FailurePolicy{"": fleet.FailClosed, "closed": fleet.FailClosed, "open": fleet.FailOpen, "local_share": fleet.FailLocalShare}[f.OnFailure]
+			fc := f.config(c)
 			fc.Logger = logger
 			fc.OnEvent = func(e fleet.Event) { fleetEvents.WithLabelValues(e.Pool, e.Kind.String()).Inc() }
 			for _, k := range fleet.EventKinds() {
@@ -157,7 +165,7 @@ func Build(cfg *Config, file string, getenv func(string) string, logger *slog.Lo
 			if err != nil {
 				var ce *fleet.ConfigError
 				if errors.As(err, &ce) {
-					return fail(v.at([]string{"bulkheads", name, "fleet"}, "%s: %s", ce.Field, ce.Problem))
+					return fail(v.at(keyOf("fleet", ce.Field, name), "%s", keyProblem("fleet", ce.Field, ce.Problem)))
 				}
 				return fail(err)
 			}
@@ -168,7 +176,7 @@ func Build(cfg *Config, file string, getenv func(string) string, logger *slog.Lo
 		if err != nil {
 			var ce *bulkhead.ConfigError
 			if errors.As(err, &ce) {
-				return fail(v.at(append([]string{"bulkheads", name}, strings.Split(yamlKey(ce.Field), ".")...), "%s", ce.Problem))
+				return fail(v.at(keyOf("bulkhead", ce.Field, name), "%s", keyProblem("bulkhead", ce.Field, ce.Problem)))
 			}
 			return fail(err)
 		}
@@ -194,8 +202,8 @@ func Build(cfg *Config, file string, getenv func(string) string, logger *slog.Lo
 		u, _ := url.Parse(up.BaseURL)
 		key := ""
 		if up.APIKeyEnv != "" {
-			if key = getenv(up.APIKeyEnv); key == "" {
-				return fail(v.at([]string{"upstreams", rc.Upstream, "api_key_env"}, "the environment variable %s is not set", up.APIKeyEnv))
+			if key, err = v.env(lookupEnv, []string{"upstreams", rc.Upstream, "api_key_env"}, up.APIKeyEnv); err != nil {
+				return fail(err)
 			}
 		}
 		adm := cfg.admission(cfg.Bulkheads[rc.Bulkhead].Classes != nil)
@@ -212,7 +220,7 @@ func Build(cfg *Config, file string, getenv func(string) string, logger *slog.Lo
 	if err != nil {
 		var ce *bulkhead.ConfigError
 		if errors.As(err, &ce) {
-			return fail(&ConfigError{File: file, Key: "routes", Problem: ce.Field + ": " + ce.Problem})
+			return fail(v.at(keyOf("gateway", ce.Field), "%s", keyProblem("gateway", ce.Field, ce.Problem)))
 		}
 		return fail(err)
 	}
@@ -266,9 +274,9 @@ func (r *router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	}
 }
 
-// clientSet is the configuration's clients, their keys read with getenv;
-// nil when it has none.
-func (c *Config) clientSet(v *validator, getenv func(string) string) (*clientSet, error) {
+// clientSet is the configuration's clients, their keys read with
+// lookupEnv; nil when it has none.
+func (c *Config) clientSet(v *validator, lookupEnv func(string) (string, bool)) (*clientSet, error) {
 	if len(c.Clients) == 0 {
 		return nil, nil
 	}
@@ -279,10 +287,10 @@ func (c *Config) clientSet(v *validator, getenv func(string) string) (*clientSet
 		cl := client{name: name, tenant: cc.Tenant, high: cc.AllowHighPriority}
 		if cc.KeyEnv != "" {
 			p := []string{"clients", name, "key_env"}
-			key := getenv(cc.KeyEnv)
+			key, err := v.env(lookupEnv, p, cc.KeyEnv)
 			switch {
-			case key == "":
-				return nil, v.at(p, "the environment variable %s is not set", cc.KeyEnv)
+			case err != nil:
+				return nil, err
 			case len(key) < minClientKeyLen:
 				return nil, v.at(p, "the key in %s has %d characters; a client key needs at least %d", cc.KeyEnv, len(key), minClientKeyLen)
 			}
@@ -297,6 +305,20 @@ func (c *Config) clientSet(v *validator, getenv func(string) string) (*clientSet
 		s.list = append(s.list, cl)
 	}
 	return s, nil
+}
+
+// env reads the environment variable name, which the key at path names: a
+// variable that is not set, or is set but empty, is an error (an empty key
+// or password is never what the file meant).
+func (v *validator) env(lookupEnv func(string) (string, bool), path []string, name string) (string, error) {
+	val, ok := lookupEnv(name)
+	switch {
+	case !ok:
+		return "", v.at(path, "the environment variable %s is not set", name)
+	case val == "":
+		return "", v.at(path, "the environment variable %s is set but empty", name)
+	}
+	return val, nil
 }
 
 // at is a ConfigError at path, with the line when the validator has the
@@ -332,7 +354,7 @@ func (b BulkheadConfig) config(store pacer.Store, pool *fleet.Pool) bulkhead.Con
 			MinConcurrent: a.MinConcurrent, MaxConcurrent: a.MaxConcurrent, MinBudget: a.MinBudget, MaxBudget: a.MaxBudget}
 	}
 	if r := b.RateLimits; r != nil {
-		c.RateLimits = &bulkhead.RateLimits{Store: store, Pace: r.Pace, PerModel: bulkhead.Rate(Rate{r.RequestsPerMinute, r.TokensPerMinute, r.RequestBurst, r.TokenBurst})}
+		c.RateLimits = &bulkhead.RateLimits{Store: store, Pace: r.Pace, PerModel: bulkhead.Rate(r.perModel())}
 		if len(r.PerClass) > 0 {
 			c.RateLimits.PerClass = map[string]bulkhead.Rate{}
 			for name, cr := range r.PerClass {
@@ -343,34 +365,18 @@ func (b BulkheadConfig) config(store pacer.Store, pool *fleet.Pool) bulkhead.Con
 	return c
 }
 
-// yamlKey turns a bulkhead.Config field path into the file's key (a dotted
-// path for a nested key).
-func yamlKey(field string) string {
-	for _, m := range []struct{ prefix, key string }{
-		{"Config.TokenBudget.HighPriorityReserve", "high_priority_reserve"},
-		{"Config.TokenBudget.OutputCap", "output_cap"},
-		{"Config.TokenBudget", "token_budget"},
-		{"Config.Classes", "classes"},
-		{"Config.Queue.WaitForCapacity", "queue.wait_for_capacity"},
-		{"Config.Queue.Weights", "queue.weights"},
-		{"Config.Queue.Fair", "queue.fair"},
-		{"Config.RateLimits", "rate_limits"},
-		{"Config.Fleet", "fleet"},
-		{"Config.Adaptive.MinConcurrent", "adaptive.min_concurrent"},
-		{"Config.Adaptive.MaxConcurrent", "adaptive.max_concurrent"},
-		{"Config.Adaptive.MinBudget", "adaptive.min_budget"},
-		{"Config.Adaptive.MaxBudget", "adaptive.max_budget"},
-		{"Config.Adaptive", "adaptive"},
-		{"Config.MaxConcurrent", "max_concurrent"},
-		{"Config.MaxQueue", "max_queue"},
-		{"Config.QueueTimeout", "queue_timeout"},
-		{"Config.Model", "model"},
-	} {
-		if strings.HasPrefix(field, m.prefix) {
-			return m.key
-		}
+// config is the fleet.Config of f, its pool on client c.
+func (f *FleetConfig) config(c redis.UniversalClient) fleet.Config {
+	fc := fleet.Config{Client: c, Pool: f.Pool, MaxConcurrent: -1, TokenBudget: -1, LeaseTTL: time.Duration(f.LeaseTTL),
+		LocalShare: fleet.Share{Slots: f.LocalShare.Slots, Tokens: f.LocalShare.Tokens}}
+	if f.MaxConcurrent != nil {
+		fc.MaxConcurrent = *f.MaxConcurrent
 	}
-	return field
+	if f.TokenBudget != nil {
+		fc.TokenBudget = *f.TokenBudget
+	}
+	fc.OnFailure = failurePolicies[f.OnFailure]
+	return fc
 }
 
 // admission returns the admission class and priority of a call on a

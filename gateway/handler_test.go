@@ -523,9 +523,8 @@ func TestHandlerRequestID(t *testing.T) {
 }
 
 // TestUpstreamBasePath: a call's path is joined to the upstream's base
-// URL, path included, so a base URL must stop before the API's version (a
-// base URL ending in /v1 sends /v1/v1/chat/completions upstream); and
-// without clients, an upstream without api_key_env receives the caller's
+// URL, path included (a base URL ending in the API's version is refused:
+// TestConfigRefusesVersionInBaseURL); and without clients, an upstream without api_key_env receives the caller's
 // own credentials, unchanged.
 func TestUpstreamBasePath(t *testing.T) {
 	var mu sync.Mutex
@@ -542,7 +541,6 @@ func TestUpstreamBasePath(t *testing.T) {
 	for _, tc := range []struct{ base, want string }{
 		{up.URL, "/v1/chat/completions Bearer sk-caller"},
 		{up.URL + "/openai", "/openai/v1/chat/completions Bearer sk-caller"},
-		{up.URL + "/v1", "/v1/v1/chat/completions Bearer sk-caller"},
 	} {
 		_, srv := buildGateway(t, `upstreams: {up: {base_url: "`+tc.base+`"}}
 bulkheads: {main: {max_concurrent: 4}}

@@ -177,7 +177,8 @@ func rateBound(rt *rapid.T, t *testing.T, client *redis.Client) {
 // TestSaturatedKey is the saturated case as a table: a key asked for a call
 // every 10 ms for 20 s admits at most burst + rate x 20 s + 1 calls, and (with
 // the rate as the only limit) no fewer than rate x 20 s. Upstream's step
-// function admitted 45 at 60/min with burst 4, and 42 with burst 1.
+// function admits 43 at 60/min with burst 4, and 40 with burst 1
+// (TestWhereUpstreamDiffers).
 func TestSaturatedKey(t *testing.T) {
 	for _, c := range []struct {
 		name        string

@@ -3,6 +3,7 @@ package pacer
 import (
 	_ "embed"
 	"encoding/json"
+	"math"
 	"slices"
 	"testing"
 	"time"
@@ -104,5 +105,151 @@ func TestSimultaneousPace(t *testing.T) {
 				t.Fatalf("delays %v, want [0 100 200]", delays)
 			}
 		})
+	}
+}
+
+// upstreamStep is a transcription of the upstream library's step function
+// (its Lua script, on float seconds as it keeps them), the algorithm this
+// package departs from on purpose (see step). It decides the public
+// vectors as this package does (TestUpstreamTranscription), and the
+// vectors of TestWhereUpstreamDiffers otherwise.
+type upstreamStep struct {
+	qps, burst       float64
+	level, last, nxt float64 // the bucket, the last drip and the next shot, in seconds
+	saved            bool
+}
+
+// push decides a call of weight at now (seconds) and returns its delay in
+// milliseconds, rounded half up as upstream rounds it.
+func (u *upstreamStep) push(now, weight float64, rateLimit bool) int64 {
+	factor := 0.5
+	if rateLimit {
+		factor = 1
+	}
+	level, last, nxt := u.level, u.last, u.nxt
+	if !u.saved {
+		level, last, nxt = 0, now, 0
+	}
+	nxt = math.Max(nxt, now)
+	if nxt <= now {
+		level = math.Max(0, level-(now-last)*u.qps*factor) // the whole time since the last call
+	}
+	last = now
+	level += weight
+	shot := now
+	if level-u.burst > 0 {
+		shot = nxt
+		nxt = shot + weight/u.qps
+	}
+	level = math.Min(u.burst, level)
+	if !rateLimit || shot <= now { // a rejection records nothing
+		u.level, u.last, u.nxt, u.saved = level, last, nxt, true
+	}
+	return int64(math.Floor((shot-now)*1000 + 0.5))
+}
+
+// TestUpstreamTranscription checks upstreamStep against the public
+// vectors: it is upstream's algorithm as far as they tell.
+func TestUpstreamTranscription(t *testing.T) {
+	v := loadVectors(t)
+	for _, c := range v.Cases {
+		u := &upstreamStep{qps: c.QPS, burst: c.MaxBurst}
+		ms := v.StartEpochMs
+		for i, s := range c.Steps {
+			ms += s.AdvanceMs
+			if got := u.push(float64(ms)/1000, s.Weight, s.Method == "rateLimit"); got != s.WantDelayMs {
+				t.Errorf("%s step %d: upstream transcription %d ms, want %d", c.Name, i, got, s.WantDelayMs)
+			}
+		}
+	}
+}
+
+// TestWhereUpstreamDiffers replays the vectors on which this package
+// decides otherwise than upstream's step function, on purpose (the public
+// vectors never reach these cases), on both stores, and checks that the
+// transcription of upstream's step gives upstream's delays: the differences
+// docs/choices.md lists.
+func TestWhereUpstreamDiffers(t *testing.T) {
+	type vstep struct {
+		advanceMs      int64
+		rateLimit      bool
+		upstream, ours int64 // delay in ms
+	}
+	for _, c := range []struct {
+		name       string
+		qps, burst float64
+		steps      []vstep
+	}{
+		// A burst refills only once the queue has emptied: upstream
+		// drains the bucket for the time the queue was busy too, and lets
+		// two calls through 100 ms after the queue empties (7 calls in
+		// 300 ms at 10 a second with a burst of 2; the bound is 6).
+		{"refill after a busy queue", 10, 2, []vstep{
+			{0, false, 0, 0}, {0, false, 0, 0}, {0, false, 0, 0},
+			{0, false, 100, 100}, {0, false, 200, 200},
+			{300, false, 0, 0}, {0, false, 0, 100},
+		}},
+		// A call goes only at its slot: upstream rounds a delay under
+		// half a millisecond to 0 and lets the call through without
+		// recording it, so every call of that half millisecond goes.
+		// (At 3 a second the slot is 333.334 ms away here, 333.333 ms
+		// upstream: a call books w/qps rounded up to the microsecond.)
+		{"under half a millisecond early", 3, 0, []vstep{
+			{0, true, 0, 0}, {333, true, 0, 1}, {0, true, 0, 1}, {0, true, 0, 1},
+		}},
+	} {
+		u := &upstreamStep{qps: c.qps, burst: c.burst}
+		for _, b := range backends(t, startEpoch) {
+			t.Run(c.name+"/"+b.name, func(t *testing.T) {
+				p := mustNew(t, b.store, Options{Name: t.Name(), QPS: c.qps, MaxBurst: c.burst})
+				for i, s := range c.steps {
+					b.clk.Add(time.Duration(s.advanceMs) * time.Millisecond)
+					var out Outcome
+					var err error
+					if s.rateLimit {
+						out, err = p.RateLimit(bg, "k", 1)
+					} else {
+						out, err = p.Pace(bg, "k", 1)
+					}
+					if err != nil {
+						t.Fatal(err)
+					}
+					if out.DelayMs() != s.ours {
+						t.Errorf("step %d: delay %d ms, want %d", i, out.DelayMs(), s.ours)
+					}
+				}
+			})
+		}
+		ms := startEpoch.UnixMilli()
+		differs := false
+		for i, s := range c.steps {
+			ms += s.advanceMs
+			got := u.push(float64(ms)/1000, 1, s.rateLimit)
+			if got != s.upstream {
+				t.Errorf("%s step %d: upstream transcription %d ms, want %d", c.name, i, got, s.upstream)
+			}
+			differs = differs || s.upstream != s.ours
+		}
+		if !differs {
+			t.Errorf("%s: upstream and this package agree on every step", c.name)
+		}
+	}
+	// The saturated key of TestSaturatedKey, a call every 10 ms for 20 s
+	// at 60 a minute: upstream admits 43 with a burst of 4 and 40 with a
+	// burst of 1 (this package at most 25 and 22, the bound).
+	for _, c := range []struct {
+		burst float64
+		want  int
+	}{{4, 43}, {1, 40}} {
+		u := &upstreamStep{qps: 1, burst: c.burst}
+		admitted := 0
+		for ms := int64(0); ms < 20_000; ms += 10 {
+			if u.push(float64(startEpoch.UnixMilli()+ms)/1000, 1, true) == 0 {
+				admitted++
+			}
+		}
+		if admitted != c.want {
+			t.Errorf("upstream admits %d calls of a saturated key in 20 s at 60 a minute with a burst of %v, want %d", admitted, c.burst, c.want)
+		}
 	}
 }

@@ -68,7 +68,7 @@ routes:
 		t.Fatal(err)
 	}
 	env := map[string]string{"CLIENT_KEY": clientKey, "UPSTREAM_KEY": upstreamKey}
-	r.g, err = gateway.Build(cfg, "gw.yaml", func(k string) string { return env[k] }, slog.New(slog.DiscardHandler))
+	r.g, err = gateway.Build(cfg, "gw.yaml", func(k string) (string, bool) { v, ok := env[k]; return v, ok }, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

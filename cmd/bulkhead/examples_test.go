@@ -44,28 +44,3 @@ func TestExamples(t *testing.T) {
 		})
 	}
 }
-
-// TestDemoGuide checks that the demo's output shown in docs/demo.md is what
-// the demo prints at its default seed.
-func TestDemoGuide(t *testing.T) {
-	if testing.Short() {
-		t.Skip("the whole demo table")
-	}
-	guide, err := os.ReadFile("../../docs/demo.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	start := strings.Index(string(guide), "```text\nbulkhead demo:")
-	if start < 0 {
-		t.Fatal("docs/demo.md shows no demo output (a ```text block starting with \"bulkhead demo:\")")
-	}
-	shown := string(guide[start+len("```text\n"):])
-	shown = shown[:strings.Index(shown, "```")]
-	code, out, errOut := runArgs("demo")
-	if code != 0 {
-		t.Fatalf("exit %d: %s", code, errOut)
-	}
-	if strings.TrimSpace(out) != strings.TrimSpace(shown) {
-		t.Errorf("docs/demo.md shows another output than the demo prints; it prints:\n%s", out)
-	}
-}

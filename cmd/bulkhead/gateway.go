@@ -53,7 +53,7 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	if *check {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	g, err := gateway.Build(cfg, *config, os.Getenv, logger)
+	g, err := gateway.Build(cfg, *config, os.LookupEnv, logger)
 	if err != nil {
 		fmt.Fprintf(stderr, "bulkhead gateway: %v\n", err)
 		return 1
@@ -64,10 +64,18 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		if g.TLSConfig != nil {
 			scheme = "https"
 		}
-		fmt.Fprintf(stdout, "bulkhead gateway: %s is valid: %d bulkheads, %d clients, listen %s://%s\n", *config, len(g.Bulkheads), len(cfg.Clients), scheme, g.Listen)
+		fmt.Fprintf(stdout, "bulkhead gateway: %s is valid: %s, %s, listen %s://%s\n", *config, count(len(g.Bulkheads), "bulkhead"), count(len(cfg.Clients), "client"), scheme, g.Listen)
 		return 0
 	}
 	return serve(ctx, g, stdout, stderr)
+}
+
+// count is n and noun, plural unless n is 1: "1 bulkhead", "2 clients".
+func count(n int, noun string) string {
+	if n != 1 {
+		noun += "s"
+	}
+	return fmt.Sprintf("%d %s", n, noun)
 }
 
 // gatewayClock times the gateway's shutdown delay and deadline; tests

@@ -246,7 +246,7 @@ upstreams: {openai: {base_url: "`+up+`", api_key_env: TEST_UPSTREAM_KEY}}
 bulkheads: {main: {model: gpt-4o, max_concurrent: 4}}
 routes: [{api: openai-chat, upstream: openai, bulkhead: main}]
 `)
-	if code, out, errOut := runArgs("gateway", "-config", cfg, "-check"); code != 0 || !strings.Contains(out, "1 clients, listen https://127.0.0.1:0") {
+	if code, out, errOut := runArgs("gateway", "-config", cfg, "-check"); code != 0 || !strings.Contains(out, "1 client, listen https://127.0.0.1:0") {
 		t.Fatalf("check: exit %d, %q %q", code, out, errOut)
 	}
 	ctx, cancel := context.WithCancel(context.Background())

@@ -91,7 +91,20 @@ routes: [{api: openai-chat, upstream: openai, bulkhead: main}]
 		t.Fatal(err)
 	}
 	code, out, errOut := runArgs("gateway", "-config", good, "-check")
-	if code != 0 || !strings.Contains(out, "is valid: 1 bulkheads, 0 clients, listen http://127.0.0.1:0") {
+	if code != 0 || !strings.Contains(out, "is valid: 1 bulkhead, 0 clients, listen http://127.0.0.1:0") {
+		t.Fatalf("check: exit %d, %q %q", code, out, errOut)
+	}
+	// One client, two bulkheads: each count with its own noun.
+	t.Setenv("CHECK_UPSTREAM_KEY", "sk-check")
+	two := dir + "/two.yaml"
+	if err := os.WriteFile(two, []byte(`clients: {app: {key_sha256: "`+strings.Repeat("ab", 32)+`"}}
+upstreams: {openai: {base_url: "https://api.openai.com", api_key_env: CHECK_UPSTREAM_KEY}}
+bulkheads: {a: {max_concurrent: 4}, b: {max_concurrent: 4}}
+routes: [{api: openai-chat, upstream: openai, bulkhead: a}, {api: anthropic-messages, upstream: openai, bulkhead: b}]
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code, out, errOut := runArgs("gateway", "-config", two, "-check"); code != 0 || !strings.Contains(out, "is valid: 2 bulkheads, 1 client, listen") {
 		t.Fatalf("check: exit %d, %q %q", code, out, errOut)
 	}
 	bad := dir + "/bad.yaml"

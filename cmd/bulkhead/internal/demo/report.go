@@ -21,8 +21,8 @@ func printHeader(w io.Writer, c *Config, reqs []simprovider.Request) {
 		inputs[i] = r.InputTokens
 	}
 	slices.Sort(inputs)
-	fmt.Fprintf(w, "bulkhead demo: a burst of %s %s calls arriving over %v, at a simulated provider\n\n",
-		commas(int64(c.Calls)), c.Model, c.Ramp)
+	fmt.Fprintf(w, "bulkhead demo: a burst of %s arriving over %v, at a simulated provider\n\n",
+		count(int64(c.Calls), c.Model+" call"), c.Ramp)
 	fmt.Fprintf(w, "  workload  prompts %s tokens (median), max_tokens %s; %s tokens per call on average (input + max_tokens)\n",
 		commas(inputs[len(inputs)/2]), joinInts(c.Workload.MaxTokens, "/"), commas(cost/int64(len(reqs))))
 	fmt.Fprintf(w, "  provider  %s concurrent requests, %s tokens/min (input + max_tokens, sliding window); 429 above either\n",
@@ -33,7 +33,7 @@ func printHeader(w io.Writer, c *Config, reqs []simprovider.Request) {
 	}
 	fmt.Fprintf(w, "  bulkhead  MaxConcurrent %d, MaxQueue %d, QueueTimeout %v, %s\n",
 		c.MaxConcurrent, c.MaxQueue, c.QueueTimeout, budget)
-	fmt.Fprintf(w, "  clients   retry a 429 up to %d times, backoff 0.5s, 1s, 2s ... with jitter (SDK defaults)\n", c.Retries)
+	fmt.Fprintf(w, "  clients   retry a 429 up to %s, backoff 0.5s, 1s, 2s ... with jitter (SDK defaults)\n", count(int64(c.Retries), "time"))
 	fmt.Fprintf(w, "  gateway   the guarded pass goes over HTTP: clients -> gateway -> the provider served on loopback\n")
 	fmt.Fprintf(w, "  time      over real HTTP, on the wall clock (not simulated time), at scale %g: simulated durations run %gx faster; latencies below are wall-clock\n\n",
 		c.TimeScale, roundSig(1/c.TimeScale))
@@ -92,16 +92,16 @@ func printComparison(w io.Writer, rep *Report) {
 func verdict(rep *Report) string {
 	b, g := &rep.Bare, &rep.Guard
 	var s strings.Builder
-	fmt.Fprintf(&s, "Bare: the burst became a storm of %s provider 429s (%.1f per call sent); %s calls still failed after retrying, each after %s (p50).\n",
-		commas(b.Provider.RateLimited), float64(b.Provider.RateLimited)/float64(b.Calls), commas(int64(b.Failed429)), fmtDur(b.FailLatency.P50))
+	fmt.Fprintf(&s, "Bare: the burst became a storm of %s (%.1f per call sent); %s still failed after retrying, each after %s (p50).\n",
+		count(b.Provider.RateLimited, "provider 429"), float64(b.Provider.RateLimited)/float64(b.Calls), count(int64(b.Failed429), "call"), fmtDur(b.FailLatency.P50))
 	var reasons []string
 	for _, r := range shedReasons(g.ShedByReason) {
 		reasons = append(reasons, fmt.Sprintf("%s %s", r, commas(g.ShedByReason[r])))
 	}
-	fmt.Fprintf(&s, "Through the gateway (over HTTP): %s excess calls were shed before reaching the provider, in %s (p50), with typed reasons (%s);\n",
-		commas(int64(g.Shed)), fmtDur(g.ShedLatency.P50), strings.Join(reasons, ", "))
-	fmt.Fprintf(&s, "the provider answered %s 429s and completed %s calls (bare: %s).\n",
-		commas(g.Provider.RateLimited), commas(int64(g.OK)), commas(int64(b.OK)))
+	fmt.Fprintf(&s, "Through the gateway (over HTTP): %s shed before reaching the provider, in %s (p50), with typed reasons (%s);\n",
+		count(int64(g.Shed), "excess call"), fmtDur(g.ShedLatency.P50), strings.Join(reasons, ", "))
+	fmt.Fprintf(&s, "the provider answered %s and completed %s (bare: %s).\n",
+		count(g.Provider.RateLimited, "429"), count(int64(g.OK), "call"), commas(int64(b.OK)))
 	return s.String()
 }
 
@@ -147,6 +147,11 @@ func limit(v int64) string {
 	return commas(v)
 }
 
+// seconds formats d in seconds: 0.5s, 2s.
+func seconds(d time.Duration) string {
+	return strconv.FormatFloat(d.Seconds(), 'f', -1, 64) + "s"
+}
+
 // fmtDur formats d with three significant digits: 4.2µs, 310ms, 2.35s.
 func fmtDur(d time.Duration) string {
 	switch {
@@ -165,6 +170,20 @@ func fmtDur(d time.Duration) string {
 func roundSig(v float64) float64 {
 	f, _ := strconv.ParseFloat(strconv.FormatFloat(v, 'g', 3, 64), 64)
 	return f
+}
+
+// count is v with thousands separators and noun, plural unless v is 1:
+// "1 call", "5,707 provider 429s".
+func count(v int64, n string) string {
+	return commas(v) + " " + noun(v, n)
+}
+
+// noun is n, plural (with an s) unless v is 1.
+func noun(v int64, n string) string {
+	if v != 1 {
+		return n + "s"
+	}
+	return n
 }
 
 // commas formats v with thousands separators.

@@ -16,6 +16,10 @@ import (
 	"github.com/llmbulkhead/bulkhead/cmd/bulkhead/internal/simprovider"
 )
 
+// gatewayCalls is the size of gateway mode's burst when Config.Calls is
+// zero.
+const gatewayCalls = 400
+
 // Result is what one pass of the gateway-mode burst did.
 type Result struct {
 	// Name is "bare" or "through gateway".
@@ -102,7 +106,7 @@ func Run(ctx context.Context, cfg Config, w io.Writer) (*Report, error) {
 		return &Report{Config: cfg, Table: t}, nil
 	}
 	if cfg.Calls == 0 {
-		cfg.Calls = 400
+		cfg.Calls = gatewayCalls
 	}
 	reqs, err := cfg.Workload.Generate(cfg.Seed, cfg.Calls)
 	if err != nil {

@@ -346,6 +346,10 @@ func (r *runner) settle(c *simCall, o providerOutcome, retryAfter time.Duration,
 	delete(r.held, c.idx)
 }
 
+// backoffBase is the first backoff of a client that retries without a
+// Retry-After; it doubles with each attempt.
+const backoffBase = 500 * time.Millisecond
+
 // retry schedules c's next attempt, after retryAfter when the answer gave
 // one (has), else after an exponential backoff with full jitter from
 // 0.5 s, capped at 8 s; a call out of attempts fails.
@@ -356,7 +360,7 @@ func (r *runner) retry(c *simCall, retryAfter time.Duration, has bool) {
 	}
 	d := retryAfter
 	if !has {
-		d = time.Duration(c.rng.Float64() * float64(min(500*time.Millisecond<<(c.attempt-1), 8*time.Second)))
+		d = time.Duration(c.rng.Float64() * float64(min(backoffBase<<(c.attempt-1), 8*time.Second)))
 	}
 	r.s.AfterFunc(d, func() { r.attempt(c) })
 }

@@ -104,7 +104,7 @@ func describe(cfgs []bulkhead.Config, route []int) string {
 		s += ", a class per tenant"
 		for _, l := range bc.Classes.Limits {
 			if l.ProtectedConcurrent > 0 {
-				s += fmt.Sprintf(" (%d slots protected each)", l.ProtectedConcurrent)
+				s += fmt.Sprintf(" (%s protected each)", count(int64(l.ProtectedConcurrent), "slot"))
 			}
 			break
 		}
@@ -125,8 +125,8 @@ func printTable(w io.Writer, t *Table) {
 	fmt.Fprintf(w, "  provider  %s concurrent requests, %s tokens/min (input + max_tokens, sliding window); 429 above either\n",
 		limit(int64(c.ProviderConcurrency)), limit(c.ProviderTPM))
 	fmt.Fprintf(w, "  workload  prompts ~%s tokens (median), max_tokens %s\n", commas(c.Workload.InputMedian), joinInts(c.Workload.MaxTokens, "/"))
-	fmt.Fprintf(w, "  clients   try a call up to %d times; a provider 429 and a bulkhead rejection are retried alike:\n", c.Attempts)
-	fmt.Fprintf(w, "            after Retry-After when given, else after a backoff from 0.5s with full jitter\n")
+	fmt.Fprintf(w, "  clients   try a call up to %s; a provider 429 and a bulkhead rejection are retried alike:\n", count(int64(c.Attempts), "time"))
+	fmt.Fprintf(w, "            after Retry-After when given, else after a backoff from %s with full jitter\n", seconds(backoffBase))
 	for i, name := range t.Strategies {
 		for _, line := range strings.Split(t.Configs[i], "\n") {
 			fmt.Fprintf(w, "  %-16s%s\n", name, line)
@@ -203,7 +203,7 @@ func printTable(w io.Writer, t *Table) {
 	fmt.Fprintf(w, "  completed calls, first attempt to answer; TPM used: input + output tokens of the completed calls\n")
 	fmt.Fprintf(w, "  per minute of the run (a run shorter than a minute counts as one); peak: the most the provider's\n")
 	fmt.Fprintf(w, "  TPM window held (input + max_tokens, as it counts them), against the account's %s.\n\n", kilo(c.ProviderTPM))
-	fmt.Fprint(w, tableVerdict(t))
+	fmt.Fprint(w, t.Verdict())
 }
 
 // cells formats a tenant's result as one strategy's cells; last is the
@@ -240,11 +240,11 @@ func (t *Table) Checks() []Check {
 	for _, row := range t.Rows {
 		bare, a := row.Results[0].Total, row.Results[last].Total
 		out = append(out, Check{Row: row.Scenario, Holds: a.Completed >= bare.Completed,
-			What: fmt.Sprintf("%s completed %s calls, bare %s", name, commas(int64(a.Completed)), commas(int64(bare.Completed)))})
+			What: fmt.Sprintf("%s completed %s, bare %s", name, count(int64(a.Completed), "call"), commas(int64(bare.Completed)))})
 		// Under 1% of bare's: none at all when bare had none.
 		ok := a.Provider429*100 < bare.Provider429 || a.Provider429 == 0
 		out = append(out, Check{Row: row.Scenario, Holds: ok,
-			What: fmt.Sprintf("%s provider 429s against bare's %s (the target is under 1%%)", commas(int64(a.Provider429)), commas(int64(bare.Provider429)))})
+			What: fmt.Sprintf("%s against bare's %s (the target is under 1%%)", count(int64(a.Provider429), "provider 429"), commas(int64(bare.Provider429)))})
 		if row.Unloaded != nil {
 			p99, alone := row.Results[last].Tenants[quiet].Latency.P99, row.Unloaded[last].Tenants[quiet].Latency.P99
 			out = append(out, Check{Row: row.Scenario, Holds: p99 <= 2*alone,
@@ -254,9 +254,22 @@ func (t *Table) Checks() []Check {
 	return out
 }
 
-// tableVerdict says, in plain words and row by row, whether the targets hold.
-func tableVerdict(t *Table) string {
+// Verdict says, in plain words, what each column bought against bare in
+// each row, and what it cost (the provider 429s it avoided, the calls it
+// finished, the latency its calls paid), then whether the last column's
+// targets hold (see Checks).
+func (t *Table) Verdict() string {
 	var s strings.Builder
+	s.WriteString("Verdict: what each column bought against bare, and what it cost:\n")
+	for _, row := range t.Rows {
+		fmt.Fprintf(&s, "  %s\n", row.Scenario)
+		bare := row.Results[0].Total
+		for i, r := range row.Results[1:] {
+			fmt.Fprintf(&s, "    %s: %s\n", t.Strategies[i+1], tradeoff(r.Total, bare))
+		}
+	}
+	s.WriteString("  A median counts the finished calls only: a call that did not finish failed after its last attempt, and is in none.\n")
+
 	checks := t.Checks()
 	failed := 0
 	for _, c := range checks {
@@ -265,10 +278,13 @@ func tableVerdict(t *Table) string {
 		}
 	}
 	name := t.Strategies[len(t.Strategies)-1]
-	if failed == 0 {
-		fmt.Fprintf(&s, "Verdict: every target holds for %s, in every row:\n", name)
-	} else {
-		fmt.Fprintf(&s, "Verdict: %d of %d targets do not hold for %s:\n", failed, len(checks), name)
+	switch {
+	case failed == 0:
+		fmt.Fprintf(&s, "Targets for %s, against bare: every one holds, in every row:\n", name)
+	case failed == 1:
+		fmt.Fprintf(&s, "Targets for %s, against bare: 1 of %d does not hold:\n", name, len(checks))
+	default:
+		fmt.Fprintf(&s, "Targets for %s, against bare: %d of %d do not hold:\n", name, failed, len(checks))
 	}
 	for _, c := range checks {
 		mark := "holds:        "
@@ -278,4 +294,45 @@ func tableVerdict(t *Table) string {
 		fmt.Fprintf(&s, "  %s %s: %s\n", mark, c.Row, c.What)
 	}
 	return s.String()
+}
+
+// tradeoff says what r bought against bare, and what it cost: the
+// provider 429s it avoided, the calls it finished, and the median latency
+// of its finished calls.
+func tradeoff(r, bare TenantResult) string {
+	var avoided string
+	switch a, b := int64(r.Provider429), int64(bare.Provider429); {
+	case b == 0 && a == 0:
+		avoided = "met no provider 429, nor did bare"
+	case b == 0:
+		avoided = "met " + count(a, "provider 429") + ", where bare met none"
+	case a == 0:
+		avoided = "avoided all " + commas(b) + " of bare's " + noun(b, "provider 429")
+	case a < b:
+		avoided = fmt.Sprintf("avoided %s of bare's %s (it met %s)", commas(b-a), count(b, "provider 429"), commas(a))
+	default:
+		avoided = fmt.Sprintf("avoided none of bare's %s (it met %s)", count(b, "provider 429"), commas(a))
+	}
+	var finished string
+	switch c, d := int64(r.Completed), int64(bare.Completed); {
+	case c == d:
+		finished = fmt.Sprintf("finished as many calls as bare (%s)", commas(c))
+	case c > d:
+		finished = fmt.Sprintf("finished %s more %s than bare (%s against %s)", commas(c-d), noun(c-d, "call"), commas(c), commas(d))
+	default:
+		finished = fmt.Sprintf("finished %s fewer %s than bare (%s against %s)", commas(d-c), noun(d-c, "call"), commas(c), commas(d))
+	}
+	s := avoided + "; " + finished
+	switch p, q := r.Latency.P50, bare.Latency.P50; {
+	case r.Latency.N == 0:
+	case bare.Latency.N == 0:
+		s += fmt.Sprintf("; its median finished call took %s (bare finished none)", fmtDur(p))
+	case p*10 > q*11:
+		s += fmt.Sprintf("; its median finished call took %s, %.1f times bare's %s", fmtDur(p), float64(p)/float64(q), fmtDur(q))
+	case p*10 < q*9:
+		s += fmt.Sprintf("; its median finished call took %s, less than bare's %s", fmtDur(p), fmtDur(q))
+	default:
+		s += fmt.Sprintf("; its median finished call took %s, about as long as bare's %s", fmtDur(p), fmtDur(q))
+	}
+	return s + "."
 }

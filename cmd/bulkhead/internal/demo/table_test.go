@@ -136,6 +136,12 @@ func TestOneScenario(t *testing.T) {
 		t.Fatalf("-calls 50: %s", out)
 	}
 	checkTable(t, rep.Table)
+
+	// A count of one takes the singular.
+	cfg.Calls, cfg.Attempts = 1, 1
+	if _, out = runTable(t, cfg); !strings.Contains(out, "try a call up to 1 time;") || !strings.Contains(out, "completed 1 call, bare 1") {
+		t.Errorf("-calls 1 -attempts 1:\n%s", out)
+	}
 }
 
 func TestTableCancelled(t *testing.T) {
@@ -215,5 +221,63 @@ func TestChecks(t *testing.T) {
 	want := "a:true a:true b:false b:false c:true c:true d:true d:false e:true e:true e:true f:true f:true f:false"
 	if strings.Join(got, " ") != want {
 		t.Fatalf("checks = %s\nwant     %s", strings.Join(got, " "), want)
+	}
+}
+
+// TestVerdictSaysWhatEachColumnBoughtAndCost judges made-up numbers: for
+// each row and each column, the 429s it avoided against bare, the calls it
+// finished and the latency it paid; then the last column's targets.
+func TestVerdictSaysWhatEachColumnBoughtAndCost(t *testing.T) {
+	res := func(done, n429 int, p50 time.Duration) demo.SimResult {
+		n := done
+		return demo.SimResult{Total: demo.TenantResult{Completed: done, Provider429: n429, Latency: demo.Latencies{N: n, P50: p50}}}
+	}
+	s := time.Second
+	tb := &demo.Table{Strategies: []string{"bare", "static", "adaptive"}, Rows: []demo.Row{
+		{Scenario: "a", Results: []demo.SimResult{res(50, 24, 5790*time.Millisecond), res(50, 0, 5880*time.Millisecond), res(50, 0, 23600*time.Millisecond)}},
+		{Scenario: "b", Results: []demo.SimResult{res(63, 5707, 7250*time.Millisecond), res(113, 0, 11900*time.Millisecond), res(369, 0, 190*s)}},
+		{Scenario: "c", Results: []demo.SimResult{res(214, 706, 7550*time.Millisecond), res(213, 698, 7460*time.Millisecond), res(200, 11, 24700*time.Millisecond)}},
+		{Scenario: "d", Results: []demo.SimResult{res(10, 0, s), res(10, 1, s), res(9, 1, s/2)}},
+		{Scenario: "e", Results: []demo.SimResult{res(0, 2, 0), res(1, 1, s), res(0, 0, 0)}},
+	}}
+	want := `Verdict: what each column bought against bare, and what it cost:
+  a
+    static: avoided all 24 of bare's provider 429s; finished as many calls as bare (50); its median finished call took 5.88s, about as long as bare's 5.79s.
+    adaptive: avoided all 24 of bare's provider 429s; finished as many calls as bare (50); its median finished call took 23.6s, 4.1 times bare's 5.79s.
+  b
+    static: avoided all 5,707 of bare's provider 429s; finished 50 more calls than bare (113 against 63); its median finished call took 11.9s, 1.6 times bare's 7.25s.
+    adaptive: avoided all 5,707 of bare's provider 429s; finished 306 more calls than bare (369 against 63); its median finished call took 190s, 26.2 times bare's 7.25s.
+  c
+    static: avoided 8 of bare's 706 provider 429s (it met 698); finished 1 fewer call than bare (213 against 214); its median finished call took 7.46s, about as long as bare's 7.55s.
+    adaptive: avoided 695 of bare's 706 provider 429s (it met 11); finished 14 fewer calls than bare (200 against 214); its median finished call took 24.7s, 3.3 times bare's 7.55s.
+  d
+    static: met 1 provider 429, where bare met none; finished as many calls as bare (10); its median finished call took 1s, about as long as bare's 1s.
+    adaptive: met 1 provider 429, where bare met none; finished 1 fewer call than bare (9 against 10); its median finished call took 500ms, less than bare's 1s.
+  e
+    static: avoided 1 of bare's 2 provider 429s (it met 1); finished 1 more call than bare (1 against 0); its median finished call took 1s (bare finished none).
+    adaptive: avoided all 2 of bare's provider 429s; finished as many calls as bare (0).
+  A median counts the finished calls only: a call that did not finish failed after its last attempt, and is in none.
+Targets for adaptive, against bare: 4 of 10 do not hold:
+  holds:         a: adaptive completed 50 calls, bare 50
+  holds:         a: 0 provider 429s against bare's 24 (the target is under 1%)
+  holds:         b: adaptive completed 369 calls, bare 63
+  holds:         b: 0 provider 429s against bare's 5,707 (the target is under 1%)
+  DOES NOT HOLD: c: adaptive completed 200 calls, bare 214
+  DOES NOT HOLD: c: 11 provider 429s against bare's 706 (the target is under 1%)
+  DOES NOT HOLD: d: adaptive completed 9 calls, bare 10
+  DOES NOT HOLD: d: 1 provider 429 against bare's 0 (the target is under 1%)
+  holds:         e: adaptive completed 0 calls, bare 0
+  holds:         e: 0 provider 429s against bare's 2 (the target is under 1%)
+`
+	if got := tb.Verdict(); got != want {
+		t.Errorf("verdict:\n%s\nwant:\n%s", got, want)
+	}
+	tb.Rows = tb.Rows[2:3]
+	if got := tb.Verdict(); !strings.Contains(got, "Targets for adaptive, against bare: 2 of 2 do not hold:\n") {
+		t.Errorf("verdict:\n%s", got)
+	}
+	tb.Rows[0].Results[2] = res(213, 1, s)
+	if got := tb.Verdict(); !strings.Contains(got, "Targets for adaptive, against bare: 1 of 2 does not hold:\n") {
+		t.Errorf("verdict:\n%s", got)
 	}
 }
