@@ -30,6 +30,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/llmbulkhead/bulkhead/gateway"
+	"github.com/llmbulkhead/bulkhead/internal/family"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -307,11 +308,18 @@ func anchors(text string) map[string]bool {
 var metricName = regexp.MustCompile(`(?:d\.new|\bd|\bhist|byOutcome)\("([a-z_]+)"`)
 
 // TestMetricsGuide checks that the metrics guide names every metric family
-// package metrics defines.
+// package metrics defines: those read from Stats (package family) and the
+// collectors' own.
 func TestMetricsGuide(t *testing.T) {
 	guide := read(t, "docs/metrics.md")
 	n := 0
-	for _, file := range []string{"metrics/descs.go", "metrics/collector.go", "metrics/pool.go"} {
+	for _, f := range family.All {
+		n++
+		if name := "bulkhead_" + f.Name; !strings.Contains(guide, name) {
+			t.Errorf("docs/metrics.md does not name %s (internal/family)", name)
+		}
+	}
+	for _, file := range []string{"metrics/collector.go", "metrics/pool.go"} {
 		for _, m := range metricName.FindAllStringSubmatch(read(t, file), -1) {
 			n++
 			if name := "bulkhead_" + m[1]; !strings.Contains(guide, name) {
