@@ -319,6 +319,12 @@ func TestMetricsGuide(t *testing.T) {
 			t.Errorf("docs/metrics.md does not name %s (internal/family)", name)
 		}
 	}
+	for _, h := range family.Histograms {
+		n++
+		if name := "bulkhead_" + h.Name; !strings.Contains(guide, name) {
+			t.Errorf("docs/metrics.md does not name %s (internal/family)", name)
+		}
+	}
 	for _, file := range []string{"metrics/collector.go", "metrics/pool.go"} {
 		for _, m := range metricName.FindAllStringSubmatch(read(t, file), -1) {
 			n++

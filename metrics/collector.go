@@ -51,21 +51,11 @@ type Options struct {
 // DefaultDurationBuckets returns the default buckets of the time
 // histograms: from 1 microsecond, where admission decisions fall, to 60
 // seconds, the longest queue waits.
-func DefaultDurationBuckets() []float64 {
-	return []float64{
-		0.000001, 0.000005, 0.00001, 0.00005, 0.0001, 0.0005,
-		0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60,
-	}
-}
+func DefaultDurationBuckets() []float64 { return family.DurationBuckets() }
 
 // DefaultTokenBuckets returns the default buckets of the per-release usage
 // histograms: from 10 to 1,000,000 tokens.
-func DefaultTokenBuckets() []float64 {
-	return []float64{
-		10, 25, 50, 100, 250, 500, 1000, 2500, 5000,
-		10_000, 25_000, 50_000, 100_000, 250_000, 500_000, 1_000_000,
-	}
-}
+func DefaultTokenBuckets() []float64 { return family.TokenBuckets() }
 
 // Collector exports one bulkhead's statistics and event timings as
 // Prometheus metrics. Register it on the program's registry with
@@ -136,34 +126,29 @@ func New(b *bulkhead.Bulkhead, opts Options) (*Collector, error) {
 		c.descs = append(c.descs, prometheus.NewDesc(prometheus.BuildFQName(ns, "", f.Name), f.Help, f.Labels, labels))
 	}
 
-	hopts := func(name, help string, bs []float64) prometheus.HistogramOpts {
-		return prometheus.HistogramOpts{Namespace: ns, Name: name, Help: help, ConstLabels: labels, Buckets: bs}
+	hopts := func(h family.Histogram, bs []float64) prometheus.HistogramOpts {
+		return prometheus.HistogramOpts{Namespace: ns, Name: h.Name, Help: h.Help, ConstLabels: labels, Buckets: bs}
 	}
-	hist := func(name, help string, bs []float64) prometheus.Histogram {
-		h := prometheus.NewHistogram(hopts(name, help, bs))
-		c.hists = append(c.hists, h)
-		return h
+	hist := func(h family.Histogram, bs []float64) prometheus.Histogram {
+		x := prometheus.NewHistogram(hopts(h, bs))
+		c.hists = append(c.hists, x)
+		return x
 	}
 	// byOutcome makes a histogram labelled by outcome, with both series
 	// there from the start, so that rates over them never miss one.
-	byOutcome := func(name, help string) (admitted, rejected prometheus.Observer) {
-		v := prometheus.NewHistogramVec(hopts(name, help, durations), []string{"outcome"})
+	byOutcome := func(h family.Histogram) (admitted, rejected prometheus.Observer) {
+		v := prometheus.NewHistogramVec(hopts(h, durations), []string{family.Outcome})
 		c.hists = append(c.hists, v)
 		return v.WithLabelValues("admitted"), v.WithLabelValues("rejected")
 	}
-	c.admitted.queue, c.rejected.queue = byOutcome("queue_wait_seconds",
-		"Time calls waited in the queue for a slot, by outcome; 0 for a call that never queued.")
-	c.admitted.decision, c.rejected.decision = byOutcome("decision_seconds",
-		"Time the bulkhead spent deciding calls, queue wait excluded, by outcome.")
+	c.admitted.queue, c.rejected.queue = byOutcome(family.QueueWait)
+	c.admitted.decision, c.rejected.decision = byOutcome(family.DecisionTime)
 	if st.Rate != nil {
-		c.admitted.rate, c.rejected.rate = byOutcome("rate_wait_seconds",
-			"Time calls waited for a rate-limit turn before asking for a slot, by outcome; 0 for a call that did not wait.")
+		c.admitted.rate, c.rejected.rate = byOutcome(family.RateWait)
 	}
-	c.consumed = hist("release_consumed_tokens",
-		"Tokens each released admission consumed, by its final usage; releases without usage are not observed.", tokens)
+	c.consumed = hist(family.Consumed, tokens)
 	if st.TokenBudget != nil {
-		c.refunded = hist("release_refunded_tokens",
-			"Tokens each release with a final usage gave back unused.", tokens)
+		c.refunded = hist(family.Refunded, tokens)
 	}
 
 	// Registering on a throwaway registry reports every invalid name or

@@ -53,6 +53,54 @@ type Family struct {
 	Read func(st *bulkhead.Stats, emit Emit)
 }
 
+// DurationBuckets returns the bucket bounds, in seconds, of the histograms
+// of waits and decision times: from 1 microsecond, where admission
+// decisions fall, to 60 seconds, the longest queue waits.
+func DurationBuckets() []float64 {
+	return []float64{
+		0.000001, 0.000005, 0.00001, 0.00005, 0.0001, 0.0005,
+		0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60,
+	}
+}
+
+// TokenBuckets returns the bucket bounds of the per-release usage
+// histograms: from 10 to 1,000,000 tokens.
+func TokenBuckets() []float64 {
+	return []float64{
+		10, 25, 50, 100, 250, 500, 1000, 2500, 5000,
+		10_000, 25_000, 50_000, 100_000, 250_000, 500_000, 1_000_000,
+	}
+}
+
+// Histogram is a histogram fed from the bulkhead's events.
+type Histogram struct {
+	// Name is its name without its namespace, in Prometheus form.
+	Name string
+	// Help says what it observes.
+	Help string
+	// Unit is its unit in UCUM form.
+	Unit string
+}
+
+// The histograms fed from events. The time histograms have a label
+// "outcome" ("admitted", "rejected").
+var (
+	QueueWait = Histogram{Name: "queue_wait_seconds", Unit: "s",
+		Help: "Time calls waited in the queue for a slot, by outcome; 0 for a call that never queued."}
+	DecisionTime = Histogram{Name: "decision_seconds", Unit: "s",
+		Help: "Time the bulkhead spent deciding calls, queue wait excluded, by outcome."}
+	RateWait = Histogram{Name: "rate_wait_seconds", Unit: "s",
+		Help: "Time calls waited for a rate-limit turn before asking for a slot, by outcome; 0 for a call that did not wait."}
+	Consumed = Histogram{Name: "release_consumed_tokens", Unit: tokens,
+		Help: "Tokens each released admission consumed, by its final usage; releases without usage are not observed."}
+	Refunded = Histogram{Name: "release_refunded_tokens", Unit: tokens,
+		Help: "Tokens each release with a final usage gave back unused."}
+	Histograms = []Histogram{QueueWait, DecisionTime, RateWait, Consumed, Refunded}
+)
+
+// Outcome is the label of the time histograms.
+const Outcome = "outcome"
+
 // Label names.
 const (
 	Reason = "reason"
