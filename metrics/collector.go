@@ -221,10 +221,6 @@ func valueType(k family.Kind) prometheus.ValueType {
 // sink sends constant metrics.
 type sink chan<- prometheus.Metric
 
-func (s sink) counter(d *prometheus.Desc, v int64, labels ...string) {
-	s <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
-}
-
 func (s sink) gauge(d *prometheus.Desc, v int64, labels ...string) {
 	s <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(v), labels...)
 }
