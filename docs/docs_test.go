@@ -347,6 +347,26 @@ func TestMetricsGuide(t *testing.T) {
 	}
 }
 
+// otelName matches an attribute key, span or event name or instrument name
+// of package otelbulkhead.
+var otelName = regexp.MustCompile(`(?:Key\(|= )"((?:gen_ai|bulkhead|error)\.[a-z_.]+)"`)
+
+// TestObservabilityGuide checks that the observability guide names every
+// attribute, span event and instrument of package otelbulkhead.
+func TestObservabilityGuide(t *testing.T) {
+	guide := read(t, "docs/observability.md")
+	n := 0
+	for _, m := range otelName.FindAllStringSubmatch(read(t, "otelbulkhead/attrs.go"), -1) {
+		n++
+		if !strings.Contains(guide, "`"+m[1]+"`") && !strings.Contains(guide, "`"+m[1]+".") {
+			t.Errorf("docs/observability.md does not name %s", m[1])
+		}
+	}
+	if n < 30 {
+		t.Errorf("found only %d names in otelbulkhead/attrs.go: has the way they are named changed?", n)
+	}
+}
+
 // gatewayMetric matches the name of a metric family package gateway serves.
 var gatewayMetric = regexp.MustCompile(`NewDesc\("(bulkhead_[a-z_]+)"`)
 

@@ -21,37 +21,36 @@ const instrumentation = "github.com/llmbulkhead/bulkhead/otelbulkhead"
 
 // The generative AI conventions' attributes.
 const (
-	genAIOperation           = attribute.Key("gen_ai.operation.name")
-	genAIProvider            = attribute.Key("gen_ai.provider.name")
-	genAIRequestModel        = attribute.Key("gen_ai.request.model")
-	genAIRequestMaxTokens    = attribute.Key("gen_ai.request.max_tokens")
-	genAIUsageInput          = attribute.Key("gen_ai.usage.input_tokens")
-	genAIUsageOutput         = attribute.Key("gen_ai.usage.output_tokens")
-	genAIUsageCacheRead      = attribute.Key("gen_ai.usage.cache_read.input_tokens")
-	genAIUsageCacheCreation  = attribute.Key("gen_ai.usage.cache_creation.input_tokens")
-	genAIUsageReasoning      = attribute.Key("gen_ai.usage.reasoning.output_tokens")
-	genAITokenType           = attribute.Key("gen_ai.token.type")
-	errorType                = attribute.Key("error.type")
-	defaultOperation         = "chat"
-	tokenTypeInput           = "input"
-	tokenTypeOutput          = "output"
-	genAITokenUsage          = "gen_ai.client.token.usage"
-	genAIOperationDuration   = "gen_ai.client.operation.duration"
-	spanName                 = "bulkhead.admission"
-	eventAdmitted            = "bulkhead.admitted"
-	eventRejected            = "bulkhead.rejected"
-	eventBypassed            = "bulkhead.bypassed"
-	eventDeduplicated        = "bulkhead.deduplicated"
-	eventAbandoned           = "bulkhead.abandoned"
-	eventReleased            = "bulkhead.released"
-	outcomeAdmitted          = "admitted"
-	outcomeRejected          = "rejected"
-	outcomeBypassed          = "bypassed"
-	outcomeDeduplicated      = "deduplicated"
-	outcomeFailed            = "error"
-	rejectionPrefix          = "bulkhead.rejection"
-	bypassPrefix             = "bulkhead.bypass"
-	attributePrefixForLabels = "bulkhead."
+	genAIOperation          = attribute.Key("gen_ai.operation.name")
+	genAIProvider           = attribute.Key("gen_ai.provider.name")
+	genAIRequestModel       = attribute.Key("gen_ai.request.model")
+	genAIRequestMaxTokens   = attribute.Key("gen_ai.request.max_tokens")
+	genAIUsageInput         = attribute.Key("gen_ai.usage.input_tokens")
+	genAIUsageOutput        = attribute.Key("gen_ai.usage.output_tokens")
+	genAIUsageCacheRead     = attribute.Key("gen_ai.usage.cache_read.input_tokens")
+	genAIUsageCacheCreation = attribute.Key("gen_ai.usage.cache_creation.input_tokens")
+	genAIUsageReasoning     = attribute.Key("gen_ai.usage.reasoning.output_tokens")
+	genAITokenType          = attribute.Key("gen_ai.token.type")
+	errorType               = attribute.Key("error.type")
+	defaultOperation        = "chat"
+	tokenTypeInput          = "input"
+	tokenTypeOutput         = "output"
+	genAITokenUsage         = "gen_ai.client.token.usage"
+	genAIOperationDuration  = "gen_ai.client.operation.duration"
+	spanName                = "bulkhead.admission"
+	eventAdmitted           = "bulkhead.admitted"
+	eventRejected           = "bulkhead.rejected"
+	eventBypassed           = "bulkhead.bypassed"
+	eventDeduplicated       = "bulkhead.deduplicated"
+	eventAbandoned          = "bulkhead.abandoned"
+	eventReleased           = "bulkhead.released"
+	outcomeAdmitted         = "admitted"
+	outcomeRejected         = "rejected"
+	outcomeBypassed         = "bypassed"
+	outcomeDeduplicated     = "deduplicated"
+	outcomeFailed           = "error"
+	rejectionPrefix         = "bulkhead.rejection"
+	bypassPrefix            = "bulkhead.bypass"
 )
 
 // The bulkhead's own attributes.
