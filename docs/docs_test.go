@@ -30,6 +30,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/llmbulkhead/bulkhead/gateway"
+	"github.com/llmbulkhead/bulkhead/internal/family"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -307,11 +308,24 @@ func anchors(text string) map[string]bool {
 var metricName = regexp.MustCompile(`(?:d\.new|\bd|\bhist|byOutcome)\("([a-z_]+)"`)
 
 // TestMetricsGuide checks that the metrics guide names every metric family
-// package metrics defines.
+// package metrics defines: those read from Stats (package family) and the
+// collectors' own.
 func TestMetricsGuide(t *testing.T) {
 	guide := read(t, "docs/metrics.md")
 	n := 0
-	for _, file := range []string{"metrics/descs.go", "metrics/collector.go", "metrics/pool.go"} {
+	for _, f := range family.All {
+		n++
+		if name := "bulkhead_" + f.Name; !strings.Contains(guide, name) {
+			t.Errorf("docs/metrics.md does not name %s (internal/family)", name)
+		}
+	}
+	for _, h := range family.Histograms {
+		n++
+		if name := "bulkhead_" + h.Name; !strings.Contains(guide, name) {
+			t.Errorf("docs/metrics.md does not name %s (internal/family)", name)
+		}
+	}
+	for _, file := range []string{"metrics/collector.go", "metrics/pool.go"} {
 		for _, m := range metricName.FindAllStringSubmatch(read(t, file), -1) {
 			n++
 			if name := "bulkhead_" + m[1]; !strings.Contains(guide, name) {
@@ -336,6 +350,26 @@ func TestMetricsGuide(t *testing.T) {
 				t.Errorf("docs/gateway.md does not name %s (%s)", m[1], file)
 			}
 		}
+	}
+}
+
+// otelName matches an attribute key, span or event name or instrument name
+// of package otelbulkhead.
+var otelName = regexp.MustCompile(`(?:Key\(|= )"((?:gen_ai|bulkhead|error)\.[a-z_.]+)"`)
+
+// TestObservabilityGuide checks that the observability guide names every
+// attribute, span event and instrument of package otelbulkhead.
+func TestObservabilityGuide(t *testing.T) {
+	guide := read(t, "docs/observability.md")
+	n := 0
+	for _, m := range otelName.FindAllStringSubmatch(read(t, "otelbulkhead/attrs.go"), -1) {
+		n++
+		if !strings.Contains(guide, "`"+m[1]+"`") && !strings.Contains(guide, "`"+m[1]+".") {
+			t.Errorf("docs/observability.md does not name %s", m[1])
+		}
+	}
+	if n < 30 {
+		t.Errorf("found only %d names in otelbulkhead/attrs.go: has the way they are named changed?", n)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/llmbulkhead/bulkhead"
+	bhtest "github.com/llmbulkhead/bulkhead/internal/testutil"
 	"github.com/llmbulkhead/bulkhead/metrics"
 )
 
@@ -161,7 +162,7 @@ func TestCloseUnsubscribes(t *testing.T) {
 	b, _ := newBulkhead(t, bulkhead.Config{MaxConcurrent: 1})
 	closed := newCollector(t, b, metrics.Options{Name: "closed"})
 	open := newCollector(t, b, metrics.Options{Name: "open"})
-	f := newFence(t, b)
+	f := bhtest.NewFence(t, b)
 	reg := register(t, closed, open)
 	call := func() {
 		t.Helper()
@@ -178,14 +179,14 @@ func TestCloseUnsubscribes(t *testing.T) {
 	}
 
 	call()
-	f.wait(t, 2)
+	f.Wait(t, 2)
 	if c, o := count("closed"), count("open"); c != 1 || o != 1 {
 		t.Fatalf("before Close: decisions counted %d and %d, want 1 and 1", c, o)
 	}
 	closed.Close()
 	closed.Close() // idempotent
 	call()
-	f.wait(t, 4)
+	f.Wait(t, 4)
 	if c, o := count("closed"), count("open"); c != 1 || o != 2 {
 		t.Errorf("after Close: decisions counted %d (closed) and %d (open), want 1 and 2", c, o)
 	}

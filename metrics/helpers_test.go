@@ -70,40 +70,6 @@ func closeAndDrain(t *testing.T, b *bulkhead.Bulkhead) {
 	}
 }
 
-// fence counts the admit, reject and release events a listener subscribed
-// after the collectors sees. Listeners get each event in the order they
-// subscribed, so once the fence has seen n events, so has every collector
-// subscribed before it.
-type fence struct {
-	seen chan struct{}
-	n    int
-}
-
-func newFence(t *testing.T, b *bulkhead.Bulkhead) *fence {
-	f := &fence{seen: make(chan struct{}, 1024)}
-	mark := func() { f.seen <- struct{}{} }
-	t.Cleanup(b.Subscribe(bulkhead.Hooks{
-		Admit:   func(bulkhead.AdmitEvent) { mark() },
-		Reject:  func(bulkhead.RejectEvent) { mark() },
-		Release: func(bulkhead.ReleaseEvent) { mark() },
-	}))
-	return f
-}
-
-// wait waits until the fence has seen n events in all.
-func (f *fence) wait(t *testing.T, n int) {
-	t.Helper()
-	timeout := time.After(5 * time.Second)
-	for f.n < n {
-		select {
-		case <-f.seen:
-			f.n++
-		case <-timeout:
-			t.Fatalf("fence: %d events seen, want %d", f.n, n)
-		}
-	}
-}
-
 // sample is one scraped series.
 type sample struct {
 	typ   dto.MetricType

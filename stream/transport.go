@@ -61,6 +61,14 @@ type Transport struct {
 	// chosen from the request's headers or the parsed call. Nil means none.
 	Options func(req *http.Request, call *Call) []bulkhead.Option
 
+	// Acquire, when set, admits each call in place of Bulkhead.Acquire,
+	// with the request's context, the call's request and its Options:
+	// a function of the same shape that does more around the admission,
+	// such as an otelbulkhead.Tracer's Acquire, which records it on the
+	// request's trace. It must admit through Bulkhead, whose permit the
+	// transport releases. Nil means Bulkhead.Acquire.
+	Acquire func(ctx context.Context, req *bulkhead.Request, opts ...bulkhead.Option) (*bulkhead.Permit, error)
+
 	// MaxBodyBytes bounds the request bodies read, as ReadRequest's
 	// maxBytes: zero and negative mean DefaultMaxBodyBytes, math.MaxInt64
 	// no limit. A body's memory follows the bytes that arrive, whatever
@@ -136,7 +144,11 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	// Let the base transport negotiate compression and decompress, so the
 	// meter reads the body as the caller will.
 	out.Header.Del("Accept-Encoding")
-	permit, err := t.Bulkhead.Acquire(req.Context(), &call.Request, opts...)
+	acquire := t.Acquire
+	if acquire == nil {
+		acquire = t.Bulkhead.Acquire
+	}
+	permit, err := acquire(req.Context(), &call.Request, opts...)
 	if err != nil {
 		return nil, err
 	}

@@ -301,3 +301,40 @@ func TestTransportLetsBaseDecompress(t *testing.T) {
 		t.Errorf("sent Accept-Encoding %q, want it left to the base transport", ae)
 	}
 }
+
+// TestTransportAdmitsThroughItsAcquire checks that a Transport whose
+// Acquire is set admits each call through it, with the request's context,
+// the call's request and its options.
+func TestTransportAdmitsThroughItsAcquire(t *testing.T) {
+	ev := &events{}
+	b := newBudgetBulkhead(t, ev)
+	up := &fakeUpstream{answer: respond(200, "application/json",
+		`{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"}}],"usage":{"prompt_tokens":12,"completion_tokens":3}}`)}
+	type key struct{}
+	var calls int
+	tr := &Transport{Bulkhead: b, Base: up,
+		Options: func(*http.Request, *Call) []bulkhead.Option { return []bulkhead.Option{bulkhead.WithTag("t-2")} },
+		Acquire: func(ctx context.Context, req *bulkhead.Request, opts ...bulkhead.Option) (*bulkhead.Permit, error) {
+			calls++
+			if ctx.Value(key{}) != "v" || req.MaxTokens != 200 || len(opts) != 1 {
+				t.Errorf("Acquire got ctx value %v, request %+v, %d options", ctx.Value(key{}), req, len(opts))
+			}
+			return b.Acquire(ctx, req, opts...)
+		}}
+	req, err := http.NewRequestWithContext(context.WithValue(context.Background(), key{}, "v"), http.MethodPost,
+		"http://provider.test/v1/chat/completions", strings.NewReader(chatBody))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	_, releases := ev.wait(t, 1)
+	checkSettled(t, b, releases, bulkhead.Usage{Input: 12, Output: 3})
+	if calls != 1 || releases[0].Tag != "t-2" {
+		t.Errorf("Acquire called %d times, release %v; want once, tag t-2", calls, releases[0])
+	}
+}

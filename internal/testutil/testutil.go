@@ -103,3 +103,39 @@ func (b *Buffer) String() string {
 	defer b.mu.Unlock()
 	return b.b.String()
 }
+
+// Fence counts the admit, reject and release events a listener subscribed
+// after the ones under test sees. Listeners get each event in the order
+// they subscribed, so once the fence has seen n events, so has every
+// listener subscribed before it.
+type Fence struct {
+	seen chan struct{}
+	n    int
+}
+
+// NewFence subscribes a Fence to b until the test ends.
+func NewFence(tb testing.TB, b *bulkhead.Bulkhead) *Fence {
+	f := &Fence{seen: make(chan struct{}, 1024)}
+	mark := func() { f.seen <- struct{}{} }
+	tb.Cleanup(b.Subscribe(bulkhead.Hooks{
+		Admit:   func(bulkhead.AdmitEvent) { mark() },
+		Reject:  func(bulkhead.RejectEvent) { mark() },
+		Release: func(bulkhead.ReleaseEvent) { mark() },
+	}))
+	return f
+}
+
+// Wait waits until the fence has seen n events in all, failing the test if
+// it does not within Settle.
+func (f *Fence) Wait(tb testing.TB, n int) {
+	tb.Helper()
+	timeout := time.After(Settle)
+	for f.n < n {
+		select {
+		case <-f.seen:
+			f.n++
+		case <-timeout:
+			tb.Fatalf("fence: %d events seen, want %d", f.n, n)
+		}
+	}
+}
