@@ -13,8 +13,8 @@ import (
 	"strings"
 
 	"github.com/llmbulkhead/bulkhead"
-	"github.com/llmbulkhead/bulkhead/cmd/bulkhead/internal/simprovider"
 	"github.com/llmbulkhead/bulkhead/gateway"
+	"github.com/llmbulkhead/bulkhead/internal/simprovider"
 	"github.com/llmbulkhead/bulkhead/stream"
 )
 

@@ -12,7 +12,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/llmbulkhead/bulkhead/clock"
-	"github.com/llmbulkhead/bulkhead/cmd/bulkhead/internal/simprovider"
+	"github.com/llmbulkhead/bulkhead/internal/simprovider"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
