@@ -43,6 +43,16 @@ type anthropicError struct {
 	RequestID string               `json:"request_id"`
 }
 
+type textDelta struct {
+	Type string `json:"type"`
+	Text string `json:"text"`
+}
+
+type stopDelta struct {
+	StopReason   string  `json:"stop_reason"`
+	StopSequence *string `json:"stop_sequence"`
+}
+
 type anthropicDialect struct{}
 
 func (anthropicDialect) api() api         { return messagesAPI }
@@ -106,20 +116,20 @@ func (d anthropicDialect) complete(x *exchange, resp simprovider.Response) []byt
 }
 
 func (d anthropicDialect) open(x *exchange) {
-	x.event("message_start", map[string]any{"type": "message_start",
+	x.typed("message_start", map[string]any{
 		"message": d.message(x, "", nil, anthropicUsage{InputTokens: x.req.InputTokens, OutputTokens: 1, ServiceTier: "standard"})})
-	x.event("content_block_start", map[string]any{"type": "content_block_start", "index": 0, "content_block": textBlock{Type: "text"}})
-	x.event("ping", map[string]string{"type": "ping"})
+	x.typed("content_block_start", map[string]any{"index": 0, "content_block": textBlock{Type: "text"}})
+	x.typed("ping", nil)
 }
 
 func (anthropicDialect) chunk(x *exchange, text string, _ simprovider.Usage) {
-	x.event("content_block_delta", map[string]any{"type": "content_block_delta", "index": 0, "delta": map[string]string{"type": "text_delta", "text": text}})
+	x.typed("content_block_delta", map[string]any{"index": 0, "delta": textDelta{Type: "text_delta", Text: text}})
 }
 
 func (anthropicDialect) finish(x *exchange, resp simprovider.Response) {
-	x.event("content_block_stop", map[string]any{"type": "content_block_stop", "index": 0})
-	x.event("message_delta", map[string]any{"type": "message_delta",
-		"delta": map[string]any{"stop_reason": resp.StopReason, "stop_sequence": nil},
+	x.typed("content_block_stop", map[string]any{"index": 0})
+	x.typed("message_delta", map[string]any{
+		"delta": stopDelta{StopReason: resp.StopReason},
 		"usage": map[string]int64{"output_tokens": resp.Usage.Output}})
-	x.event("message_stop", map[string]string{"type": "message_stop"})
+	x.typed("message_stop", nil)
 }

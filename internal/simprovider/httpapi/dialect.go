@@ -59,6 +59,19 @@ func (x *exchange) event(name string, v any) {
 	x.write(b)
 }
 
+// typed writes one server-sent event named typ whose data is fields with
+// "type": typ first, as the APIs that name their events write them.
+func (x *exchange) typed(typ string, fields map[string]any) {
+	b := append([]byte("event: "+typ+"\ndata: {\"type\":"), mustJSON(typ)...)
+	if len(fields) > 0 {
+		rest := mustJSON(fields) // {...}
+		b = append(b, ',')
+		b = append(b, rest[1:len(rest)-1]...)
+	}
+	b = append(b, "}\n\n"...)
+	x.write(b)
+}
+
 // limitNames names each account limit: its unit, and OpenAI's name for it.
 var limitNames = map[simprovider.Limit]struct{ unit, openai string }{
 	simprovider.RequestLimit:     {"requests", "requests per min (RPM)"},

@@ -18,7 +18,7 @@
 // Each request is one request to the account: its input counted from its
 // text (about a token a word, plus 3 a message), its output cap from the
 // request (max_completion_tokens or max_tokens, max_output_tokens,
-// generationConfig.maxOutputTokens) or Options.DefaultMaxTokens. It is
+// generationConfig.MaxOutputTokens) or Options.DefaultMaxTokens. It is
 // answered when the account's latency model says, its text one word a
 // token. Every answer carries the account's rate-limit headers in the
 // API's dialect: x-ratelimit-{limit,remaining,reset}-{requests,tokens} for

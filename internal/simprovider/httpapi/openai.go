@@ -322,9 +322,11 @@ func (d responsesDialect) complete(x *exchange, resp simprovider.Response) []byt
 
 // send writes one event of the stream, numbered.
 func (responsesDialect) send(x *exchange, fields map[string]any) {
+	typ := fields["type"].(string)
+	delete(fields, "type")
 	fields["sequence_number"] = x.seq
 	x.seq++
-	x.event(fields["type"].(string), fields)
+	x.typed(typ, fields)
 }
 
 func (d responsesDialect) open(x *exchange) {

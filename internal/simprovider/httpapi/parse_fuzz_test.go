@@ -45,7 +45,7 @@ func FuzzParse(f *testing.F) {
 			}
 			return
 		}
-		if c.api != a || c.model == "" || c.input < 0 || c.maxTokens < 0 || c.maxTokens > maxOutputTokens {
+		if c.api != a || c.model == "" || c.input < 0 || c.maxTokens < 0 || c.maxTokens > MaxOutputTokens {
 			t.Fatalf("parse(%q) = %+v", body, c)
 		}
 		if c.includeUsage && !c.stream {

@@ -26,9 +26,9 @@ const (
 	geminiAPI                   // POST .../models/{model}:generateContent or :streamGenerateContent
 )
 
-// maxOutputTokens is the largest output cap a request may ask for; a larger
+// MaxOutputTokens is the largest output cap a request may ask for; a larger
 // one is answered 400, as a model's own maximum is.
-const maxOutputTokens = 1 << 20
+const MaxOutputTokens = 1 << 20
 
 // maxBodyBytes bounds a request body: a larger one is answered 413.
 const maxBodyBytes = 32 << 20
@@ -297,7 +297,7 @@ func optBool(obj map[string]any, key string) (bool, error) {
 }
 
 // outputCap returns the output cap obj holds under key: an integer from 1
-// to maxOutputTokens; 0 when it is absent or null and not required.
+// to MaxOutputTokens; 0 when it is absent or null and not required.
 func outputCap(obj map[string]any, key string, required bool) (int64, error) {
 	v, ok := obj[key]
 	if !ok || v == nil {
@@ -312,7 +312,7 @@ func outputCap(obj map[string]any, key string, required bool) (int64, error) {
 	}
 	n, err := num.Int64()
 	if err != nil {
-		if f, ferr := num.Float64(); ferr == nil && f == float64(int64(f)) && f >= 1 && f <= maxOutputTokens {
+		if f, ferr := num.Float64(); ferr == nil && f == float64(int64(f)) && f >= 1 && f <= MaxOutputTokens {
 			return int64(f), nil // 512.0
 		}
 		return 0, invalid(key, "invalid_type", "Invalid type for '%s': expected an integer, but got %s instead.", key, num)
@@ -320,8 +320,8 @@ func outputCap(obj map[string]any, key string, required bool) (int64, error) {
 	if n < 1 {
 		return 0, invalid(key, "integer_below_min_value", "Invalid '%s': integer below minimum value. Expected a value >= 1, but got %d instead.", key, n)
 	}
-	if n > maxOutputTokens {
-		return 0, invalid(key, "integer_above_max_value", "Invalid '%s': %d is too large. The simulated models write at most %d tokens.", key, n, maxOutputTokens)
+	if n > MaxOutputTokens {
+		return 0, invalid(key, "integer_above_max_value", "Invalid '%s': %d is too large. The simulated models write at most %d tokens.", key, n, MaxOutputTokens)
 	}
 	return n, nil
 }
@@ -439,7 +439,7 @@ func simHeaders(h http.Header, req *simprovider.Request) error {
 		name string
 		max  int64
 		dst  *int64
-	}{{HeaderInputTokens, maxInputTokens, &req.InputTokens}, {HeaderOutputTokens, maxOutputTokens, &req.OutputTokens}} {
+	}{{HeaderInputTokens, maxInputTokens, &req.InputTokens}, {HeaderOutputTokens, MaxOutputTokens, &req.OutputTokens}} {
 		v := h.Get(f.name)
 		if v == "" {
 			continue
