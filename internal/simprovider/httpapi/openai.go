@@ -250,7 +250,6 @@ type responseObject struct {
 	PreviousResponseID *string         `json:"previous_response_id"`
 	Reasoning          map[string]any  `json:"reasoning"`
 	ServiceTier        string          `json:"service_tier"`
-	Store              bool            `json:"store"`
 	Temperature        float64         `json:"temperature"`
 	Text               map[string]any  `json:"text"`
 	ToolChoice         string          `json:"tool_choice"`
@@ -284,7 +283,7 @@ func (d responsesDialect) object(x *exchange, resp *simprovider.Response) *respo
 	o := &responseObject{
 		ID: x.id, Object: "response", CreatedAt: x.start.Unix(), Status: "in_progress", Model: x.call.model,
 		Output: []outputItem{}, ParallelToolCalls: true, Reasoning: map[string]any{"effort": nil, "summary": nil},
-		ServiceTier: "default", Store: true, Temperature: 1, Text: map[string]any{"format": map[string]any{"type": "text"}},
+		ServiceTier: "default", Temperature: 1, Text: map[string]any{"format": map[string]any{"type": "text"}},
 		ToolChoice: "auto", Tools: []any{}, TopP: 1, Truncation: "disabled", Metadata: map[string]any{},
 	}
 	if x.call.maxTokens > 0 {
