@@ -8,38 +8,13 @@ import (
 	"os"
 	"strings"
 	"testing"
-
-	"github.com/llmbulkhead/bulkhead/internal/testutil"
 )
-
-// runningProvider is the provider command running in a goroutine.
-type runningProvider struct {
-	url      string // its base URL, such as http://127.0.0.1:43121
-	out, err *testutil.Buffer
-	done     chan int // its exit code
-}
 
 // startProvider runs the provider command with args on a free loopback
 // port until ctx ends, and waits for it to listen.
-func startProvider(t *testing.T, ctx context.Context, args ...string) *runningProvider {
+func startProvider(t *testing.T, ctx context.Context, args ...string) *runningCommand {
 	t.Helper()
-	p := &runningProvider{out: &testutil.Buffer{}, err: &testutil.Buffer{}, done: make(chan int, 1)}
-	args = append([]string{"provider", "-listen", "127.0.0.1:0"}, args...)
-	go func() { p.done <- run(ctx, args, p.out, p.err) }()
-	testutil.WaitFor(t, "the provider to listen", func() bool {
-		s := p.out.String()
-		if i := strings.Index(s, "listening on "); i >= 0 {
-			p.url, _, _ = strings.Cut(s[i+len("listening on "):], "\n")
-			return true
-		}
-		select {
-		case code := <-p.done:
-			t.Fatalf("the provider exited %d: %s%s", code, s, p.err.String())
-		default:
-		}
-		return false
-	})
-	return p
+	return startCommand(t, ctx, append([]string{"provider", "-listen", "127.0.0.1:0"}, args...)...)
 }
 
 // postJSON posts body to url and returns the status and the decoded answer.

@@ -154,19 +154,25 @@ func chatFinish(stop string) string {
 	return "stop"
 }
 
-type chatDialect struct{}
+// openaiDialect is what OpenAI's two APIs share: headers and errors.
+type openaiDialect struct{}
+
+func (openaiDialect) headers(x *exchange, h http.Header, hr simprovider.Headroom, now time.Time) {
+	openaiHeaders(x, h, hr, now)
+}
+
+func (openaiDialect) errorBody(status int, e *apiError, _ string) []byte {
+	return openaiErrorBody(status, e)
+}
+
+func (openaiDialect) limitMessage(model string, e *apiError) string {
+	return openaiLimitMessage(model, e)
+}
+
+type chatDialect struct{ openaiDialect }
 
 func (chatDialect) api() api         { return chatAPI }
 func (chatDialect) idPrefix() string { return "chatcmpl-sim" }
-func (chatDialect) headers(x *exchange, h http.Header, hr simprovider.Headroom, now time.Time) {
-	openaiHeaders(x, h, hr, now)
-}
-func (chatDialect) errorBody(status int, e *apiError, _ string) []byte {
-	return openaiErrorBody(status, e)
-}
-func (chatDialect) limitMessage(model string, e *apiError) string {
-	return openaiLimitMessage(model, e)
-}
 
 func (chatDialect) complete(x *exchange, resp simprovider.Response) []byte {
 	return mustJSON(chatCompletion{
@@ -261,19 +267,10 @@ type responseObject struct {
 	Metadata           map[string]any  `json:"metadata"`
 }
 
-type responsesDialect struct{}
+type responsesDialect struct{ openaiDialect }
 
 func (responsesDialect) api() api         { return responsesAPI }
 func (responsesDialect) idPrefix() string { return "resp_sim" }
-func (responsesDialect) headers(x *exchange, h http.Header, hr simprovider.Headroom, now time.Time) {
-	openaiHeaders(x, h, hr, now)
-}
-func (responsesDialect) errorBody(status int, e *apiError, _ string) []byte {
-	return openaiErrorBody(status, e)
-}
-func (responsesDialect) limitMessage(model string, e *apiError) string {
-	return openaiLimitMessage(model, e)
-}
 
 // itemID is the ID of the response's one output message.
 func (responsesDialect) itemID(x *exchange) string { return "msg_sim" + x.id[len("resp_sim"):] }
