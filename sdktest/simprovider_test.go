@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -342,15 +343,20 @@ func TestSimProviderRateLimitReachesTheSDKs(t *testing.T) {
 }
 
 // TestSimProviderSDKRetriesAfterRetryAfter: an SDK with its default
-// retries waits the 429's retry-after-ms and then gets through, on an
-// account whose minute lasts 60 ms.
+// retries waits the 429's retry-after-ms and then gets through. The
+// account's minute lasts 60 ms on a mock clock, which the test moves by
+// the time each 429 says, as the SDK waits it.
 func TestSimProviderSDKRetriesAfterRetryAfter(t *testing.T) {
-	r := newSimRig(t, simprovider.Config{RequestsPerMinute: 1, TimeScale: 0.001, OutputMedian: 5})
-	var attempts []int
+	clk := clock.NewMock()
+	r := newSimRig(t, simprovider.Config{RequestsPerMinute: 1, TimeScale: 0.001, OutputMedian: 5, Clock: clk})
+	var attempts []string
 	oc := r.openai(option.WithMiddleware(func(req *http.Request, next option.MiddlewareNext) (*http.Response, error) {
 		res, err := next(req)
 		if err == nil {
-			attempts = append(attempts, res.StatusCode)
+			attempts = append(attempts, res.Status[:3]+" "+res.Header.Get("Retry-After-Ms"))
+			if ms, err := strconv.Atoi(res.Header.Get("Retry-After-Ms")); err == nil {
+				clk.Add(time.Duration(ms) * time.Millisecond)
+			}
 		}
 		return res, err
 	}))
@@ -359,8 +365,8 @@ func TestSimProviderSDKRetriesAfterRetryAfter(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if len(attempts) < 3 || attempts[1] != 429 || attempts[len(attempts)-1] != 200 {
-		t.Errorf("statuses %v: want the second call's 429, then its retry through", attempts)
+	if strings.Join(attempts, ",") != "200 ,429 60,200 " {
+		t.Errorf("attempts %q: want the second call's 429 with the minute's 60 ms, then its retry through", attempts)
 	}
 }
 
