@@ -402,13 +402,14 @@ func New(cfg Config) (*Provider, error) {
 	return p, nil
 }
 
-// Account is an account's limits at one time; zero means unlimited.
+// Account is an account's limits at one time, as Config names them; zero
+// means unlimited.
 type Account struct {
-	MaxConcurrent         int
-	RequestsPerMinute     int64
-	TokensPerMinute       int64
-	InputTokensPerMinute  int64
-	OutputTokensPerMinute int64
+	// MaxConcurrent is the limit on requests in flight.
+	MaxConcurrent int
+	// RequestsPerMinute, TokensPerMinute, InputTokensPerMinute and
+	// OutputTokensPerMinute are the per-minute limits.
+	RequestsPerMinute, TokensPerMinute, InputTokensPerMinute, OutputTokensPerMinute int64
 }
 
 // windowed reports whether a has a per-minute limit.
@@ -451,6 +452,8 @@ type Window struct {
 // real provider's rate-limit headers do with every answer. A limit the
 // account does not have is the zero Window.
 type Headroom struct {
+	// Requests, Tokens, InputTokens and OutputTokens are what is left of
+	// the RPM, TPM, ITPM and OTPM limits.
 	Requests, Tokens, InputTokens, OutputTokens Window
 }
 
