@@ -7,11 +7,13 @@
 //
 // The commands are:
 //
-//	demo    run scenarios of LLM calls against a simulated provider account,
-//	        bare, through a static bulkhead and through the adaptive + fair
-//	        one, and print one table with a verdict (the default)
-//	gateway serve an admission proxy in front of LLM providers, from a
-//	        configuration file: bulkhead gateway -config FILE [-check]
+//	demo     run scenarios of LLM calls against a simulated provider account,
+//	         bare, through a static bulkhead and through the adaptive + fair
+//	         one, and print one table with a verdict (the default)
+//	gateway  serve an admission proxy in front of LLM providers, from a
+//	         configuration file: bulkhead gateway -config FILE [-check]
+//	provider serve a simulated LLM provider account over HTTP, to try the
+//	         gateway and the SDKs without an account
 //
 // The demo needs no network and no API key: its provider is simulated, with
 // realistic latency and token counts and an account that answers 429 above
@@ -28,6 +30,18 @@
 // attempts and the seed. 'bulkhead demo -gateway' is the older comparison
 // over real HTTP through the gateway, on the wall clock. With no command,
 // or with only flags, bulkhead runs the demo.
+//
+// 'bulkhead provider' serves the demo's simulated provider over HTTP on
+// 127.0.0.1:8081, as OpenAI chat completions and responses, Anthropic
+// messages and Gemini generateContent, streamed and not: realistic
+// latency, usage, the providers' rate-limit headers, 429s with Retry-After
+// past the account's limits and overloads past its concurrency. Any API
+// key is accepted. With it the gateway can be tried without an account:
+//
+//	go run ./cmd/bulkhead provider
+//	go run ./cmd/bulkhead gateway -config examples/provider.yaml
+//
+// and see 'bulkhead provider -h' for the account's limits and speed.
 package main
 
 import (
@@ -55,6 +69,7 @@ func commands() []command {
 	return []command{
 		{"demo", "run scenarios of calls against a simulated provider, bare and through bulkheads, as one table (default)", runDemo},
 		{"gateway", "serve an admission proxy in front of LLM providers, from a configuration file", runGateway},
+		{"provider", "serve a simulated LLM provider over HTTP (OpenAI, Anthropic, Gemini), to try the gateway without an account", runProvider},
 	}
 }
 
@@ -94,7 +109,7 @@ func usage(w io.Writer) {
 	fmt.Fprintf(w, "bulkhead: in-process admission control for LLM calls.\n\n")
 	fmt.Fprintf(w, "Usage:\n  bulkhead [command] [flags]\n\nCommands:\n")
 	for _, c := range commands() {
-		fmt.Fprintf(w, "  %-8s %s\n", c.name, c.summary)
+		fmt.Fprintf(w, "  %-9s %s\n", c.name, c.summary)
 	}
 	fmt.Fprintf(w, "\nRun 'bulkhead <command> -h' for a command's flags.\n")
 }

@@ -147,33 +147,41 @@ routes: [{api: openai-chat, upstream: openai, bulkhead: main}]
 	}
 }
 
-// runningGateway is the gateway command running in a goroutine.
-type runningGateway struct {
+// runningCommand is a serving command (gateway, provider) running in a
+// goroutine.
+type runningCommand struct {
 	url      string // its base URL, such as http://127.0.0.1:43121
 	out, err *testutil.Buffer
 	done     chan int // its exit code
 }
 
-// startGateway runs the gateway command on the configuration file cfg
-// until ctx ends, and waits for it to listen.
-func startGateway(t *testing.T, ctx context.Context, cfg string) *runningGateway {
+// startCommand runs the command of args until ctx ends, and waits for it
+// to say where it listens.
+func startCommand(t *testing.T, ctx context.Context, args ...string) *runningCommand {
 	t.Helper()
-	gw := &runningGateway{out: &testutil.Buffer{}, err: &testutil.Buffer{}, done: make(chan int, 1)}
-	go func() { gw.done <- run(ctx, []string{"gateway", "-config", cfg}, gw.out, gw.err) }()
-	testutil.WaitFor(t, "the gateway to listen", func() bool {
-		s := gw.out.String()
+	c := &runningCommand{out: &testutil.Buffer{}, err: &testutil.Buffer{}, done: make(chan int, 1)}
+	go func() { c.done <- run(ctx, args, c.out, c.err) }()
+	testutil.WaitFor(t, args[0]+" to listen", func() bool {
+		s := c.out.String()
 		if i := strings.Index(s, "listening on "); i >= 0 {
-			gw.url, _, _ = strings.Cut(s[i+len("listening on "):], "\n")
+			c.url, _, _ = strings.Cut(s[i+len("listening on "):], "\n")
 			return true
 		}
 		select {
-		case code := <-gw.done:
-			t.Fatalf("the gateway exited %d: %s%s", code, s, gw.err.String())
+		case code := <-c.done:
+			t.Fatalf("%s exited %d: %s%s", args[0], code, s, c.err.String())
 		default:
 		}
 		return false
 	})
-	return gw
+	return c
+}
+
+// startGateway runs the gateway command on the configuration file cfg
+// until ctx ends, and waits for it to listen.
+func startGateway(t *testing.T, ctx context.Context, cfg string) *runningCommand {
+	t.Helper()
+	return startCommand(t, ctx, "gateway", "-config", cfg)
 }
 
 // TestDemoGatewayMode runs the demo's guarded pass over HTTP through the

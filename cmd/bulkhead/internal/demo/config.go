@@ -23,7 +23,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/llmbulkhead/bulkhead/cmd/bulkhead/internal/simprovider"
+	"github.com/llmbulkhead/bulkhead/internal/simprovider"
 )
 
 // Config is one demo run's parameters. Durations are simulated time; in

@@ -128,6 +128,22 @@ func TestGatewayEndToEnd(t *testing.T) {
 	}
 }
 
+// TestGatewayModeProviderSpeaksOpenAI: in gateway mode the simulated
+// provider is served as 'bulkhead provider' serves it, with OpenAI's
+// rate-limit headers on every answer, which the gateway reads: its
+// bulkhead learns the account's headroom.
+func TestGatewayModeProviderSpeaksOpenAI(t *testing.T) {
+	cfg := tiny()
+	cfg.Calls = 10
+	rep, err := demo.Run(context.Background(), cfg, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := rep.Guard.Bulkhead; st == nil || st.Cooldown.HeadroomReports == 0 {
+		t.Fatalf("the gateway's bulkhead had no headroom report from the provider: %+v", st)
+	}
+}
+
 func TestGatewayCancelled(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()

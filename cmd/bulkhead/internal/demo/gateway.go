@@ -3,7 +3,6 @@ package demo
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -13,21 +12,17 @@ import (
 	"strings"
 
 	"github.com/llmbulkhead/bulkhead"
-	"github.com/llmbulkhead/bulkhead/cmd/bulkhead/internal/simprovider"
 	"github.com/llmbulkhead/bulkhead/gateway"
+	"github.com/llmbulkhead/bulkhead/internal/simprovider"
+	"github.com/llmbulkhead/bulkhead/internal/simprovider/httpapi"
 	"github.com/llmbulkhead/bulkhead/stream"
 )
 
-// The simulated call a chat completion stands for travels in headers, so
-// the HTTP pass runs exactly the calls of the other passes.
-const (
-	hdrID     = "X-Sim-Id"
-	hdrInput  = "X-Sim-Input-Tokens"
-	hdrOutput = "X-Sim-Output-Tokens"
-)
-
-// gatewayRig is the simulated provider served as an OpenAI-compatible API
-// on loopback, and the gateway in front of it.
+// gatewayRig is the simulated provider served on loopback as 'bulkhead
+// provider' serves it, and the gateway in front of it. The simulated call
+// a chat completion stands for travels in the provider's simulation
+// headers (its ID, input and output tokens), so the HTTP pass runs exactly
+// the calls of the other passes.
 type gatewayRig struct {
 	provider, gateway *http.Server
 	url               string
@@ -55,7 +50,7 @@ func startGateway(prov *simprovider.Provider, b *bulkhead.Bulkhead) (*gatewayRig
 		return nil, err
 	}
 	g := &gatewayRig{
-		provider: &http.Server{Handler: providerHandler(prov)},
+		provider: &http.Server{Handler: httpapi.NewHandler(prov, httpapi.Options{})},
 		gateway:  &http.Server{Handler: h},
 		url:      "http://" + gl.Addr().String() + "/v1/chat/completions",
 		client:   &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1024}},
@@ -71,44 +66,15 @@ func (g *gatewayRig) close() {
 	_ = g.provider.Close()
 }
 
-// providerHandler answers chat completions with the simulated provider:
-// 200 with the usage, or a provider 429 in OpenAI's dialect.
-func providerHandler(prov *simprovider.Provider) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var body struct {
-			MaxTokens int64 `json:"max_tokens"`
-		}
-		if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
-		req := simprovider.Request{MaxTokens: body.MaxTokens}
-		req.ID, _ = strconv.ParseUint(r.Header.Get(hdrID), 10, 64)
-		req.InputTokens, _ = strconv.ParseInt(r.Header.Get(hdrInput), 10, 64)
-		req.OutputTokens, _ = strconv.ParseInt(r.Header.Get(hdrOutput), 10, 64)
-		resp, err := prov.Complete(r.Context(), req)
-		w.Header().Set("Content-Type", "application/json")
-		if errors.Is(err, simprovider.ErrRateLimited) {
-			w.WriteHeader(http.StatusTooManyRequests)
-			fmt.Fprintf(w, `{"error":{"message":%q,"type":"requests","param":null,"code":"rate_limit_exceeded"}}`, err.Error())
-			return
-		}
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
-		}
-		fmt.Fprintf(w, `{"id":"c%d","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":""},"finish_reason":"stop"}],"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}}`,
-			resp.ID, resp.Usage.Input, resp.Usage.Output, resp.Usage.Input+resp.Usage.Output)
-	})
-}
-
 // shedError is a call the gateway shed (its X-Bulkhead-Reason).
 type shedError struct{ reason string }
 
 func (e *shedError) Error() string { return "shed by the gateway: " + e.reason }
 
 // call posts one chat completion to the gateway, retrying a provider 429
-// like an SDK (a shed call is not retried, as in the in-process pass).
+// like an SDK (a shed call is not retried, as in the in-process pass). The
+// provider answers a call over its concurrency as an overload (503): that
+// counts as its 429, as the in-process passes count it.
 func (g *gatewayRig) call(ctx context.Context, cl *client, req simprovider.Request, breq *bulkhead.Request) error {
 	body, _ := json.Marshal(map[string]any{"model": breq.Model, "max_tokens": breq.MaxTokens,
 		"messages": []map[string]string{{"role": "user", "content": breq.Messages[0].Content}}})
@@ -118,9 +84,9 @@ func (g *gatewayRig) call(ctx context.Context, cl *client, req simprovider.Reque
 			return err
 		}
 		hreq.Header.Set("Content-Type", "application/json")
-		hreq.Header.Set(hdrID, strconv.FormatUint(req.ID, 10))
-		hreq.Header.Set(hdrInput, strconv.FormatInt(req.InputTokens, 10))
-		hreq.Header.Set(hdrOutput, strconv.FormatInt(req.OutputTokens, 10))
+		hreq.Header.Set(httpapi.HeaderID, strconv.FormatUint(req.ID, 10))
+		hreq.Header.Set(httpapi.HeaderInputTokens, strconv.FormatInt(req.InputTokens, 10))
+		hreq.Header.Set(httpapi.HeaderOutputTokens, strconv.FormatInt(req.OutputTokens, 10))
 		res, err := g.client.Do(hreq)
 		if err != nil {
 			return err
@@ -132,7 +98,7 @@ func (g *gatewayRig) call(ctx context.Context, cl *client, req simprovider.Reque
 			return nil
 		case res.Header.Get("X-Bulkhead-Reason") != "":
 			return &shedError{reason: res.Header.Get("X-Bulkhead-Reason")}
-		case res.StatusCode == http.StatusTooManyRequests:
+		case res.StatusCode == http.StatusTooManyRequests || res.StatusCode == http.StatusServiceUnavailable:
 			return simprovider.ErrRateLimited
 		}
 		return fmt.Errorf("gateway answered %s", res.Status)

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/llmbulkhead/bulkhead"
-	"github.com/llmbulkhead/bulkhead/cmd/bulkhead/internal/simprovider"
+	"github.com/llmbulkhead/bulkhead/internal/simprovider"
 )
 
 // printHeader describes gateway mode's burst, account and gateway.

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/llmbulkhead/bulkhead"
-	"github.com/llmbulkhead/bulkhead/cmd/bulkhead/internal/simprovider"
+	"github.com/llmbulkhead/bulkhead/internal/simprovider"
 )
 
 // gatewayCalls is the size of gateway mode's burst when Config.Calls is

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/llmbulkhead/bulkhead"
-	"github.com/llmbulkhead/bulkhead/cmd/bulkhead/internal/simprovider"
+	"github.com/llmbulkhead/bulkhead/internal/simprovider"
 )
 
 // scenario is one row of the table: the calls of one or more tenants, and

@@ -10,7 +10,7 @@ import (
 
 	"github.com/llmbulkhead/bulkhead"
 	"github.com/llmbulkhead/bulkhead/cmd/bulkhead/internal/sim"
-	"github.com/llmbulkhead/bulkhead/cmd/bulkhead/internal/simprovider"
+	"github.com/llmbulkhead/bulkhead/internal/simprovider"
 )
 
 // epoch is where every simulation's virtual clock starts.
@@ -200,7 +200,7 @@ func simulate(ctx context.Context, cfg *Config, sc *scenario, st *strategy) (Sim
 
 	res := SimResult{Strategy: st.name, Duration: r.last.Sub(epoch), Provider: prov.Stats(), Events: s.Steps()}
 	res.PeakWindow = res.Provider.PeakWindowTokens
-	_, res.TPMLimit = prov.Limits(epoch)
+	res.TPMLimit = prov.Account(epoch).TokensPerMinute
 	var all []time.Duration
 	for i := range r.tenants {
 		t := &r.tenants[i]
@@ -334,10 +334,10 @@ func (r *runner) settle(c *simCall, o providerOutcome, retryAfter time.Duration,
 		// What the provider's rate-limit headers would say with this
 		// answer: the TPM window as it stands now (requests unsaid: the
 		// account limits concurrency, not a request rate).
-		h := r.prov.Headroom(r.s.Now())
+		h := r.prov.Headroom(r.s.Now()).Tokens
 		var hr *bulkhead.Headroom
-		if h.TokensLimit > 0 {
-			hr = &bulkhead.Headroom{Tokens: h.Tokens, TokensLimit: h.TokensLimit, TokensReset: h.TokensReset, Requests: -1}
+		if h.Limit > 0 {
+			hr = &bulkhead.Headroom{Tokens: h.Remaining, TokensLimit: h.Limit, TokensReset: h.Reset, Requests: -1}
 		}
 		r.st.feedback(c.permit, o, retryAfter, hr)
 	}

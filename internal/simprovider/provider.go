@@ -8,11 +8,15 @@
 //     spread, and all of it slower as the account nears saturation.
 //   - Output lengths follow a lognormal distribution capped at the request's
 //     max_tokens, unless the request fixes them.
-//   - The account has a concurrency limit and a tokens-per-minute limit. A
-//     request over either is answered 429 (a *RateLimitError) after a round
-//     trip. The TPM limit is a sliding window that counts each accepted
-//     request's input plus its max_tokens on entry, as real providers do, and
-//     refunds nothing.
+//   - The account has a concurrency limit and per-minute limits: requests
+//     (RPM), tokens (TPM), input tokens (ITPM) and output tokens (OTPM), each
+//     optional. A request over any of them is answered 429 (a
+//     *RateLimitError) after a round trip. The per-minute limits are sliding
+//     windows over the requests accepted in the last minute: TPM counts each
+//     one's input plus its max_tokens on entry, as real providers do, and
+//     refunds nothing; ITPM counts its input; OTPM reserves its max_tokens on
+//     entry and is corrected to the output it wrote when it ends, as
+//     Anthropic estimates output tokens.
 //
 // Every random draw of a request comes from a generator seeded by
 // Config.Seed and the request's ID, so a given request gets the same output
@@ -42,12 +46,30 @@ type Config struct {
 	// this many requests in flight is answered 429. Zero means unlimited.
 	MaxConcurrent int
 
+	// RequestsPerMinute is the account's RPM limit: a request that finds
+	// this many accepted requests in the window is answered 429. Zero means
+	// unlimited.
+	RequestsPerMinute int64
+
 	// TokensPerMinute is the account's TPM limit: a request whose input plus
 	// max_tokens does not fit in what the window has left is answered 429.
 	// Zero means unlimited.
 	TokensPerMinute int64
 
-	// Window is the length of the sliding TPM window. Zero means one minute.
+	// InputTokensPerMinute is the account's input-token limit (ITPM): a
+	// request whose input does not fit in what the window has left is
+	// answered 429. Zero means unlimited.
+	InputTokensPerMinute int64
+
+	// OutputTokensPerMinute is the account's output-token limit (OTPM): a
+	// request reserves its max_tokens in the window on entry, corrected to
+	// the output it wrote when it completes (a cancelled request keeps its
+	// reservation); a request whose max_tokens does not fit is answered
+	// 429. Zero means unlimited.
+	OutputTokensPerMinute int64
+
+	// Window is the length of the sliding windows of the per-minute limits.
+	// Zero means one minute.
 	Window time.Duration
 
 	// RoundTrip is the median network round trip, paid by every answer,
@@ -104,7 +126,7 @@ type Config struct {
 type CapacityChange struct {
 	// After is how long after New the limits change (simulated time).
 	After time.Duration
-	// Factor multiplies both limits from then on: 0.5 halves them. It must
+	// Factor multiplies every limit from then on: 0.5 halves them. It must
 	// be in (0, 1]; a limit never drops below 1.
 	Factor float64
 }
@@ -135,8 +157,9 @@ func (c *Config) validate() error {
 	switch {
 	case c.MaxConcurrent < 0:
 		return fmt.Errorf("simprovider: MaxConcurrent must be >= 0, got %d", c.MaxConcurrent)
-	case c.TokensPerMinute < 0:
-		return fmt.Errorf("simprovider: TokensPerMinute must be >= 0, got %d", c.TokensPerMinute)
+	case c.RequestsPerMinute < 0 || c.TokensPerMinute < 0 || c.InputTokensPerMinute < 0 || c.OutputTokensPerMinute < 0:
+		return fmt.Errorf("simprovider: per-minute limits must be >= 0, got %d requests, %d tokens, %d input tokens, %d output tokens",
+			c.RequestsPerMinute, c.TokensPerMinute, c.InputTokensPerMinute, c.OutputTokensPerMinute)
 	case c.Window < 0:
 		return fmt.Errorf("simprovider: Window must be >= 0, got %v", c.Window)
 	case c.RoundTrip < 0 || c.TimeToFirstToken < 0 || c.PrefillPer1K < 0 || c.PerOutputToken < 0:
@@ -235,15 +258,28 @@ const (
 	ConcurrencyLimit Limit = iota + 1
 	// TokenLimit is the tokens-per-minute limit.
 	TokenLimit
+	// RequestLimit is the requests-per-minute limit.
+	RequestLimit
+	// InputTokenLimit is the input-tokens-per-minute limit.
+	InputTokenLimit
+	// OutputTokenLimit is the output-tokens-per-minute limit.
+	OutputTokenLimit
 )
 
-// String returns "concurrency" or "tokens_per_minute".
+// String returns "concurrency", "tokens_per_minute", "requests_per_minute",
+// "input_tokens_per_minute" or "output_tokens_per_minute".
 func (l Limit) String() string {
 	switch l {
 	case ConcurrencyLimit:
 		return "concurrency"
 	case TokenLimit:
 		return "tokens_per_minute"
+	case RequestLimit:
+		return "requests_per_minute"
+	case InputTokenLimit:
+		return "input_tokens_per_minute"
+	case OutputTokenLimit:
+		return "output_tokens_per_minute"
 	}
 	return fmt.Sprintf("limit(%d)", uint8(l))
 }
@@ -256,13 +292,14 @@ type RateLimitError struct {
 	// Limit is the limit the request exceeded.
 	Limit Limit
 	// RetryAfter is the clock time after which the request would fit, as a
-	// Retry-After header says: exact for TPM, one simulated second for
-	// concurrency.
+	// Retry-After header says: exact for the per-minute limits, one
+	// simulated second for concurrency.
 	RetryAfter time.Duration
 	// Used and Max are the limit's usage and size when the request came:
-	// requests in flight, or tokens in the window.
+	// requests in flight or in the window, or tokens in the window.
 	Used, Max int64
-	// Requested is what the request needed: 1 request, or its Cost.
+	// Requested is what the request needed: 1 request, its Cost, its
+	// input or its max_tokens.
 	Requested int64
 }
 
@@ -286,10 +323,13 @@ type Stats struct {
 	Completed int64
 	// Canceled counts accepted requests whose context ended first.
 	Canceled int64
-	// RateLimited counts 429 answers; the next two split them by limit.
-	RateLimited            int64
-	RateLimitedConcurrency int64
-	RateLimitedTokens      int64
+	// RateLimited counts 429 answers; the next five split them by limit.
+	RateLimited             int64
+	RateLimitedConcurrency  int64
+	RateLimitedTokens       int64
+	RateLimitedRequests     int64
+	RateLimitedInputTokens  int64
+	RateLimitedOutputTokens int64
 
 	// InFlight is the number of accepted requests running now, and
 	// PeakInFlight its highest value.
@@ -299,8 +339,9 @@ type Stats struct {
 	// and PeakInFlightTokens its highest value.
 	InFlightTokens     int64
 	PeakInFlightTokens int64
-	// WindowTokens is what the TPM window holds now, and PeakWindowTokens
-	// its highest value.
+	// WindowTokens is the input + max_tokens of the requests in the window
+	// now, and PeakWindowTokens its highest value. The window is kept when
+	// the account has a per-minute limit.
 	WindowTokens     int64
 	PeakWindowTokens int64
 
@@ -310,9 +351,18 @@ type Stats struct {
 	OutputTokens int64
 }
 
+// windowEntry is an accepted request in the per-minute windows.
 type windowEntry struct {
 	at     time.Time
-	tokens int64
+	tokens int64 // input + max_tokens
+	input  int64
+	output int64 // max_tokens, then the output written once completed
+	gone   bool  // pruned from the window
+}
+
+// windowSums is what the windows hold: the sum of their entries.
+type windowSums struct {
+	requests, input, output int64
 }
 
 // Provider is a simulated provider account. Its methods are safe for
@@ -325,7 +375,8 @@ type Provider struct {
 	changeAt time.Time
 
 	mu      sync.Mutex
-	entries []windowEntry // accepted requests in the TPM window, oldest first
+	entries []*windowEntry // accepted requests in the window, oldest first
+	sums    windowSums     // of entries, beside stats.WindowTokens
 	stats   Stats
 }
 
@@ -351,53 +402,87 @@ func New(cfg Config) (*Provider, error) {
 	return p, nil
 }
 
-// Limits returns the account's concurrency and tokens-per-minute limits at
-// t (0 for unlimited): those of Config, resized by CapacityChange once it
-// applies.
-func (p *Provider) Limits(t time.Time) (maxConcurrent int, tokensPerMinute int64) {
+// Account is an account's limits at one time, as Config names them; zero
+// means unlimited.
+type Account struct {
+	// MaxConcurrent is the limit on requests in flight.
+	MaxConcurrent int
+	// RequestsPerMinute, TokensPerMinute, InputTokensPerMinute and
+	// OutputTokensPerMinute are the per-minute limits.
+	RequestsPerMinute, TokensPerMinute, InputTokensPerMinute, OutputTokensPerMinute int64
+}
+
+// windowed reports whether a has a per-minute limit.
+func (a Account) windowed() bool {
+	return a.RequestsPerMinute > 0 || a.TokensPerMinute > 0 || a.InputTokensPerMinute > 0 || a.OutputTokensPerMinute > 0
+}
+
+// Account returns the account's limits at t: those of Config, resized by
+// CapacityChange once it applies.
+func (p *Provider) Account(t time.Time) Account {
 	c := &p.cfg
-	maxConcurrent, tokensPerMinute = c.MaxConcurrent, c.TokensPerMinute
+	a := Account{c.MaxConcurrent, c.RequestsPerMinute, c.TokensPerMinute, c.InputTokensPerMinute, c.OutputTokensPerMinute}
 	if c.CapacityChange == nil || t.Before(p.changeAt) {
-		return maxConcurrent, tokensPerMinute
+		return a
 	}
 	f := c.CapacityChange.Factor
-	if maxConcurrent > 0 {
-		maxConcurrent = max(int(float64(maxConcurrent)*f), 1)
+	if a.MaxConcurrent > 0 {
+		a.MaxConcurrent = max(int(float64(a.MaxConcurrent)*f), 1)
 	}
-	if tokensPerMinute > 0 {
-		tokensPerMinute = max(int64(float64(tokensPerMinute)*f), 1)
+	for _, l := range []*int64{&a.RequestsPerMinute, &a.TokensPerMinute, &a.InputTokensPerMinute, &a.OutputTokensPerMinute} {
+		if *l > 0 {
+			*l = max(int64(float64(*l)*f), 1)
+		}
 	}
-	return maxConcurrent, tokensPerMinute
+	return a
 }
 
-// Headroom is what the account says is left of its tokens-per-minute
-// limit, as a real provider's rate-limit headers do with every answer.
+// Window is what is left of one per-minute limit.
+type Window struct {
+	// Remaining is what is left of the limit now, and Limit the limit;
+	// both zero when the account has no such limit.
+	Remaining, Limit int64
+	// Reset is how long until the window is full again: until every entry
+	// now in it has left (the newest one's time + the window − now); zero
+	// when the window is empty.
+	Reset time.Duration
+}
+
+// Headroom is what the account says is left of its per-minute limits, as a
+// real provider's rate-limit headers do with every answer. A limit the
+// account does not have is the zero Window.
 type Headroom struct {
-	// Tokens is what is left of the TPM window now, and TokensLimit the
-	// limit; both zero without a TPM limit.
-	Tokens, TokensLimit int64
-	// TokensReset is how long until the window is full again: until every
-	// entry now in it has left (the newest one's time + the window − now);
-	// zero when the window is empty.
-	TokensReset time.Duration
+	// Requests, Tokens, InputTokens and OutputTokens are what is left of
+	// the RPM, TPM, ITPM and OTPM limits.
+	Requests, Tokens, InputTokens, OutputTokens Window
 }
 
-// Headroom returns what is left of the TPM window at now, after every
-// request accepted by then. The account limits concurrency, not a request
-// rate, so it says nothing of requests.
+// Headroom returns what is left of the per-minute windows at now, after
+// every request accepted by then.
 func (p *Provider) Headroom(now time.Time) Headroom {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	_, tpm := p.Limits(now)
-	if tpm <= 0 {
+	a := p.Account(now)
+	if !a.windowed() {
 		return Headroom{}
 	}
 	p.prune(now)
-	h := Headroom{Tokens: max(0, tpm-p.stats.WindowTokens), TokensLimit: tpm}
+	var reset time.Duration
 	if n := len(p.entries); n > 0 {
-		h.TokensReset = max(0, p.entries[n-1].at.Add(p.window).Sub(now))
+		reset = max(0, p.entries[n-1].at.Add(p.window).Sub(now))
 	}
-	return h
+	window := func(limit, used int64) Window {
+		if limit <= 0 {
+			return Window{}
+		}
+		return Window{Remaining: max(0, limit-used), Limit: limit, Reset: reset}
+	}
+	return Headroom{
+		Requests:     window(a.RequestsPerMinute, p.sums.requests),
+		Tokens:       window(a.TokensPerMinute, p.stats.WindowTokens),
+		InputTokens:  window(a.InputTokensPerMinute, p.sums.input),
+		OutputTokens: window(a.OutputTokensPerMinute, p.sums.output),
+	}
 }
 
 // Config returns the provider's configuration, defaults filled in.
@@ -469,7 +554,12 @@ func (p *Provider) prune(now time.Time) {
 	cut := now.Add(-p.window)
 	i := 0
 	for i < len(p.entries) && !p.entries[i].at.After(cut) {
-		p.stats.WindowTokens -= p.entries[i].tokens
+		e := p.entries[i]
+		p.stats.WindowTokens -= e.tokens
+		p.sums.requests--
+		p.sums.input -= e.input
+		p.sums.output -= e.output
+		e.gone = true
 		i++
 	}
 	if i > 0 {
@@ -478,16 +568,17 @@ func (p *Provider) prune(now time.Time) {
 	}
 }
 
-// tpmRetryAfter returns how long until cost fits in the window. p.mu is
-// held and the window is pruned.
-func (p *Provider) tpmRetryAfter(now time.Time, cost, tpm int64) time.Duration {
-	if cost > tpm {
+// retryAfter returns how long until need more fits in a window that holds
+// used of limit, where of says what each entry holds. p.mu is held and the
+// window is pruned.
+func (p *Provider) retryAfter(now time.Time, used, need, limit int64, of func(*windowEntry) int64) time.Duration {
+	if need > limit {
 		return p.window // never fits; a real provider would answer 400
 	}
-	need := p.stats.WindowTokens + cost - tpm
+	over := used + need - limit
 	for _, e := range p.entries {
-		need -= e.tokens
-		if need <= 0 {
+		over -= of(e)
+		if over <= 0 {
 			return e.at.Add(p.window).Sub(now)
 		}
 	}
@@ -496,6 +587,7 @@ func (p *Provider) tpmRetryAfter(now time.Time, cost, tpm int64) time.Duration {
 
 // admitted is an accepted request's schedule, in clock time.
 type admitted struct {
+	entry    *windowEntry // nil when the account has no per-minute limit
 	start    time.Time
 	first    time.Time // first token
 	perToken time.Duration
@@ -509,21 +601,10 @@ type admitted struct {
 func (p *Provider) decide(req Request, pl plan, now time.Time) (*admitted, *RateLimitError) {
 	cost := req.Cost()
 	c := &p.cfg
-	maxConc, tpm := p.Limits(now)
+	acct := p.Account(now)
 	p.stats.Requests++
 	p.prune(now)
-	var rl *RateLimitError
-	switch {
-	case maxConc > 0 && p.stats.InFlight >= maxConc:
-		rl = &RateLimitError{Limit: ConcurrencyLimit, RetryAfter: p.Scale(time.Second),
-			Used: int64(p.stats.InFlight), Max: int64(maxConc), Requested: 1}
-		p.stats.RateLimitedConcurrency++
-	case tpm > 0 && p.stats.WindowTokens+cost > tpm:
-		rl = &RateLimitError{Limit: TokenLimit, RetryAfter: p.tpmRetryAfter(now, cost, tpm),
-			Used: p.stats.WindowTokens, Max: tpm, Requested: cost}
-		p.stats.RateLimitedTokens++
-	}
-	if rl != nil {
+	if rl := p.overLimit(now, acct, req); rl != nil {
 		p.stats.RateLimited++
 		return nil, rl
 	}
@@ -534,26 +615,68 @@ func (p *Provider) decide(req Request, pl plan, now time.Time) (*admitted, *Rate
 	s.InFlightTokens += cost
 	s.PeakInFlightTokens = max(s.PeakInFlightTokens, s.InFlightTokens)
 	s.InputTokens += req.InputTokens
-	if tpm > 0 {
-		p.entries = append(p.entries, windowEntry{at: now, tokens: cost})
+	var entry *windowEntry
+	if acct.windowed() {
+		entry = &windowEntry{at: now, tokens: cost, input: req.InputTokens, output: req.MaxTokens}
+		p.entries = append(p.entries, entry)
 		s.WindowTokens += cost
 		s.PeakWindowTokens = max(s.PeakWindowTokens, s.WindowTokens)
+		p.sums.requests++
+		p.sums.input += entry.input
+		p.sums.output += entry.output
 	}
 
 	load := 0.0
-	if maxConc > 0 {
-		load = float64(s.InFlight) / float64(maxConc)
+	if acct.MaxConcurrent > 0 {
+		load = float64(s.InFlight) / float64(acct.MaxConcurrent)
 	}
-	if tpm > 0 {
-		load = max(load, float64(s.WindowTokens)/float64(tpm))
+	for _, w := range [...]struct{ used, limit int64 }{
+		{s.WindowTokens, acct.TokensPerMinute}, {p.sums.requests, acct.RequestsPerMinute},
+		{p.sums.input, acct.InputTokensPerMinute}, {p.sums.output, acct.OutputTokensPerMinute},
+	} {
+		if w.limit > 0 {
+			load = max(load, float64(w.used)/float64(w.limit))
+		}
 	}
 	load = min(load, 1)
-	a := &admitted{start: now, slowdown: 1 + c.Degradation*load*load*load}
+	a := &admitted{entry: entry, start: now, slowdown: 1 + c.Degradation*load*load*load}
 	slow := func(d time.Duration) time.Duration { return p.Scale(time.Duration(float64(d) * a.slowdown)) }
 	a.first = now.Add(slow(pl.rtt/2 + pl.ttft))
 	a.perToken = slow(pl.perToken)
 	a.end = a.first.Add(time.Duration(pl.output)*a.perToken + slow(pl.rtt/2))
 	return a, nil
+}
+
+// overLimit returns the 429 for req at now under the account's limits acct,
+// nil when it fits, and counts it in Stats. The limits are checked in
+// order: concurrency, requests, tokens, input tokens, output tokens. p.mu
+// is held and the window is pruned.
+func (p *Provider) overLimit(now time.Time, acct Account, req Request) *RateLimitError {
+	s := &p.stats
+	if acct.MaxConcurrent > 0 && s.InFlight >= acct.MaxConcurrent {
+		s.RateLimitedConcurrency++
+		return &RateLimitError{Limit: ConcurrencyLimit, RetryAfter: p.Scale(time.Second),
+			Used: int64(s.InFlight), Max: int64(acct.MaxConcurrent), Requested: 1}
+	}
+	for _, w := range [...]struct {
+		limit      Limit
+		used, need int64
+		max        int64
+		counter    *int64
+		of         func(*windowEntry) int64
+	}{
+		{RequestLimit, p.sums.requests, 1, acct.RequestsPerMinute, &s.RateLimitedRequests, func(*windowEntry) int64 { return 1 }},
+		{TokenLimit, s.WindowTokens, req.Cost(), acct.TokensPerMinute, &s.RateLimitedTokens, func(e *windowEntry) int64 { return e.tokens }},
+		{InputTokenLimit, p.sums.input, req.InputTokens, acct.InputTokensPerMinute, &s.RateLimitedInputTokens, func(e *windowEntry) int64 { return e.input }},
+		{OutputTokenLimit, p.sums.output, req.MaxTokens, acct.OutputTokensPerMinute, &s.RateLimitedOutputTokens, func(e *windowEntry) int64 { return e.output }},
+	} {
+		if w.max > 0 && w.used+w.need > w.max {
+			*w.counter++
+			return &RateLimitError{Limit: w.limit, RetryAfter: p.retryAfter(now, w.used, w.need, w.max, w.of),
+				Used: w.used, Max: w.max, Requested: w.need}
+		}
+	}
+	return nil
 }
 
 // enter applies the account limits to req at the current time. It returns
@@ -583,6 +706,8 @@ type Ticket struct {
 	At time.Time
 	// Response is an accepted request's response; zero for a 429.
 	Response Response
+
+	entry *windowEntry
 }
 
 // Enter is the non-blocking form of Complete, for a caller that keeps its
@@ -603,11 +728,11 @@ func (p *Provider) Enter(req Request, now time.Time) (Ticket, error) {
 	if rl != nil {
 		return Ticket{At: now.Add(p.Scale(pl.rtt))}, rl
 	}
-	return Ticket{At: a.end, Response: response(req, pl, a)}, nil
+	return Ticket{At: a.end, Response: response(req, pl, a), entry: a.entry}, nil
 }
 
 // Leave ends a request Enter accepted, at its Ticket.At, as completed.
-func (p *Provider) Leave(req Request, t Ticket) { p.leave(req, t.Response.Usage.Output, true) }
+func (p *Provider) Leave(req Request, t Ticket) { p.leave(req, t.entry, t.Response.Usage.Output, true) }
 
 // response is an accepted request's response.
 func response(req Request, pl plan, a *admitted) Response {
@@ -621,18 +746,23 @@ func response(req Request, pl plan, a *admitted) Response {
 	}
 }
 
-// leave ends an accepted request.
-func (p *Provider) leave(req Request, output int64, completed bool) {
+// leave ends an accepted request, whose window entry (nil for none) a
+// completed request corrects to the output it wrote.
+func (p *Provider) leave(req Request, entry *windowEntry, output int64, completed bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	s := &p.stats
 	s.InFlight--
 	s.InFlightTokens -= req.Cost()
-	if completed {
-		s.Completed++
-		s.OutputTokens += output
-	} else {
+	if !completed {
 		s.Canceled++
+		return
+	}
+	s.Completed++
+	s.OutputTokens += output
+	if entry != nil && !entry.gone {
+		p.sums.output -= entry.output - output
+		entry.output = output
 	}
 }
 
@@ -676,7 +806,7 @@ func (p *Provider) Stream(ctx context.Context, req Request, emit func(Chunk) err
 		return Response{}, rl
 	}
 	completed := false
-	defer func() { p.leave(req, pl.output, completed) }()
+	defer func() { p.leave(req, a.entry, pl.output, completed) }()
 
 	if err := wait(ctx, a.timer); err != nil {
 		return Response{}, err

@@ -12,7 +12,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/llmbulkhead/bulkhead/clock"
-	"github.com/llmbulkhead/bulkhead/cmd/bulkhead/internal/simprovider"
+	"github.com/llmbulkhead/bulkhead/internal/simprovider"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -467,6 +467,7 @@ func TestEnterLeave(t *testing.T) {
 	clk := clock.NewMock()
 	cfg := simprovider.DefaultConfig()
 	cfg.MaxConcurrent, cfg.TokensPerMinute, cfg.Seed, cfg.Clock = 1, 10_000, 7, clk
+	cfg.RequestsPerMinute, cfg.InputTokensPerMinute, cfg.OutputTokensPerMinute = 100, 1_000_000, 1_000_000
 	cfg.CapacityChange = &simprovider.CapacityChange{After: time.Minute, Factor: 0.5}
 	p, err := simprovider.New(cfg)
 	if err != nil {
@@ -489,8 +490,8 @@ func TestEnterLeave(t *testing.T) {
 	}
 	// After the change the TPM limit is 5,000: 4,000 more does not fit in
 	// the window that still holds 2,000, until the window has moved on.
-	if c, tpm := p.Limits(now.Add(time.Minute)); c != 1 || tpm != 5000 {
-		t.Fatalf("limits after the change = %d, %d", c, tpm)
+	if a := p.Account(now.Add(time.Minute)); a != (simprovider.Account{MaxConcurrent: 1, RequestsPerMinute: 50, TokensPerMinute: 5000, InputTokensPerMinute: 500_000, OutputTokensPerMinute: 500_000}) {
+		t.Fatalf("limits after the change = %+v", a)
 	}
 	big := simprovider.Request{ID: 3, InputTokens: 2000, MaxTokens: 2000}
 	if _, err := p.Enter(big, now.Add(time.Minute-time.Second)); err != nil {
@@ -517,7 +518,7 @@ func TestHeadroom(t *testing.T) {
 	start := clk.Now()
 	p := newProvider(t, simprovider.Config{TokensPerMinute: 10_000, OutputMedian: 10, Clock: clk,
 		CapacityChange: &simprovider.CapacityChange{After: 30 * time.Second, Factor: 0.5}})
-	if h := p.Headroom(start); h != (simprovider.Headroom{Tokens: 10_000, TokensLimit: 10_000}) {
+	if h := p.Headroom(start); h != (simprovider.Headroom{Tokens: simprovider.Window{Remaining: 10_000, Limit: 10_000}}) {
 		t.Fatalf("empty window: %+v", h)
 	}
 	for i, at := range []time.Duration{0, 10 * time.Second} {
@@ -525,20 +526,114 @@ func TestHeadroom(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if h := p.Headroom(start.Add(20 * time.Second)); h != (simprovider.Headroom{Tokens: 4_000, TokensLimit: 10_000, TokensReset: 50 * time.Second}) {
+	if h := p.Headroom(start.Add(20 * time.Second)); h.Tokens != (simprovider.Window{Remaining: 4_000, Limit: 10_000, Reset: 50 * time.Second}) {
 		t.Fatalf("two entries: %+v", h)
 	}
 	// Halved at 30s: 6,000 tokens in a window of 5,000.
-	if h := p.Headroom(start.Add(40 * time.Second)); h != (simprovider.Headroom{Tokens: 0, TokensLimit: 5_000, TokensReset: 30 * time.Second}) {
+	if h := p.Headroom(start.Add(40 * time.Second)); h.Tokens != (simprovider.Window{Remaining: 0, Limit: 5_000, Reset: 30 * time.Second}) {
 		t.Fatalf("over the halved limit: %+v", h)
 	}
-	if h := p.Headroom(start.Add(65 * time.Second)); h != (simprovider.Headroom{Tokens: 2_000, TokensLimit: 5_000, TokensReset: 5 * time.Second}) {
+	if h := p.Headroom(start.Add(65 * time.Second)); h.Tokens != (simprovider.Window{Remaining: 2_000, Limit: 5_000, Reset: 5 * time.Second}) {
 		t.Fatalf("after the first entry left: %+v", h)
 	}
-	if h := p.Headroom(start.Add(70 * time.Second)); h != (simprovider.Headroom{Tokens: 5_000, TokensLimit: 5_000}) {
+	if h := p.Headroom(start.Add(70 * time.Second)); h.Tokens != (simprovider.Window{Remaining: 5_000, Limit: 5_000}) {
 		t.Fatalf("full again: %+v", h)
 	}
 	if h := newProvider(t, simprovider.Config{OutputMedian: 10, Clock: clk}).Headroom(start); h != (simprovider.Headroom{}) {
 		t.Fatalf("no TPM limit: %+v", h)
+	}
+}
+
+// TestRequestsPerMinuteLimit: the RPM window counts accepted requests
+// (429s are not counted), answers 429 with the time until its oldest
+// entry leaves, and lets a request through once it has.
+func TestRequestsPerMinuteLimit(t *testing.T) {
+	clk := clock.NewMock()
+	p := newProvider(t, simprovider.Config{RequestsPerMinute: 2, OutputMedian: 10, Clock: clk}) // instant answers
+	ctx := context.Background()
+	req := simprovider.Request{ID: 1, InputTokens: 10, MaxTokens: 10}
+	for i := range 2 {
+		if _, err := p.Complete(ctx, req); err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		clk.Add(15 * time.Second)
+	}
+	_, err := p.Complete(ctx, req)
+	rl := wantRateLimit(t, err, simprovider.RequestLimit)
+	if rl.Used != 2 || rl.Max != 2 || rl.Requested != 1 || rl.RetryAfter != 30*time.Second {
+		t.Fatalf("429 = %+v, want 2 of 2 used and 30s until the first request leaves", rl)
+	}
+	if h := p.Headroom(clk.Now()); h.Requests != (simprovider.Window{Remaining: 0, Limit: 2, Reset: 45 * time.Second}) {
+		t.Fatalf("requests headroom %+v", h.Requests)
+	}
+	clk.Add(30 * time.Second)
+	if _, err := p.Complete(ctx, req); err != nil {
+		t.Fatalf("after the first request left the window: %v", err)
+	}
+	if s := p.Stats(); s.RateLimited != 1 || s.RateLimitedRequests != 1 || s.Completed != 3 {
+		t.Fatalf("stats %+v", s)
+	}
+}
+
+// TestInputAndOutputTokensPerMinute: the input window counts each
+// request's input on entry; the output window reserves its max_tokens on
+// entry and is corrected to the output it wrote when it ends, so the
+// room a short answer did not use comes back at once.
+func TestInputAndOutputTokensPerMinute(t *testing.T) {
+	clk := clock.NewMock()
+	p := newProvider(t, simprovider.Config{InputTokensPerMinute: 1_000, OutputTokensPerMinute: 500, OutputMedian: 10, Clock: clk})
+	ctx := context.Background()
+	if _, err := p.Complete(ctx, simprovider.Request{ID: 1, InputTokens: 600, MaxTokens: 400, OutputTokens: 100}); err != nil {
+		t.Fatal(err)
+	}
+	h := p.Headroom(clk.Now())
+	if h.InputTokens != (simprovider.Window{Remaining: 400, Limit: 1_000, Reset: time.Minute}) ||
+		h.OutputTokens != (simprovider.Window{Remaining: 400, Limit: 500, Reset: time.Minute}) {
+		t.Fatalf("headroom %+v: want 400 input tokens left and 400 output tokens (500 - the 100 written)", h)
+	}
+	_, err := p.Complete(ctx, simprovider.Request{ID: 2, InputTokens: 500, MaxTokens: 10})
+	if rl := wantRateLimit(t, err, simprovider.InputTokenLimit); rl.Used != 600 || rl.Requested != 500 || rl.RetryAfter != time.Minute {
+		t.Fatalf("429 = %+v", rl)
+	}
+	_, err = p.Complete(ctx, simprovider.Request{ID: 3, InputTokens: 10, MaxTokens: 450})
+	if rl := wantRateLimit(t, err, simprovider.OutputTokenLimit); rl.Used != 100 || rl.Requested != 450 || rl.Max != 500 {
+		t.Fatalf("429 = %+v", rl)
+	}
+	if s := p.Stats(); s.RateLimitedInputTokens != 1 || s.RateLimitedOutputTokens != 1 || s.RateLimited != 2 {
+		t.Fatalf("stats %+v", s)
+	}
+	clk.Add(time.Minute)
+	if h := p.Headroom(clk.Now()); h.InputTokens.Remaining != 1_000 || h.OutputTokens.Remaining != 500 || h.OutputTokens.Reset != 0 {
+		t.Fatalf("after a minute: %+v", h)
+	}
+}
+
+// TestOutputReservedWhileRunning: a request in flight holds its whole
+// max_tokens in the output window until it ends; a request cancelled
+// keeps it.
+func TestOutputReservedWhileRunning(t *testing.T) {
+	clk := clock.NewMock()
+	cfg := fixed(clk)
+	cfg.OutputTokensPerMinute = 500
+	p := newProvider(t, cfg)
+	held := completeAsync(context.Background(), p, simprovider.Request{ID: 4, InputTokens: 10, MaxTokens: 300, OutputTokens: 20})
+	testutil.WaitFor(t, "the request in flight", func() bool { return p.Stats().InFlight == 1 })
+	if h := p.Headroom(clk.Now()); h.OutputTokens.Remaining != 200 {
+		t.Fatalf("in flight: %+v, want 200 output tokens left", h.OutputTokens)
+	}
+	clk.Add(time.Second)
+	if r := <-held; r.err != nil {
+		t.Fatal(r.err)
+	}
+	if h := p.Headroom(clk.Now()); h.OutputTokens.Remaining != 480 {
+		t.Fatalf("done: %+v, want 480 output tokens left", h.OutputTokens)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := completeAsync(ctx, p, simprovider.Request{ID: 5, InputTokens: 10, MaxTokens: 100})
+	testutil.WaitFor(t, "the request in flight", func() bool { return p.Stats().InFlight == 1 })
+	cancel()
+	<-ch
+	if h := p.Headroom(clk.Now()); h.OutputTokens.Remaining != 380 {
+		t.Fatalf("cancelled: %+v, want its 100 still reserved", h.OutputTokens)
 	}
 }
