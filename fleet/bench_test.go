@@ -51,6 +51,25 @@ func BenchmarkReserve(b *testing.B) {
 			return err
 		}},
 	}
+	// A reserve that comes a while after the pool's last write checks which
+	// server it runs on: the scripts' time moves 2 ms per reserve.
+	cfg := testConfig(client)
+	cfg.MaxConcurrent, cfg.TokenBudget, cfg.LeaseTTL = -1, -1, 24*time.Hour
+	var now atomic.Int64
+	now.Store(t0)
+	createState(b, cfg, now.Load())
+	gapped, err := newPool(cfg, func() int64 { return now.Add(2000) })
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { gapped.Close(bg) })
+	ops = append(ops, struct {
+		name string
+		run  func() error
+	}{"ReserveAfterGap", func() error {
+		_, err := gapped.Reserve(bg, nextID(), Hold{1, 1000}, false)
+		return err
+	}})
 	for _, o := range ops {
 		b.Run(o.name+"-vs-PING", func(b *testing.B) {
 			redistest.BenchVsPing(b, srv, "op", "evalsha", func() error { return client.Ping(bg).Err() }, o.run)

@@ -178,13 +178,25 @@ type Config struct {
 	// starts when the pool's state is missing (Redis lost it: a restart
 	// without persistence, FLUSHALL), when it is older than one a replica
 	// has seen (Redis came back from an older snapshot, or a lagging
-	// replica took over), and when leases ran out after no replica wrote
-	// to the pool for (LeaseTTL - RenewEvery)/2 (Redis was unreachable or
-	// frozen for longer than the leases; a crashed replica's holds running
-	// out in a pool nobody else used meanwhile look the same, and cost a
-	// window at the pool's next use). Zero means 2s; negative turns it
-	// off, and then the fleet may run more than its limits after such an
-	// event, until the running calls are registered again.
+	// replica took over), when another Redis server process serves the
+	// state than the one it was last found on (Redis restarted, from an
+	// RDB snapshot or an append-only file, even one that lost nothing; a
+	// failover; the pool's Redis Cluster slot moved to another node), and
+	// when leases ran out after no replica wrote to the pool for
+	// (LeaseTTL - RenewEvery)/2 (Redis was unreachable or frozen for
+	// longer than the leases; a crashed replica's holds running out in a
+	// pool nobody else used meanwhile look the same, and cost a window at
+	// the pool's next use). Zero means 2s; negative turns it off, and then
+	// the fleet may run more than its limits after such an event, until
+	// the running calls are registered again.
+	//
+	// A restarted or replaced server is recognised by the first script it
+	// runs for the pool, whichever replica sends it and whatever that
+	// replica saw before. The check needs a millisecond without writes to
+	// the pool before that script, which a restart or a failover takes,
+	// and the scripts must be allowed to call INFO: when the Redis user's
+	// ACL denies it, the pool's Logger warns, and only a replica that saw
+	// a newer state than the server's notices.
 	//
 	// The window must cover the time a replica needs to notice and to
 	// register its holds: GenCheckEvery plus a renewal (CallTimeout at
