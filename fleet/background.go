@@ -63,6 +63,11 @@ func (p *Pool) stateChanged() bool {
 		p.failed(opGen, err)
 		return false
 	}
+	if cur.blind {
+		p.blindOnce.Do(func() {
+			p.log.Warn("fleet: the pool's scripts may not call INFO (see the Redis user's ACL): a Redis restarted from a snapshot, or a failover to a replica that lagged, is noticed only by replicas that saw a newer state")
+		})
+	}
 	return cur.gen != known.gen || cur.seq < known.seq
 }
 

@@ -26,11 +26,12 @@ var benchSeq atomic.Int64
 
 func nextID() ID { return idn(int(benchSeq.Add(1))) }
 
-// BenchmarkReserve measures a reserve, and a reserve followed by the
-// release script, against a PING on the same client in the same loop: each
-// iteration times one PING and one operation, and the benchmark reports
-// the p50 and p99 of both in microseconds, their ratios, and the script's
-// server time from INFO commandstats.
+// BenchmarkReserve measures a reserve, a reserve followed by the release
+// script, and a reserve that comes 2 ms after the pool's last write (and so
+// checks which server it runs on), against a PING on the same client in
+// the same loop: each iteration times one PING and one operation, and the
+// benchmark reports the p50 and p99 of both in microseconds, their ratios,
+// and the script's server time from INFO commandstats.
 func BenchmarkReserve(b *testing.B) {
 	srv, client, p := benchPool(b, 4)
 	ops := []struct {
@@ -51,6 +52,26 @@ func BenchmarkReserve(b *testing.B) {
 			return err
 		}},
 	}
+	// A reserve that comes a millisecond or more after the pool's last write
+	// checks which server it runs on: the scripts' time moves 2 ms per
+	// reserve.
+	cfg := testConfig(client)
+	cfg.MaxConcurrent, cfg.TokenBudget, cfg.LeaseTTL = -1, -1, 24*time.Hour
+	var now atomic.Int64
+	now.Store(t0)
+	createState(b, cfg, now.Load())
+	gapped, err := newPool(cfg, func() int64 { return now.Add(2000) })
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { gapped.Close(bg) })
+	ops = append(ops, struct {
+		name string
+		run  func() error
+	}{"ReserveAfterGap", func() error {
+		_, err := gapped.Reserve(bg, nextID(), Hold{1, 1000}, false)
+		return err
+	}})
 	for _, o := range ops {
 		b.Run(o.name+"-vs-PING", func(b *testing.B) {
 			redistest.BenchVsPing(b, srv, "op", "evalsha", func() error { return client.Ping(bg).Err() }, o.run)

@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -76,4 +77,45 @@ func TestCluster(t *testing.T) {
 	if len(masters) < 2 {
 		t.Errorf("%d pools all on one master", pools)
 	}
+}
+
+// TestClusterNodeRestartFromSnapshot restarts the cluster node that serves
+// a pool from its RDB snapshot, and lets a replica that saw none of the
+// writes the restart lost call first (see restartFromSnapshot): the
+// scripts must tell the restarted node from the one that wrote the state.
+func TestClusterNodeRestartFromSnapshot(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starting a cluster takes seconds")
+	}
+	cluster := redistest.StartCluster(t, 3)
+	clients := func() redis.UniversalClient {
+		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs(), DialerRetries: 1, ContextTimeoutEnabled: true})
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	cfg := testConfig(clients())
+	s, err := cfg.settings()
+	if err != nil {
+		t.Fatal(err)
+	}
+	master, err := cfg.Client.(*redis.ClusterClient).MasterForKey(bg, newStore(&s).keys[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var node *redistest.Server
+	for _, n := range cluster.Nodes {
+		if n.Addr() == master.Options().Addr {
+			node = n
+		}
+	}
+	if node == nil {
+		t.Fatalf("no node at %s", master.Options().Addr)
+	}
+	restartFromSnapshot(t, cfg, clients, node, func() {
+		node.Restart()
+		poll(t, 10*time.Second, "the cluster", func() bool {
+			info, err := node.Do("CLUSTER", "INFO")
+			return err == nil && strings.Contains(info, "cluster_state:ok")
+		})
+	})
 }

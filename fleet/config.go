@@ -69,10 +69,23 @@ const (
 	FailOpen
 	// FailLocalShare admits the reserve without a Redis hold only while
 	// this replica's live holds and the new one fit in Config.LocalShare;
-	// beyond it the reserve is rejected with Reason Slots or Tokens. Set the
-	// share to about the limits divided by the number of replicas: the
-	// fleet then stays within its limits during an outage only if the
-	// shares of all replicas together fit them.
+	// beyond it the reserve is rejected with Reason Slots or Tokens. The
+	// live holds include the calls Redis admitted before the outage, so a
+	// replica that held more than its share when Redis went away admits
+	// nothing until enough of those calls have ended.
+	//
+	// The share bounds each replica on its own, not the fleet: no replica
+	// knows what the others hold once Redis is gone. During an outage the
+	// fleet holds at most, in slots and in tokens, the sum over its
+	// replicas of the larger of their share and what they held when Redis
+	// went away. Set the share to about the limits divided by the number
+	// of replicas: with shares that add up to the limits, the fleet goes
+	// over them by what replicas held beyond their shares when Redis went
+	// away (a replica holding 4 calls against a share of 2 while the
+	// others fill theirs), until those calls end; each replica that starts
+	// during the outage adds a share. Once Redis is back the calls
+	// admitted meanwhile are registered, even above the limits, which then
+	// admit nothing new until the fleet is under them again.
 	FailLocalShare
 )
 
@@ -93,7 +106,8 @@ func (p FailurePolicy) String() string {
 // while Redis is unavailable (the FailLocalShare policy).
 type Share struct {
 	// Slots and Tokens bound the replica's live holds: their slots and
-	// their tokens, counting holds taken before the outage.
+	// their tokens, counting the calls admitted before the outage that
+	// still run.
 	Slots, Tokens int64
 }
 
@@ -168,7 +182,8 @@ type Config struct {
 	OnFailure FailurePolicy
 
 	// LocalShare bounds the holds the FailLocalShare policy lets this
-	// replica keep on its own.
+	// replica keep on its own, its calls from before the outage included
+	// (see FailLocalShare for what it bounds fleet-wide).
 	LocalShare Share
 
 	// RelearnWindow is how long the pool admits nothing, on every replica
@@ -178,13 +193,25 @@ type Config struct {
 	// starts when the pool's state is missing (Redis lost it: a restart
 	// without persistence, FLUSHALL), when it is older than one a replica
 	// has seen (Redis came back from an older snapshot, or a lagging
-	// replica took over), and when leases ran out after no replica wrote
-	// to the pool for (LeaseTTL - RenewEvery)/2 (Redis was unreachable or
-	// frozen for longer than the leases; a crashed replica's holds running
-	// out in a pool nobody else used meanwhile look the same, and cost a
-	// window at the pool's next use). Zero means 2s; negative turns it
-	// off, and then the fleet may run more than its limits after such an
-	// event, until the running calls are registered again.
+	// replica took over), when another Redis server process serves the
+	// state than the one it was last found on (Redis restarted, from an
+	// RDB snapshot or an append-only file, even one that lost nothing; a
+	// failover; the pool's Redis Cluster slot moved to another node), and
+	// when leases ran out after no replica wrote to the pool for
+	// (LeaseTTL - RenewEvery)/2 (Redis was unreachable or frozen for
+	// longer than the leases; a crashed replica's holds running out in a
+	// pool nobody else used meanwhile look the same, and cost a window at
+	// the pool's next use). Zero means 2s; negative turns it off, and then
+	// the fleet may run more than its limits after such an event, until
+	// the running calls are registered again.
+	//
+	// A restarted or replaced server is recognised by the first script it
+	// runs for the pool, whichever replica sends it and whatever that
+	// replica saw before. The check needs a millisecond without writes to
+	// the pool before that script, which a restart or a failover takes,
+	// and the scripts must be allowed to call INFO: when the Redis user's
+	// ACL denies it, the pool's Logger warns, and only a replica that saw
+	// a newer state than the server's notices.
 	//
 	// The window must cover the time a replica needs to notice and to
 	// register its holds: GenCheckEvery plus a renewal (CallTimeout at

@@ -12,7 +12,7 @@
 //
 //	<prefix>{<pool>}:holds  sorted set: admission ID -> lease expiry
 //	<prefix>{<pool>}:vals   hash: admission ID -> "slots tokens sequence"
-//	<prefix>{<pool>}:agg    hash: the sums over vals, the generation, the write sequence
+//	<prefix>{<pool>}:agg    hash: the sums over vals, the generation, the write sequence, the server
 //	<prefix>{<pool>}:gone   sorted set: released IDs, refusing late retries
 //
 // Time comes from the Redis server (TIME), never from the replicas' clocks.
@@ -26,14 +26,18 @@
 // the client's automatic retries after a dropped connection harmless.
 //
 // Every script that changes the pool bumps a write sequence, and each
-// replica remembers the newest generation and sequence it has seen. The
-// pool starts a new generation when its state is missing (a new pool, or
-// Redis lost the state: a restart without persistence, FLUSHALL), when it
-// is older than one a replica has seen (Redis restarted from an older
-// snapshot, or a lagging replica took over), and when leases ran out while
+// replica remembers the newest generation and sequence it has seen; the
+// state also records the Redis server (its run_id) it was last found on.
+// The pool starts a new generation when its state is missing (a new pool,
+// or Redis lost the state: a restart without persistence, FLUSHALL), when
+// it is older than one a replica has seen (Redis restarted from an older
+// snapshot, or a lagging replica took over), when another server serves it
+// (a restart, a failover: recognised by the first script that server runs
+// for the pool, whichever replica sends it), and when leases ran out while
 // no replica wrote to the pool for half their renewal margin (Redis was
 // unreachable or frozen for longer than the leases; a crashed replica's
-// holds running out while nobody else used the pool look the same). For Config.RelearnWindow after that, no replica is
+// holds running out while nobody else used the pool look the same). For
+// Config.RelearnWindow after that, no replica is
 // admitted (Reason Relearning) and no hold is reclaimed, while those with
 // running calls register their holds again, which they do as soon as a
 // reply or their generation check shows the new generation. Holds are
@@ -55,5 +59,6 @@
 // never dropped because Redis is down.
 //
 // The pool needs Redis 5 or later, with maxmemory-policy noeviction or a
-// volatile-* policy: only the tombstone key carries a TTL.
+// volatile-* policy: only the tombstone key carries a TTL. Its scripts
+// call TIME and INFO.
 package fleet

@@ -14,6 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/llmbulkhead/bulkhead/clock"
 	"github.com/llmbulkhead/bulkhead/internal/redistest"
 )
 
@@ -326,6 +327,65 @@ func TestPoliciesUnderOutage(t *testing.T) {
 				t.Errorf("Close in an outage: %v", err)
 			}
 		})
+	}
+}
+
+// TestLocalShareCountsCallsFromBeforeTheOutage fills the fleet (8 slots,
+// 8,000 tokens) from four replicas whose local shares (2 slots, 2,000
+// tokens each) add up to the limits, unevenly: a holds 4 calls, b 2, c
+// and d 1 each. Redis goes away. Each replica counts the calls it runs
+// against its share, so a admits nothing until it is under its share
+// again, while c and d fill theirs: the fleet then runs what every
+// replica ran beyond its share when Redis went away, on top of the
+// shares (10 calls), and no more; it is back within its limits once the
+// calls from before the outage end.
+func TestLocalShareCountsCallsFromBeforeTheOutage(t *testing.T) {
+	srv, client := startRedis(t)
+	cfg := faultConfig(client)
+	cfg.MaxConcurrent, cfg.TokenBudget = 8, 8000
+	cfg.OnFailure, cfg.LocalShare = FailLocalShare, Share{Slots: 2, Tokens: 2000}
+	cfg.Clock = clock.NewMock() // the breaker, once open, stays open
+	a, b, c, d := mustPool(t, cfg), mustPool(t, cfg), mustPool(t, cfg), mustPool(t, cfg)
+	var fleet fleetCalls
+	h := Hold{1, 1000}
+	for i, p := range []*Pool{a, a, a, a, b, b, c, d} {
+		if res := fleet.admit(t, p, idn(i), h); !res.Admitted || res.Fallback != nil {
+			t.Fatalf("before the outage: %+v", res)
+		}
+	}
+	srv.Stop()
+	admit := func(p *Pool, n int, h Hold, want Reason) {
+		t.Helper()
+		res := fleet.admit(t, p, idn(n), h)
+		if res.Fallback == nil || res.Admitted != (want == NoReason) || res.Reason != want {
+			t.Fatalf("reserve %d in the outage: %+v; want reason %q", n, res, want)
+		}
+	}
+	admit(a, 100, h, Slots) // 4 of 2 slots
+	admit(a, 101, Hold{0, 100}, Slots)
+	admit(b, 102, h, Slots)
+	admit(c, 103, h, NoReason)
+	admit(c, 104, h, Slots)
+	admit(d, 105, h, NoReason)
+	if fleet.slots != 10 || fleet.tokens != 10_000 {
+		t.Fatalf("the fleet runs %d calls and %d tokens", fleet.slots, fleet.tokens)
+	}
+	// a's calls from before the outage end: it is under its share again.
+	for i := 0; i < 3; i++ {
+		fleet.end(a, idn(i), h)
+	}
+	admit(a, 106, h, NoReason)
+	admit(a, 107, Hold{0, 500}, Tokens)
+	admit(a, 108, h, Slots)
+	if fleet.slots != cfg.MaxConcurrent || fleet.tokens != cfg.TokenBudget || fleet.maxSlots != 10 {
+		t.Fatalf("the fleet runs %d calls and %d tokens (at most %d calls)", fleet.slots, fleet.tokens, fleet.maxSlots)
+	}
+	// Close gives up on the releases at its context's end (the mock clock
+	// schedules no retry).
+	for _, p := range []*Pool{a, b, c, d} {
+		ctx, cancel := context.WithTimeout(bg, 10*time.Millisecond)
+		p.Close(ctx)
+		cancel()
 	}
 }
 

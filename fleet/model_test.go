@@ -22,7 +22,9 @@ type model struct {
 	holds                     map[ID]mhold
 	gone                      map[ID]int64
 	slots, tokens             int64
-	gen, seq                  int64 // gen 0: no aggregate
+	gen, seq                  int64  // gen 0: no aggregate
+	srv                       string // the server the state recorded: "here", "other" or "" (none)
+	chk                       int64  // when a script last found the state on its server
 	reclaimed                 int
 	dirty                     bool
 	starts                    map[string]int // generations started, by cause (shared by clones)
@@ -35,7 +37,7 @@ func newModel(ttl, tomb, relearn, quiet int64, batch int, starts map[string]int)
 
 // lose is Redis losing the pool's state (FLUSHALL, a restart).
 func (m *model) lose() {
-	m.holds, m.gone, m.gen = map[ID]mhold{}, map[ID]int64{}, 0
+	m.holds, m.gone, m.gen, m.srv, m.chk = map[ID]mhold{}, map[ID]int64{}, 0, "", 0
 }
 
 // clone returns a copy of the model's state, as a snapshot of Redis keeps
@@ -50,6 +52,7 @@ func (m *model) clone() *model {
 func (m *model) start(now int64, sn seen, cause string) {
 	m.starts[cause]++
 	m.gen = max(now+m.relearn, m.gen+1, sn.gen+1)
+	m.srv = "here"
 	m.dirty = true
 }
 
@@ -66,6 +69,12 @@ func (m *model) prelude(now int64, sn seen) {
 		m.start(now, sn, "new or lost")
 	case sn.newer(seen{m.gen, m.seq}):
 		m.start(now, sn, "rewound")
+	case now < max(m.seq, m.chk) || now-max(m.seq, m.chk) >= serverCheckGap:
+		if m.srv == "other" {
+			m.start(now, sn, "another server")
+		} else {
+			m.srv, m.chk = "here", now
+		}
 	}
 	for id, exp := range m.gone {
 		if exp <= now {
@@ -222,10 +231,10 @@ func (r *replica) observe(rep reply) {
 }
 
 // TestModel runs random sequences of reserves, releases, adjustments,
-// renewals, replica crashes, time steps, Redis state losses and rewinds to
-// an earlier snapshot from several simulated replicas against the scripts
-// and the model, and checks that every reply agrees and the ledger stays
-// consistent.
+// renewals, replica crashes, time steps, Redis state losses, rewinds to
+// an earlier snapshot, and that snapshot served by another server, from
+// several simulated replicas against the scripts and the model, and checks
+// that every reply agrees and the ledger stays consistent.
 func TestModel(t *testing.T) {
 	_, client := startRedis(t)
 	const (
@@ -403,6 +412,21 @@ func TestModel(t *testing.T) {
 				}
 				m = snap.clone()
 			},
+			"restore the snapshot on another server": func(rt *rapid.T) {
+				// A restart from the snapshot, or a failover: the state is
+				// served by another server than the one it recorded.
+				if snap == nil || snap.gen == 0 {
+					rt.Skip("no snapshot")
+				}
+				if err := restoreKeys(client, dumps); err != nil {
+					rt.Fatal(err)
+				}
+				if err := client.HSet(bg, st.keys[2], "srv", otherServer).Err(); err != nil {
+					rt.Fatal(err)
+				}
+				m = snap.clone()
+				m.srv = "other"
+			},
 			"": func(rt *rapid.T) {
 				if m.slots < 0 || m.tokens < 0 {
 					rt.Fatalf("negative sums %d/%d", m.slots, m.tokens)
@@ -411,7 +435,7 @@ func TestModel(t *testing.T) {
 		})
 	})
 	t.Logf("generations started: %v; reserve codes: %v", starts, codes)
-	for _, cause := range []string{"new or lost", "rewound", "unrenewed"} {
+	for _, cause := range []string{"new or lost", "rewound", "unrenewed", "another server"} {
 		if starts[cause] == 0 {
 			t.Errorf("no generation started as %s", cause)
 		}

@@ -66,6 +66,7 @@ type Pool struct {
 	lastErr   error // the last one's error
 	openUntil time.Time
 	probing   bool
+	blindOnce sync.Once // warns that the scripts cannot tell servers apart
 
 	kickSend  chan struct{}
 	kickRenew chan struct{}
@@ -496,8 +497,9 @@ func (p *Pool) genLocked(gen int64) string {
 
 // observeLocked takes in what a script reply says about the pool. A reply
 // of a newer generation than the one this replica knew means Redis lost
-// the pool's state, came back with an older one, or that nobody renewed
-// for a lease: the live holds are registered again at once. (A reply of
+// the pool's state, came back with an older one, that another server
+// serves it, or that nobody renewed for a lease: the live holds are
+// registered again at once. (A reply of
 // an older generation comes from a script that ran before the new one
 // began, and says nothing new.)
 func (p *Pool) observeLocked(r reply, view View) {
@@ -510,7 +512,7 @@ func (p *Pool) observeLocked(r reply, view View) {
 	case r.gen > p.seen.gen:
 		if p.seen.gen != 0 {
 			p.stats.StateLosses++
-			p.log.Warn("fleet: the pool's state in Redis is new (lost, rewound, or left unrenewed); registering live holds again",
+			p.log.Warn("fleet: the pool's state in Redis is new (lost, rewound, on another Redis server, or left unrenewed); registering live holds again",
 				"old_gen", p.seen.gen, "gen", r.gen, "live", len(p.live))
 			p.notify(StateLost)
 			kick(p.kickRenew)

@@ -6,7 +6,10 @@
 --                      generation: its number is the end of its relearn
 --                      window, µs); seq (the write sequence: every script
 --                      that writes raises it by one at least, and to its
---                      own time, so it also tells when the last write was)
+--                      own time, so it also tells when the last write was);
+--                      srv (the run_id of the Redis server the state
+--                      was last found on, "" when scripts may not call
+--                      INFO: see here) and chk (when, µs)
 -- KEYS[4] gone   ZSET  released admission ID -> tombstone expiry (µs)
 -- ARGV[1] the time in µs, or "" to read Redis TIME (tests only set it)
 -- ARGV[2] lease TTL µs, ARGV[3] tombstone µs, ARGV[4] reclaim batch
@@ -30,6 +33,11 @@ local ttl, tomb, batch = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local relearn, quiet = tonumber(ARGV[5]), tonumber(ARGV[6])
 local seenGen, seenSeq = tonumber(ARGV[7]), tonumber(ARGV[8]) or 0
 
+-- SERVER_CHECK_GAP: a script that comes this many µs or more after the
+-- last write and the last check of the server checks which server it runs
+-- on (INFO, a few µs of server time: at most one script per gap pays it).
+local SERVER_CHECK_GAP = 1000
+
 local function num(x)
   return string.format('%.0f', x)
 end
@@ -46,19 +54,30 @@ local function fmt(s, t, q)
   return string.format('%.0f %.0f %.0f', s, t, q)
 end
 
-local agg = redis.call('HMGET', K_AGG, 'slots', 'tokens', 'gen', 'seq')
+local agg = redis.call('HMGET', K_AGG, 'slots', 'tokens', 'gen', 'seq', 'srv', 'chk')
 local slots, tokens = tonumber(agg[1]), tonumber(agg[2])
-local gen, seq = tonumber(agg[3]), tonumber(agg[4])
+local gen, seq, srv = tonumber(agg[3]), tonumber(agg[4]), agg[5]
 -- dirty: the script changed the state, so it raises seq.
 local dirty = false
 
+-- here returns the run_id of the server running the script, which is new
+-- at every start of a Redis process (and another process's after a
+-- failover), or nil when INFO is not allowed.
+local function here()
+  local info = redis.pcall('INFO', 'server')
+  if type(info) ~= 'string' then return nil end
+  return string.match(info, 'run_id:(%x+)')
+end
+
 -- start begins a new generation, whose number exceeds every one the caller
--- or the state knew. Until it has passed, which is at the end of the
--- relearn window, no reserve is admitted nor any hold reclaimed, while the
--- holders of running calls register them again.
+-- or the state knew, and records the server it begins on. Until it has
+-- passed, which is at the end of the relearn window, no reserve is
+-- admitted nor any hold reclaimed, while the holders of running calls
+-- register them again.
 local function start()
   gen = math.max(now + relearn, (gen or 0) + 1, (seenGen or 0) + 1)
-  redis.call('HSET', K_AGG, 'gen', num(gen))
+  srv = here() or srv
+  redis.call('HSET', K_AGG, 'gen', num(gen), 'srv', srv or '')
   dirty = true
 end
 
@@ -80,6 +99,26 @@ elseif seenGen and (seenGen > gen or (seenGen == gen and seenSeq > seq)) then
   -- The state is older than one the caller has seen: Redis came back from
   -- a snapshot, or a lagging replica took over.
   start()
+else
+  local last = math.max(seq, tonumber(agg[6]) or 0)
+  if now < last or now - last >= SERVER_CHECK_GAP then
+    -- Nothing for a while (or the clock is behind the last write): this
+    -- may be another server than the one the state was last found on,
+    -- which a restart or a failover takes far longer than the gap to
+    -- bring in. Its state may be older than the one the replicas saw, even
+    -- when this caller saw none of the writes it lost: relearn.
+    local id = here()
+    if id and srv and srv ~= '' and id ~= srv then
+      start()
+    else
+      -- The same server; or one the state does not name yet (a state of
+      -- an earlier version of these scripts), taken as this one; or
+      -- INFO is not allowed ("": say so in the state, where the replicas
+      -- see it).
+      srv = id or srv or ''
+      redis.call('HSET', K_AGG, 'srv', srv, 'chk', num(now))
+    end
+  end
 end
 
 -- Lazy reclaim of up to batch holds whose lease has run out (expiry <= now),

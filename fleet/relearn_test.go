@@ -1,7 +1,10 @@
 package fleet
 
 import (
+	"log/slog"
 	"math/rand/v2"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -381,5 +384,186 @@ func TestLapseDuringOutage(t *testing.T) {
 	}
 	if st := p.Stats(); st.Lapses != 1 {
 		t.Fatalf("stats %+v", st)
+	}
+}
+
+// fleetCalls counts the calls running across the replicas of a test that
+// runs them one at a time, and the most that ran at once.
+type fleetCalls struct {
+	slots, tokens       int64
+	maxSlots, maxTokens int64
+}
+
+// admit reserves h for id on p and, when admitted, runs it as a call.
+func (c *fleetCalls) admit(t *testing.T, p *Pool, id ID, h Hold) Result {
+	t.Helper()
+	res, err := p.Reserve(bg, id, h, false)
+	if err != nil {
+		t.Fatalf("reserve %v: %v", id, err)
+	}
+	if res.Admitted {
+		c.slots, c.tokens = c.slots+h.Slots, c.tokens+h.Tokens
+		c.maxSlots, c.maxTokens = max(c.maxSlots, c.slots), max(c.maxTokens, c.tokens)
+	}
+	return res
+}
+
+// end ends the call of id, admitted on p with h.
+func (c *fleetCalls) end(p *Pool, id ID, h Hold) {
+	c.slots, c.tokens = c.slots-h.Slots, c.tokens-h.Tokens
+	p.Release(id)
+}
+
+// TestRestartFromSnapshotReachedFirstByBehindReplica restarts Redis from
+// an RDB snapshot young enough that no lease in it has run out, and lets
+// the first calls after the restart come from a replica that has not
+// called the pool since the snapshot was taken (see restartFromSnapshot).
+func TestRestartFromSnapshotReachedFirstByBehindReplica(t *testing.T) {
+	srv := redistest.Start(t)
+	clients := func() redis.UniversalClient { return newClient(t, srv.Addr()) }
+	restartFromSnapshot(t, testConfig(clients()), clients, srv, srv.Restart)
+}
+
+// restartFromSnapshot runs two replicas, a and b, on cfg's pool, which
+// lives in the Redis server srv; a uses cfg.Client, b a client newClient
+// returns. Both take holds, srv
+// saves an RDB snapshot, a takes more holds, and restart brings srv back
+// from the snapshot, 1.5 s later: no lease in it has run out (they last
+// 3 s). The first calls after the restart come from b, which has not
+// called the pool since the snapshot was taken: b saw none of the writes
+// the restart lost, and the state it finds is newer than anything it saw.
+// The pool must still start a relearn window before anyone admits against
+// the rewound sums: b's burst is held back, a registers its running calls
+// again, and the fleet never runs more calls or tokens than its limits.
+func restartFromSnapshot(t *testing.T, cfg Config, newClient func() redis.UniversalClient, srv *redistest.Server, restart func()) {
+	cfg.MaxConcurrent, cfg.TokenBudget, cfg.LeaseTTL = 8, 8000, 3*time.Second
+	cfg.RenewEvery = 2 * time.Second // the generation check, every second, notices first
+	clk := clock.NewMock()
+	cfg.Clock = clk
+	var now atomic.Int64 // the scripts' time, µs
+	now.Store(t0)
+	a := hookedPool(t, cfg, now.Load)
+	cfg.Client = newClient() // each replica its own client
+	b := hookedPool(t, cfg, now.Load)
+
+	var fleet fleetCalls
+	h := Hold{1, 1000}
+	for i, p := range []*Pool{a, a, b, b} {
+		if res := fleet.admit(t, p, idn(i), h); !res.Admitted {
+			t.Fatalf("before the snapshot: %+v", res)
+		}
+	}
+	now.Add(1000)
+	if _, err := srv.Do("SAVE"); err != nil {
+		t.Fatal(err)
+	}
+	now.Add(500_000)
+	for i := 0; i < 4; i++ { // lost with the restart
+		if res := fleet.admit(t, a, idn(100+i), h); !res.Admitted {
+			t.Fatalf("after the snapshot: %+v", res)
+		}
+	}
+	now.Add(1_000_000) // the snapshot is 1.5 s old: none of its leases ran out
+	restart()
+
+	// b's burst reaches the restarted Redis first.
+	var relearning int
+	var gen string
+	for i := 0; i < 8; i++ {
+		res := fleet.admit(t, b, idn(200+i), h)
+		if res.Admitted && (fleet.slots > cfg.MaxConcurrent || fleet.tokens > cfg.TokenBudget) {
+			t.Errorf("b's reserve %d admitted: %d calls and %d tokens run, limits %d and %d; it saw %+v",
+				i, fleet.slots, fleet.tokens, cfg.MaxConcurrent, cfg.TokenBudget, res.View)
+		}
+		if res.Reason == Relearning {
+			relearning++
+			gen = res.View.Gen
+		}
+	}
+	if relearning == 0 {
+		t.Fatalf("b's burst was not held back: %+v", b.Stats())
+	}
+	// a notices the new generation at its next check, and registers its
+	// running calls again.
+	clk.Add(a.s.GenCheckEvery)
+	poll(t, 5*time.Second, "a's calls registered again", func() bool { return a.Stats().Renews.Reinstated == 4 })
+	if l := checkLedger(t, a.st.client, a.st.keys); l.slots != fleet.slots || l.tokens != fleet.tokens {
+		t.Fatalf("the pool holds %d slots and %d tokens, the fleet runs %d and %d", l.slots, l.tokens, fleet.slots, fleet.tokens)
+	}
+	// After the window the pool is full, until a call ends.
+	g, err := strconv.ParseInt(gen, 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now.Store(g)
+	if res := fleet.admit(t, b, idn(300), h); res.Admitted || res.Reason != Slots {
+		t.Fatalf("after the window: %+v", res)
+	}
+	fleet.end(a, idn(100), h)
+	poll(t, 5*time.Second, "the release", func() bool { return checkLedger(t, a.st.client, a.st.keys).slots == 7 })
+	if res := fleet.admit(t, b, idn(301), h); !res.Admitted {
+		t.Fatalf("after a release: %+v", res)
+	}
+	if fleet.maxSlots > cfg.MaxConcurrent || fleet.maxTokens > cfg.TokenBudget {
+		t.Errorf("the fleet ran %d calls and %d tokens at once, limits %d and %d",
+			fleet.maxSlots, fleet.maxTokens, cfg.MaxConcurrent, cfg.TokenBudget)
+	}
+	for name, p := range map[string]*Pool{"a": a, "b": b} {
+		if st := p.Stats(); st.StateLosses != 1 {
+			t.Errorf("replica %s saw %d state losses, want 1", name, st.StateLosses)
+		}
+	}
+}
+
+// lockedBuffer is a log destination the pool's goroutines and the test
+// share.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestScriptsWithoutInfo runs a pool as a Redis user whose ACL denies
+// INFO: the scripts cannot read which server they run on, so they cannot
+// tell a restarted or replaced server by it. They must work all the same,
+// record that in the pool's state, and the replicas must warn about it.
+func TestScriptsWithoutInfo(t *testing.T) {
+	srv, admin := startRedis(t)
+	if _, err := admin.Do(bg, "ACL", "SETUSER", "app", "on", ">secret", "~*", "&*", "+@all", "-info").Result(); err != nil {
+		t.Fatal(err)
+	}
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), Username: "app", Password: "secret", ContextTimeoutEnabled: true})
+	t.Cleanup(func() { client.Close() })
+	if err := client.Info(bg, "server").Err(); err == nil {
+		t.Fatal("the user may call INFO")
+	}
+	cfg := testConfig(client)
+	clk := clock.NewMock()
+	var logs lockedBuffer
+	cfg.Clock, cfg.Logger = clk, slog.New(slog.NewTextHandler(&logs, nil))
+	var now atomic.Int64
+	now.Store(t0)
+	p := hookedPool(t, cfg, now.Load)
+	reserveOK(t, p, idn(1), Hold{1, 10}, false)
+	now.Add(10 * serverCheckGap)
+	reserveOK(t, p, idn(2), Hold{1, 10}, false)
+	if v, err := admin.HGet(bg, p.st.keys[2], "srv").Result(); err != nil || v != "" {
+		t.Fatalf("the state records server %q (%v), want \"\"", v, err)
+	}
+	clk.Add(p.s.GenCheckEvery)
+	poll(t, 5*time.Second, "the warning", func() bool { return strings.Contains(logs.String(), "may not call INFO") })
+	if e := p.Stats().Errors; e != (ErrorStats{Reserve: ErrorKinds{NoScript: 1}}) {
+		t.Fatalf("errors %+v", e)
 	}
 }

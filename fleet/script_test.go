@@ -1,6 +1,8 @@
 package fleet
 
 import (
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -136,6 +138,52 @@ func (f *fixture) sums(r reply, slots, tokens int64) {
 	if r.slots != slots || r.tokens != tokens {
 		f.t.Fatalf("pool holds %d slots / %d tokens, want %d / %d", r.slots, r.tokens, slots, tokens)
 	}
+}
+
+// serverCheckGap is the prelude's SERVER_CHECK_GAP, µs.
+const serverCheckGap = 1000
+
+// otherServer is the run_id of a server the tests do not run.
+const otherServer = "0123456789abcdef0123456789abcdef01234567"
+
+// server returns the server the pool's state recorded.
+func (f *fixture) server() string {
+	f.t.Helper()
+	return f.client.HGet(bg, f.st.keys[2], "srv").Val()
+}
+
+// infoCalls returns how many INFO commands the server ran since its
+// statistics were reset.
+func (f *fixture) infoCalls() int {
+	f.t.Helper()
+	n := f.info("commandstats", "cmdstat_info:calls=", ",")
+	if n == "" {
+		return 0
+	}
+	calls, err := strconv.Atoi(n)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return calls
+}
+
+// runID returns the run_id of the fixture's server.
+func (f *fixture) runID() string {
+	f.t.Helper()
+	return f.info("server", "run_id:", "\r\n")
+}
+
+// info returns what follows key up to end in the server's INFO section
+// ("" when key is not there).
+func (f *fixture) info(section, key, end string) string {
+	f.t.Helper()
+	text, err := f.client.Info(bg, section).Result()
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	_, after, _ := strings.Cut(text, key)
+	v, _, _ := strings.Cut(after, end)
+	return v
 }
 
 func (f *fixture) want(what string, got, want int64) {
@@ -550,6 +598,62 @@ func TestScriptsGenerations(t *testing.T) {
 			f.want("long after", code, codeAdmitted)
 			if r.gen != gen || r.reclaimed != 1 {
 				f.t.Fatalf("generation %d (was %d), reclaimed %d", r.gen, gen, r.reclaimed)
+			}
+		}},
+		{"a state another server recorded starts a generation after a gap", false, 0, func(f *fixture) {
+			_, r := f.reserve(1, 10, seen{})
+			if srv := f.server(); srv != f.runID() {
+				f.t.Fatalf("the state records server %q, this one is %q", srv, f.runID())
+			}
+			// The state comes to another server: a restart, a failover.
+			f.client.HSet(bg, f.st.keys[2], "srv", otherServer)
+			f.now = r.seq + serverCheckGap - 1
+			code, r := f.reserve(2, 10, seen{})
+			f.want("a write less than the gap after the last", code, codeAdmitted)
+			f.now = r.seq + serverCheckGap
+			code, r = f.reserve(3, 10, seen{})
+			f.want("a caller that saw nothing newer, after the gap", code, codeRelearning)
+			if r.gen != f.now+tRelearn || f.server() != f.runID() {
+				f.t.Fatalf("generation %d, server %q", r.gen, f.server())
+			}
+			f.sums(r, 2, 20)
+			f.now = r.gen
+			code, _ = f.reserve(3, 10, seen{})
+			f.want("after the window, the pool is full", code, codeSlots)
+		}},
+		{"a state another server recorded, on a clock behind its last write", false, 0, func(f *fixture) {
+			_, r := f.reserve(1, 10, seen{})
+			f.client.HSet(bg, f.st.keys[2], "srv", otherServer)
+			f.now = r.seq - 1
+			code, _ := f.reserve(2, 10, seen{})
+			f.want("a caller that saw nothing newer", code, codeRelearning)
+		}},
+		{"a state that recorded no server is taken as this one's", false, 0, func(f *fixture) {
+			_, r := f.reserve(1, 10, seen{})
+			f.client.HDel(bg, f.st.keys[2], "srv")
+			f.now = r.seq + serverCheckGap
+			code, r2 := f.reserve(1, 10, seen{})
+			f.want("a duplicate, after the gap", code, codeDuplicate)
+			if f.server() != f.runID() || r2.seen != r.seen {
+				f.t.Fatalf("server %q, state %+v (was %+v)", f.server(), r2.seen, r.seen)
+			}
+		}},
+		{"a script checks the server once a gap, writing or not", false, 0, func(f *fixture) {
+			f.reserve(1, 60, seen{})
+			_, r := f.reserve(2, 40, seen{})
+			if err := f.client.ConfigResetStat(bg).Err(); err != nil {
+				f.t.Fatal(err)
+			}
+			start := r.seq + serverCheckGap
+			for f.now = start; f.now < start+3*serverCheckGap; f.now += serverCheckGap / 4 {
+				code, r2 := f.reserve(3, 10, seen{}) // the pool is full: no write
+				f.want("a reserve of a full pool", code, codeSlots)
+				if r2.seen != r.seen {
+					f.t.Fatalf("the state moved from %+v to %+v", r.seen, r2.seen)
+				}
+			}
+			if n := f.infoCalls(); n != 3 {
+				f.t.Fatalf("%d checks of the server in 3 gaps", n)
 			}
 		}},
 		{"the state of an earlier version is carried on", false, 0, func(f *fixture) {

@@ -180,22 +180,31 @@ func appendEntries(a []any, es []entry) []any {
 	return a
 }
 
-// state reads the pool's generation and write sequence; zero when the pool
-// has none (new, or Redis lost it).
-func (s *store) state(ctx context.Context) (seen, error) {
-	return bounded(s, ctx, func(ctx context.Context) (seen, error) {
-		v, err := s.client.HMGet(ctx, s.keys[2], "gen", "seq").Result()
+// poolState is what a generation check reads of the pool's state.
+type poolState struct {
+	seen // zero when the pool has none (new, or Redis lost it)
+	// blind: the scripts could not read the server's identity (INFO is
+	// not allowed to them), so they cannot tell a restarted or replaced
+	// server by it.
+	blind bool
+}
+
+// state reads the pool's generation, write sequence and server.
+func (s *store) state(ctx context.Context) (poolState, error) {
+	return bounded(s, ctx, func(ctx context.Context) (poolState, error) {
+		v, err := s.client.HMGet(ctx, s.keys[2], "gen", "seq", "srv").Result()
 		if err != nil {
-			return seen{}, err
+			return poolState{}, err
 		}
-		var sn seen
+		var ps poolState
 		if g, ok := v[0].(string); ok {
-			sn.gen, _ = strconv.ParseInt(g, 10, 64)
+			ps.gen, _ = strconv.ParseInt(g, 10, 64)
 		}
 		if q, ok := v[1].(string); ok {
-			sn.seq, _ = strconv.ParseInt(q, 10, 64)
+			ps.seq, _ = strconv.ParseInt(q, 10, 64)
 		}
-		return sn, nil
+		ps.blind = v[2] == ""
+		return ps, nil
 	})
 }
 

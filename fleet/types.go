@@ -36,7 +36,8 @@ const (
 	// Relearning: the holders of running calls are registering them
 	// again; retry shortly. Either the pool's state in Redis is new (the
 	// pool's first use; Redis lost the state or came back with an older
-	// one; leases ran out while nobody could renew them) and inside its
+	// one; another Redis server serves it, after a restart or a failover;
+	// leases ran out while nobody could renew them) and inside its
 	// relearn window, or this replica's own leases ran out unrenewed and
 	// it has not registered its live holds again yet (then Redis was not
 	// asked, and Result.View is zero).
@@ -78,8 +79,9 @@ type View struct {
 	// was TokenBudget minus HighPriorityReserve.
 	MaxConcurrent, TokenBudget int64
 	// Gen is the pool's generation: it changes when Redis loses the
-	// pool's state or comes back with an older one, and when leases ran
-	// out while no replica could renew them.
+	// pool's state or comes back with an older one, when another Redis
+	// server serves it (a restart, a failover), and when leases ran out
+	// while no replica could renew them.
 	Gen string
 	// Reclaimed counts the expired holds this script reclaimed.
 	Reclaimed int
@@ -123,7 +125,8 @@ type Stats struct {
 	Reclaimed uint64
 	// StateLosses counts the times this pool saw the pool's generation
 	// change: Redis lost the pool's state or came back with an older one,
-	// or leases ran out while no replica could renew them.
+	// another Redis server serves it (a restart, a failover), or leases
+	// ran out while no replica could renew them.
 	StateLosses uint64
 	// Lapses counts the times this pool found the lease of one of its live
 	// holds run out, unrenewed: the process was paused, or cut off from
