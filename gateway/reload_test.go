@@ -439,3 +439,62 @@ routes: [{api: openai-chat, upstream: up, bulkhead: main}]
 	}
 	close(up.release)
 }
+
+// FuzzReload: whatever the file, a reload applies it, finds it unchanged,
+// or refuses it with a *ConfigError or a *RestartError that changed
+// nothing; it never panics, and the file in force before can always be
+// reloaded again.
+func FuzzReload(f *testing.F) {
+	up := httptest.NewServer(http.NotFoundHandler())
+	defer up.Close()
+	base := `clients: {web: {key_env: WEB_KEY, tenant: web}}
+upstreams: {up: {base_url: "` + up.URL + `", api_key_env: UP_KEY}}
+bulkheads:
+  main:
+    model: gpt-4o
+    max_concurrent: 4
+    token_budget: 100000
+    classes: {default: web, limits: {web: {max_concurrent: 2}, batch: {}}}
+routes: [{api: openai-chat, upstream: up, bulkhead: main}]
+`
+	f.Add(base)
+	f.Add(strings.Replace(base, "max_concurrent: 4", "max_concurrent: 3", 1))
+	f.Add(strings.Replace(base, "batch: {}", "batch: {protected_concurrent: 9}", 1))
+	f.Add(strings.Replace(base, "token_budget: 100000", "token_budget: 10, high_priority_reserve: 20", 1))
+	f.Add(strings.Replace(base, "tenant: web", "tenant: batch", 1) + "log: {requests: errors}\n")
+	f.Add(strings.Replace(base, "routes: [", "routes: [{api: gemini, upstream: up, bulkhead: main}, ", 1))
+	f.Add("listen: 0.0.0.0:1\n" + base)
+	cfg, err := gateway.ParseConfig("gw.yaml", []byte(base))
+	if err != nil {
+		f.Fatal(err)
+	}
+	g, err := gateway.Build(cfg, "gw.yaml", lookup(reloadEnv), gateway.NewLogger(io.Discard, "json"))
+	if err != nil {
+		f.Fatal(err)
+	}
+	defer g.Shutdown(context.Background())
+	f.Fuzz(func(t *testing.T, text string) {
+		next, err := gateway.ParseConfig("gw.yaml", []byte(text))
+		if err != nil {
+			return
+		}
+		before := g.Bulkheads["main"].Limits()
+		res, err := g.Reload(next)
+		var ce *gateway.ConfigError
+		var re *gateway.RestartError
+		switch {
+		case err == nil && (res.Outcome == gateway.ReloadApplied) != (len(res.Changes) > 0):
+			t.Fatalf("%+v", res)
+		case err != nil && !errors.As(err, &ce) && !errors.As(err, &re):
+			t.Fatalf("error %v (%T)", err, err)
+		case err != nil:
+			if l := g.Bulkheads["main"].Limits(); l.Revision != before.Revision {
+				t.Fatalf("a refused reload changed the limits: %v -> %v", before, l)
+			}
+		}
+		back, _ := gateway.ParseConfig("gw.yaml", []byte(base))
+		if res, err := g.Reload(back); err != nil {
+			t.Fatalf("reloading the file in force before: %+v, %v", res, err)
+		}
+	})
+}
