@@ -32,19 +32,24 @@ const (
 )
 
 // Gateway is a gateway built from a Config: its bulkheads and the HTTP
-// handler serving the routes, /healthz, /readyz and /metrics.
+// handler serving the routes, /healthz, /readyz, /status and /metrics.
 type Gateway struct {
 	// Handler serves the routes, /healthz (200 while the process runs),
-	// /readyz (200 until SetReady(false) or Shutdown, then 503) and
-	// /metrics (every bulkhead's Prometheus metrics, labelled
-	// bulkhead="<name>"). On the routes it answers a call without a
+	// /readyz (200 until SetReady(false) or Shutdown, then 503), /status
+	// (the configuration's revision and digest, and the last reload, as
+	// JSON) and /metrics (every bulkhead's Prometheus metrics, labelled
+	// bulkhead="<name>", and the gateway's own). It serves each request
+	// with the configuration in force when the request arrived (see
+	// Reload), and traces it when the configuration's telemetry says so.
+	// On the routes it answers a call without a
 	// client's key 401 when the configuration has clients (after reading
 	// and discarding its body, as the Handler does for a body it
 	// refuses), and logs one line per request however it ends. A body
 	// not read to its end, whatever the answer, holds its connection no
 	// longer than the body timeout.
 	Handler http.Handler
-	// Bulkheads are the gateway's bulkheads, by name.
+	// Bulkheads are the gateway's bulkheads, by name. A reload changes
+	// their limits, never the set.
 	Bulkheads map[string]*bulkhead.Bulkhead
 	// Listen, ShutdownDelay and ShutdownTimeout are the configuration's,
 	// defaults applied.
@@ -80,9 +85,13 @@ type Gateway struct {
 // line per request, the state changes of the fleet pools (each also
 // counted in /metrics as bulkhead_gateway_fleet_events_total) and, as
 // warnings, the reverse proxy's own errors (nil: a JSON or text handler on
-// standard error, as cfg.Log says). An invalid limit, a variable that is
-// not set or is empty, or an unreadable certificate is a *ConfigError with
-// the line of its key. Shut the gateway down with Shutdown.
+// standard error, as cfg.Log says), as do the configuration reloads. With
+// cfg.Telemetry (or the OTEL_* variables, read with lookupEnv) it makes
+// the OTLP exporters, unless opts give providers of the caller's
+// (WithTracerProvider, WithMeterProvider). An invalid limit, a variable
+// that is not set or is empty, or an unreadable certificate is a
+// *ConfigError with the line of its key. Shut the gateway down with
+// Shutdown, which also exports the telemetry it still holds.
 func Build(cfg *Config, file string, lookupEnv func(string) (string, bool), logger *slog.Logger, opts ...BuildOption) (*Gateway, error) {
 	if lookupEnv == nil {
 		lookupEnv = func(string) (string, bool) { return "", false }
