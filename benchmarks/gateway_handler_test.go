@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
 	"github.com/llmbulkhead/bulkhead/gateway"
 )
 
@@ -29,8 +31,8 @@ func (w *discardWriter) Flush()                      {}
 
 // buildGateway builds a gateway of one OpenAI chat route to upstream
 // through a bulkhead of limit calls at once, logging every request to
-// io.Discard in JSON, as the command logs to standard error.
-func buildGateway(b *testing.B, upstream string, limit int) *gateway.Gateway {
+// io.Discard in JSON, as the command logs to standard error, with opts.
+func buildGateway(b *testing.B, upstream string, limit int, opts ...gateway.BuildOption) *gateway.Gateway {
 	b.Helper()
 	cfg, err := gateway.ParseConfig("bench.yaml", []byte(`
 log: {requests: all}
@@ -44,7 +46,7 @@ routes:
 	if err != nil {
 		b.Fatal(err)
 	}
-	g, err := gateway.Build(cfg, "bench.yaml", nil, gateway.NewLogger(io.Discard, "json"))
+	g, err := gateway.Build(cfg, "bench.yaml", nil, gateway.NewLogger(io.Discard, "json"), opts...)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -100,7 +102,11 @@ func cpuTime() time.Duration {
 // fake upstream on loopback, whose own cost is in the figure): served
 // plain and streamed, and shed: the bulkhead's one slot is held by a
 // stream through the gateway, and each call is answered 503. The request
-// log is on, to io.Discard.
+// log is on, to io.Discard. Telemetry is off (the default); the "-traced"
+// runs trace every call (the gateway's span, its admission, its upstream
+// call) into the SDK's batching processor and an exporter that drops what
+// it is given, so they measure the gateway's and the SDK's cost, not an
+// exporter's.
 func BenchmarkGatewayHandler(b *testing.B) {
 	release := make(chan struct{})
 	defer close(release)
@@ -108,38 +114,58 @@ func BenchmarkGatewayHandler(b *testing.B) {
 	defer up.Close()
 	plain := `{"model":"gpt-4o-mini","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Say hello in one short sentence."}],"max_tokens":64}`
 	streamed := strings.Replace(plain, `{"model"`, `{"stream":true,"model"`, 1)
-	b.Run("plain", func(b *testing.B) {
-		g := buildGateway(b, up.URL, 64)
-		if st := serveCalls(b, g.Handler, plain); st != http.StatusOK {
-			b.Fatalf("status %d", st)
+	for _, traced := range []bool{false, true} {
+		suffix := ""
+		if traced {
+			suffix = "-traced"
 		}
-	})
-	b.Run("streamed", func(b *testing.B) {
-		g := buildGateway(b, up.URL, 64)
-		if st := serveCalls(b, g.Handler, streamed); st != http.StatusOK {
-			b.Fatalf("status %d", st)
+		opts := func(b *testing.B) []gateway.BuildOption {
+			if !traced {
+				return nil
+			}
+			tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(dropSpans{}))
+			b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+			return []gateway.BuildOption{gateway.WithTracerProvider(tp)}
 		}
-	})
-	b.Run("shed", func(b *testing.B) {
-		hold := make(chan struct{})
-		upHold := fakeUpstream(hold)
-		defer upHold.Close()
-		g := buildGateway(b, upHold.URL, 1)
-		srv := httptest.NewServer(g.Handler)
-		defer srv.Close()
-		res, err := http.Post(srv.URL+"/v1/chat/completions", "application/json",
-			strings.NewReader(`{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"hold"}]}`))
-		if err != nil {
-			b.Fatal(err)
-		}
-		if _, err := res.Body.Read(make([]byte, 16)); err != nil {
-			b.Fatal(err)
-		}
-		if st := serveCalls(b, g.Handler, plain); st != http.StatusServiceUnavailable {
-			b.Fatalf("status %d", st)
-		}
-		close(hold)
-		io.Copy(io.Discard, res.Body)
-		res.Body.Close()
-	})
+		b.Run("plain"+suffix, func(b *testing.B) {
+			g := buildGateway(b, up.URL, 64, opts(b)...)
+			if st := serveCalls(b, g.Handler, plain); st != http.StatusOK {
+				b.Fatalf("status %d", st)
+			}
+		})
+		b.Run("streamed"+suffix, func(b *testing.B) {
+			g := buildGateway(b, up.URL, 64, opts(b)...)
+			if st := serveCalls(b, g.Handler, streamed); st != http.StatusOK {
+				b.Fatalf("status %d", st)
+			}
+		})
+		b.Run("shed"+suffix, func(b *testing.B) {
+			hold := make(chan struct{})
+			upHold := fakeUpstream(hold)
+			defer upHold.Close()
+			g := buildGateway(b, upHold.URL, 1, opts(b)...)
+			srv := httptest.NewServer(g.Handler)
+			defer srv.Close()
+			res, err := http.Post(srv.URL+"/v1/chat/completions", "application/json",
+				strings.NewReader(`{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"hold"}]}`))
+			if err != nil {
+				b.Fatal(err)
+			}
+			if _, err := res.Body.Read(make([]byte, 16)); err != nil {
+				b.Fatal(err)
+			}
+			if st := serveCalls(b, g.Handler, plain); st != http.StatusServiceUnavailable {
+				b.Fatalf("status %d", st)
+			}
+			close(hold)
+			io.Copy(io.Discard, res.Body)
+			res.Body.Close()
+		})
+	}
 }
+
+// dropSpans is a span exporter that drops what it is given.
+type dropSpans struct{}
+
+func (dropSpans) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error { return nil }
+func (dropSpans) Shutdown(context.Context) error                             { return nil }

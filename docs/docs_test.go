@@ -337,7 +337,7 @@ func TestMetricsGuide(t *testing.T) {
 		t.Errorf("found only %d metric families in package metrics: has the way they are named changed?", n)
 	}
 	gatewayGuide := read(t, "docs/gateway.md")
-	for _, file := range []string{"gateway/early.go", "gateway/gateway.go"} {
+	for _, file := range []string{"gateway/early.go", "gateway/gateway.go", "gateway/reload.go"} {
 		gw := gatewayMetric.FindAllStringSubmatch(read(t, file), -1)
 		if len(gw) == 0 {
 			t.Errorf("found no metric family in %s: has the way it is named changed?", file)
@@ -354,22 +354,25 @@ func TestMetricsGuide(t *testing.T) {
 }
 
 // otelName matches an attribute key, span or event name or instrument name
-// of package otelbulkhead.
-var otelName = regexp.MustCompile(`(?:Key\(|= )"((?:gen_ai|bulkhead|error)\.[a-z_.]+)"`)
+// of package otelbulkhead or of the gateway's spans.
+var otelName = regexp.MustCompile(`(?:Key\(|= )"((?:gen_ai|bulkhead|error|http|url|server|client|user_agent)\.[a-z_.]+)"`)
 
 // TestObservabilityGuide checks that the observability guide names every
-// attribute, span event and instrument of package otelbulkhead.
+// attribute, span event and instrument of package otelbulkhead, and every
+// attribute of the gateway's spans.
 func TestObservabilityGuide(t *testing.T) {
 	guide := read(t, "docs/observability.md")
-	n := 0
-	for _, m := range otelName.FindAllStringSubmatch(read(t, "otelbulkhead/attrs.go"), -1) {
-		n++
-		if !strings.Contains(guide, "`"+m[1]+"`") && !strings.Contains(guide, "`"+m[1]+".") {
-			t.Errorf("docs/observability.md does not name %s", m[1])
+	for file, least := range map[string]int{"otelbulkhead/attrs.go": 30, "internal/semconv/semconv.go": 10, "gateway/trace.go": 20} {
+		n := 0
+		for _, m := range otelName.FindAllStringSubmatch(read(t, file), -1) {
+			n++
+			if !strings.Contains(guide, "`"+m[1]+"`") && !strings.Contains(guide, "`"+m[1]+".") {
+				t.Errorf("docs/observability.md does not name %s (%s)", m[1], file)
+			}
 		}
-	}
-	if n < 30 {
-		t.Errorf("found only %d names in otelbulkhead/attrs.go: has the way they are named changed?", n)
+		if n < least {
+			t.Errorf("found only %d names in %s: has the way they are named changed?", n, file)
+		}
 	}
 }
 
@@ -394,7 +397,10 @@ func TestGatewayGuide(t *testing.T) {
 			t.Errorf("%v", err)
 			continue
 		}
-		g, err := gateway.Build(cfg, name, func(string) (string, bool) { return "a-key-of-sixteen-characters-or-more", true }, slog.New(slog.DiscardHandler))
+		env := func(name string) (string, bool) { // every variable the file names; OpenTelemetry's as unset
+			return "a-key-of-sixteen-characters-or-more", !strings.HasPrefix(name, "OTEL_")
+		}
+		g, err := gateway.Build(cfg, name, env, slog.New(slog.DiscardHandler))
 		if err != nil {
 			t.Errorf("%v", err)
 			continue

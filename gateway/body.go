@@ -273,8 +273,8 @@ func (h *Handler) refuseEarly(w http.ResponseWriter, req *http.Request, format s
 
 // bodyLimitOf is the largest body a route of format reads; 0 when no
 // route serves it.
-func (h *Handler) bodyLimitOf(format stream.Format) int64 {
-	if fr := h.formats[format]; fr != nil {
+func (t *table) bodyLimitOf(format stream.Format) int64 {
+	if fr := t.formats[format]; fr != nil {
 		return fr.maxBody
 	}
 	return 0

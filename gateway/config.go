@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -91,9 +92,16 @@ type Config struct {
 	Class ClassFrom `yaml:"class"`
 	// Priority says which header carries a call's priority.
 	Priority PriorityFrom `yaml:"priority"`
+	// Telemetry sends OpenTelemetry traces of the calls and the
+	// bulkheads' metrics over OTLP; off by default (see TelemetryConfig).
+	Telemetry TelemetryConfig `yaml:"telemetry"`
 
 	// root is the file's nodes, for the lines of errors found later.
 	root *yaml.Node
+	// file is the file's name, and digest the SHA-256 of its bytes, as
+	// ParseConfig read them.
+	file   string
+	digest [32]byte
 }
 
 // TLSFiles are a certificate and its private key, PEM-encoded files.
@@ -425,7 +433,7 @@ func ParseConfig(name string, data []byte) (*Config, error) {
 	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
 		return nil, v.decodeError(err)
 	}
-	cfg.root = &root
+	cfg.root, cfg.file, cfg.digest = &root, name, sha256.Sum256(data)
 	v.check(&cfg)
 	if v.err != nil {
 		return nil, v.err
@@ -675,6 +683,7 @@ func (v *validator) check(c *Config) {
 		}
 	}
 	v.checkRouteModels(c)
+	v.checkTelemetry(&c.Telemetry)
 	for i, r := range c.Routes {
 		p := []string{"routes", strconv.Itoa(i)}
 		if _, ok := apis[r.API]; !ok {

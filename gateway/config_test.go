@@ -591,6 +591,8 @@ func FuzzParseConfig(f *testing.F) {
 	f.Add("bulkheads: {b: {rate_limits: {per_class: {a: {requests_per_minute: [1]}}}, classes: [a]}}\n")
 	f.Add("routes:\n  - {api: gemini, models: [a, a]}\n  - {api: gemini}\n  - {api: gemini}\n")
 	f.Add("a: &x {b: 1}\nbulkheads: {c: *x}\n")
+	f.Add("telemetry: {traces: true, endpoint: \"http://c:4318/p\", protocol: grpc, sample_ratio: 2, metrics_interval: 1s}\n")
+	f.Add("telemetry: {endpoint: \"http://[::1\", service_name: \" x\"}\n")
 	f.Fuzz(func(t *testing.T, text string) {
 		cfg, err := gateway.ParseConfig("gw.yaml", []byte(text))
 		if err == nil {
@@ -603,8 +605,15 @@ func FuzzParseConfig(f *testing.F) {
 		if !errors.As(err, &ce) || !errors.Is(err, bulkhead.ErrInvalid) {
 			t.Fatalf("error %v (%T) is not a *ConfigError", err, err)
 		}
-		if ce.Line < 0 || ce.Line > strings.Count(text, "\n")+1 {
-			t.Fatalf("error %v: line %d of %d", err, ce.Line, strings.Count(text, "\n")+1)
+		if lines := yamlLines(text); ce.Line < 0 || ce.Line > lines {
+			t.Fatalf("error %v: line %d of %d", err, ce.Line, lines)
 		}
 	})
+}
+
+// yamlLines is the number of lines of text as YAML counts them: a CR LF, a
+// lone CR or LF, NEL, LS and PS each end one.
+func yamlLines(text string) int {
+	text = strings.ReplaceAll(text, "\r\n", "\n")
+	return 1 + strings.Count(text, "\n") + strings.Count(text, "\r") + strings.Count(text, "\u0085") + strings.Count(text, "\u2028") + strings.Count(text, "\u2029")
 }

@@ -19,6 +19,9 @@
 // its bulkheads, the health and metrics endpoints, its clients (callers
 // authenticated by keys, each in its tenant's class; a call without a
 // client's key is answered 401 and never reaches the upstream), the
-// request log (one line per request, however it ends), and a Shutdown
-// that drains and then cuts what is left.
+// request log (one line per request, however it ends), OpenTelemetry
+// traces and metrics over OTLP when its telemetry section turns them on
+// (TelemetryConfig), a Reload that applies a changed file without a
+// restart (or nothing of it), and a Shutdown that drains and then cuts
+// what is left.
 package gateway

@@ -128,7 +128,13 @@ func newEarlyCollector(h *Handler, names map[*bulkhead.Bulkhead]string) *earlyCo
 func (c *earlyCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
 
 func (c *earlyCollector) Collect(ch chan<- prometheus.Metric) {
+	c.h.gatesMu.Lock()
+	gates := make(map[*bulkhead.Bulkhead]*gate, len(c.h.gates))
 	for b, g := range c.h.gates {
+		gates[b] = g
+	}
+	c.h.gatesMu.Unlock()
+	for b, g := range gates {
 		for i, reason := range [...]bulkhead.Reason{bulkhead.ConcurrencyLimit, bulkhead.QueueLimit} {
 			ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(g.early[i].Load()), c.names[b], reason.String())
 		}

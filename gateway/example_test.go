@@ -4,13 +4,19 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"io"
 	"log"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strings"
+
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/llmbulkhead/bulkhead"
 	"github.com/llmbulkhead/bulkhead/gateway"
@@ -101,4 +107,86 @@ routes:
 	// 401
 	// upstream saw Bearer sk-upstream
 	// 200
+}
+
+// This example reloads a gateway's configuration: a changed limit is
+// applied to the bulkhead at once; a changed listen address needs a
+// restart, and changes nothing.
+func ExampleGateway_Reload() {
+	file := func(listen string, limit int) *gateway.Config {
+		cfg, err := gateway.ParseConfig("gateway.yaml", []byte(fmt.Sprintf(`
+listen: %q
+upstreams: {openai: {base_url: "https://api.openai.com"}}
+bulkheads: {main: {max_concurrent: %d}}
+routes: [{api: openai-chat, upstream: openai, bulkhead: main}]
+`, listen, limit)))
+		if err != nil {
+			log.Fatal(err)
+		}
+		return cfg
+	}
+	g, err := gateway.Build(file("127.0.0.1:8080", 8), "gateway.yaml", nil, slog.New(slog.DiscardHandler))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer g.Shutdown(context.Background())
+
+	res, err := g.Reload(file("127.0.0.1:8080", 16)) // on SIGHUP, the command's ReloadFile
+	fmt.Println(res.Outcome, res.Revision, res.Changes, err)
+	fmt.Println(g.Bulkheads["main"].Limits().MaxConcurrent)
+
+	res, err = g.Reload(file("127.0.0.1:9090", 4))
+	var restart *gateway.RestartError
+	fmt.Println(res.Outcome, res.Revision, errors.As(err, &restart), restart.Changes[0])
+	fmt.Println(g.Bulkheads["main"].Limits().MaxConcurrent)
+	// Output:
+	// applied 2 [bulkheads.main.max_concurrent: 8 -> 16] <nil>
+	// 16
+	// refused 2 true listen: "127.0.0.1:8080" -> "127.0.0.1:9090"
+	// 16
+}
+
+// This example traces a gateway's calls with a program's own
+// TracerProvider (here an in-memory recorder; in production the SDK with
+// an OTLP exporter, which the telemetry section makes for you): each call
+// is a span "chat <model>" with its admission and its upstream call.
+func ExampleWithTracerProvider() {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, `{"model":"gpt-4o-2024-08-06","choices":[{"index":0,"message":{"content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`)
+	}))
+	defer upstream.Close()
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	defer tp.Shutdown(context.Background())
+
+	cfg, err := gateway.ParseConfig("gateway.yaml", []byte(`
+upstreams: {openai: {base_url: "`+upstream.URL+`"}}
+bulkheads: {main: {max_concurrent: 8}}
+routes: [{api: openai-chat, upstream: openai, bulkhead: main}]
+`))
+	if err != nil {
+		log.Fatal(err)
+	}
+	g, err := gateway.Build(cfg, "gateway.yaml", nil, slog.New(slog.DiscardHandler), gateway.WithTracerProvider(tp))
+	if err != nil {
+		log.Fatal(err)
+	}
+	srv := httptest.NewServer(g.Handler)
+	res, err := http.Post(srv.URL+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}`))
+	if err != nil {
+		log.Fatal(err)
+	}
+	io.Copy(io.Discard, res.Body)
+	res.Body.Close()
+	srv.Close()
+	g.Shutdown(context.Background()) // the admission's span ends with its release
+
+	var names []string
+	for _, s := range rec.Ended() {
+		names = append(names, s.Name())
+	}
+	slices.Sort(names)
+	fmt.Println(names)
+	// Output: [POST bulkhead.admission chat gpt-4o]
 }

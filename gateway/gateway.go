@@ -32,19 +32,24 @@ const (
 )
 
 // Gateway is a gateway built from a Config: its bulkheads and the HTTP
-// handler serving the routes, /healthz, /readyz and /metrics.
+// handler serving the routes, /healthz, /readyz, /status and /metrics.
 type Gateway struct {
 	// Handler serves the routes, /healthz (200 while the process runs),
-	// /readyz (200 until SetReady(false) or Shutdown, then 503) and
-	// /metrics (every bulkhead's Prometheus metrics, labelled
-	// bulkhead="<name>"). On the routes it answers a call without a
+	// /readyz (200 until SetReady(false) or Shutdown, then 503), /status
+	// (the configuration's revision and digest, and the last reload, as
+	// JSON) and /metrics (every bulkhead's Prometheus metrics, labelled
+	// bulkhead="<name>", and the gateway's own). It serves each request
+	// with the configuration in force when the request arrived (see
+	// Reload), and traces it when the configuration's telemetry says so.
+	// On the routes it answers a call without a
 	// client's key 401 when the configuration has clients (after reading
 	// and discarding its body, as the Handler does for a body it
 	// refuses), and logs one line per request however it ends. A body
 	// not read to its end, whatever the answer, holds its connection no
 	// longer than the body timeout.
 	Handler http.Handler
-	// Bulkheads are the gateway's bulkheads, by name.
+	// Bulkheads are the gateway's bulkheads, by name. A reload changes
+	// their limits, never the set.
 	Bulkheads map[string]*bulkhead.Bulkhead
 	// Listen, ShutdownDelay and ShutdownTimeout are the configuration's,
 	// defaults applied.
@@ -56,6 +61,13 @@ type Gateway struct {
 	TLSConfig *tls.Config
 
 	proxy      *Handler
+	state      atomic.Pointer[served] // what the routes are served with
+	tel        *telemetry             // nil: no OpenTelemetry
+	lookupEnv  func(string) (string, bool)
+	file       string
+	transports map[time.Duration]*http.Transport // by header timeout; guarded by reload.mu after Build
+	cfg        *Config                           // the configuration in force; guarded by reload.mu
+	reload     reloads
 	notReady   atomic.Bool
 	requests   inflight           // the requests being served on the routes
 	cut        context.Context    // ended at the shutdown deadline
@@ -73,15 +85,19 @@ type Gateway struct {
 // line per request, the state changes of the fleet pools (each also
 // counted in /metrics as bulkhead_gateway_fleet_events_total) and, as
 // warnings, the reverse proxy's own errors (nil: a JSON or text handler on
-// standard error, as cfg.Log says). An invalid limit, a variable that is
-// not set or is empty, or an unreadable certificate is a *ConfigError with
-// the line of its key. Shut the gateway down with Shutdown.
-func Build(cfg *Config, file string, lookupEnv func(string) (string, bool), logger *slog.Logger) (*Gateway, error) {
+// standard error, as cfg.Log says), as do the configuration reloads. With
+// cfg.Telemetry (or the OTEL_* variables, read with lookupEnv) it makes
+// the OTLP exporters, unless opts give providers of the caller's
+// (WithTracerProvider, WithMeterProvider). An invalid limit, a variable
+// that is not set or is empty, or an unreadable certificate is a
+// *ConfigError with the line of its key. Shut the gateway down with
+// Shutdown, which also exports the telemetry it still holds.
+func Build(cfg *Config, file string, lookupEnv func(string) (string, bool), logger *slog.Logger, opts ...BuildOption) (*Gateway, error) {
 	if lookupEnv == nil {
 		lookupEnv = func(string) (string, bool) { return "", false }
 	}
 	v := &validator{file: file, root: cfg.root}
-	g := &Gateway{Bulkheads: map[string]*bulkhead.Bulkhead{}, Listen: cfg.Listen,
+	g := &Gateway{Bulkheads: map[string]*bulkhead.Bulkhead{}, Listen: cfg.Listen, lookupEnv: lookupEnv, file: file,
 		ShutdownDelay: time.Duration(cfg.ShutdownDelay), ShutdownTimeout: time.Duration(cfg.ShutdownTimeout)}
 	g.cut, g.cutCalls = context.WithCancel(context.Background())
 	if g.Listen == "" {
@@ -101,10 +117,10 @@ func Build(cfg *Config, file string, lookupEnv func(string) (string, bool), logg
 		}
 		g.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	}
-	clients, err := cfg.clientSet(v, lookupEnv)
-	if err != nil {
+	if _, err := cfg.clientSet(v, lookupEnv); err != nil { // before anything is started
 		return fail(err)
 	}
+	var err error
 	if logger == nil {
 		logger = NewLogger(os.Stderr, cfg.Log.Format)
 	}
@@ -196,48 +212,44 @@ func Build(cfg *Config, file string, lookupEnv func(string) (string, bool), logg
 		}
 		g.collectors = append(g.collectors, c)
 	}
-	var routes []Route
-	for _, rc := range cfg.Routes {
-		up := cfg.Upstreams[rc.Upstream]
-		u, _ := url.Parse(up.BaseURL)
-		key := ""
-		if up.APIKeyEnv != "" {
-			if key, err = v.env(lookupEnv, []string{"upstreams", rc.Upstream, "api_key_env"}, up.APIKeyEnv); err != nil {
-				return fail(err)
-			}
-		}
-		adm := cfg.admission(cfg.Bulkheads[rc.Bulkhead].Classes != nil)
-		r := Route{Format: apis[rc.API], Models: rc.Models, Upstream: u, APIKey: key, Bulkhead: g.Bulkheads[rc.Bulkhead],
-			Options: options(adm), MaxBodyBytes: rc.MaxBodyBytes, admission: adm}
-		if up.HeaderTimeout > 0 {
-			t := defaultTransport.Clone()
-			t.ResponseHeaderTimeout = time.Duration(up.HeaderTimeout)
-			r.Transport = t
-		}
-		routes = append(routes, r)
+	models, providers := map[string]string{}, map[string]string{}
+	for _, name := range sortedKeys(cfg.Bulkheads) {
+		models[name] = cfg.Bulkheads[name].Model
 	}
-	h, err := New(routes...)
-	if err != nil {
-		var ce *bulkhead.ConfigError
-		if errors.As(err, &ce) {
-			return fail(v.at(keyOf("gateway", ce.Field), "%s", keyProblem("gateway", ce.Field, ce.Problem)))
+	for _, rc := range cfg.Routes {
+		p := providerOf(apis[rc.API])
+		if old, ok := providers[rc.Bulkhead]; ok && old != p {
+			p = "" // a bulkhead in front of several providers
 		}
+		providers[rc.Bulkhead] = p
+	}
+	var o buildOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if g.tel, err = newTelemetry(&cfg.Telemetry, v, lookupEnv, o, g.Bulkheads, models, providers); err != nil {
 		return fail(err)
 	}
-	h.BodyBudget, h.BodyTimeout = cfg.BodyBudgetBytes, time.Duration(cfg.BodyTimeout)
-	h.logProxyErrors(logger)
-	g.proxy = h
+	g.proxy = &Handler{BodyBudget: cfg.BodyBudgetBytes, BodyTimeout: time.Duration(cfg.BodyTimeout), gates: map[*bulkhead.Bulkhead]*gate{}}
+	st, err := g.newServed(cfg, v)
+	if err != nil {
+		return fail(err)
+	}
+	st.revision, st.loaded = 1, time.Now()
+	g.state.Store(st)
+	g.proxy.routes.Store(st.table)
+	g.cfg = cfg
 	names := map[*bulkhead.Bulkhead]string{}
 	for name, b := range g.Bulkheads {
 		names[b] = name
 	}
-	if err := reg.Register(newEarlyCollector(h, names)); err != nil {
+	if err := reg.Register(newEarlyCollector(g.proxy, names)); err != nil {
 		return fail(err)
 	}
-	f := &front{next: h, g: g, clients: clients, logger: logger, mode: cfg.Log.Requests}
-	for _, rc := range cfg.Routes {
-		f.bulkhead = append(f.bulkhead, rc.Bulkhead)
+	if err := g.registerReloads(reg); err != nil {
+		return fail(err)
 	}
+	f := &front{g: g, logger: logger}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
@@ -247,10 +259,93 @@ func Build(cfg *Config, file string, lookupEnv func(string) (string, bool), logg
 		}
 		fmt.Fprintln(w, "ready")
 	})
+	mux.HandleFunc("GET /status", g.serveStatus)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.Handle("/", f)
-	g.Handler = &router{admin: mux, front: f, h: h}
+	g.Handler = &router{admin: mux, front: f, h: g.proxy}
 	return g, nil
+}
+
+// served is what a Build gateway serves its routes with, swapped whole
+// when its configuration is reloaded: a request keeps the one it started
+// with, with its routes, upstreams and clients, to its end.
+type served struct {
+	table    *table
+	clients  *clientSet // nil: no authentication
+	mode     string     // log.requests
+	bulkhead []string   // the bulkhead of each route, by index
+	upstream []string   // the upstream of each route, by index
+	// revision counts the configurations the gateway has served (1 for
+	// Build's), digest is the SHA-256 of the file's bytes, and loaded
+	// when it was applied.
+	revision int64
+	digest   [32]byte
+	file     string
+	loaded   time.Time
+}
+
+// newServed makes what the gateway serves cfg's routes with: its
+// clients' keys and its upstreams' keys read with the gateway's
+// lookupEnv, its routes through the gateway's bulkheads.
+func (g *Gateway) newServed(cfg *Config, v *validator) (*served, error) {
+	clients, err := cfg.clientSet(v, g.lookupEnv)
+	if err != nil {
+		return nil, err
+	}
+	st := &served{clients: clients, mode: cfg.Log.Requests, digest: cfg.digest, file: v.file}
+	var routes []Route
+	for _, rc := range cfg.Routes {
+		up := cfg.Upstreams[rc.Upstream]
+		u, _ := url.Parse(up.BaseURL)
+		key := ""
+		if up.APIKeyEnv != "" {
+			if key, err = v.env(g.lookupEnv, []string{"upstreams", rc.Upstream, "api_key_env"}, up.APIKeyEnv); err != nil {
+				return nil, err
+			}
+		}
+		b := g.Bulkheads[rc.Bulkhead]
+		adm := cfg.admission(cfg.Bulkheads[rc.Bulkhead].Classes != nil)
+		r := Route{Format: apis[rc.API], Models: rc.Models, Upstream: u, APIKey: key, Bulkhead: b,
+			Options: options(adm), MaxBodyBytes: rc.MaxBodyBytes, admission: adm, Transport: g.transport(time.Duration(up.HeaderTimeout))}
+		if t := g.tel; t != nil && t.tracer != nil {
+			base := r.Transport
+			if base == nil {
+				base = defaultTransport
+			}
+			r.Transport = &tracedTransport{base: base, tracer: t.tracer, prop: t.prop}
+			r.acquire, r.recordResponse = t.tracers[b].Acquire, true
+		}
+		routes = append(routes, r)
+		st.bulkhead = append(st.bulkhead, rc.Bulkhead)
+		st.upstream = append(st.upstream, rc.Upstream)
+	}
+	if st.table, err = g.proxy.newTable(routes); err != nil {
+		var ce *bulkhead.ConfigError
+		if errors.As(err, &ce) {
+			return nil, v.at(keyOf("gateway", ce.Field), "%s", keyProblem("gateway", ce.Field, ce.Problem))
+		}
+		return nil, err
+	}
+	st.table.logProxyErrors(g.logger)
+	return st, nil
+}
+
+// transport returns the transport of the upstreams whose header timeout is
+// d, made once: nil (the Handler's default) for none.
+func (g *Gateway) transport(d time.Duration) http.RoundTripper {
+	if d <= 0 {
+		return nil
+	}
+	if t := g.transports[d]; t != nil {
+		return t
+	}
+	t := defaultTransport.Clone()
+	t.ResponseHeaderTimeout = d
+	if g.transports == nil {
+		g.transports = map[time.Duration]*http.Transport{}
+	}
+	g.transports[d] = t
+	return t
 }
 
 // router sends the requests for the health and metrics endpoints to admin,
@@ -266,7 +361,7 @@ type router struct {
 func (r *router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	r.h.guard(w, req)
 	switch req.URL.Path {
-	case "/healthz", "/readyz", "/metrics":
+	case "/healthz", "/readyz", "/metrics", "/status":
 		r.h.dropBody(w, req, 0)
 		r.admin.ServeHTTP(w, req)
 	default:
@@ -339,14 +434,7 @@ func (b BulkheadConfig) config(store pacer.Store, pool *fleet.Pool) bulkhead.Con
 	if k := b.Classes; k != nil {
 		c.Classes = &bulkhead.Classes{Default: k.Default, Limits: map[string]bulkhead.ClassLimits{}}
 		for name, l := range k.Limits {
-			cl := bulkhead.ClassLimits{ProtectedConcurrent: l.ProtectedConcurrent, ProtectedInFlightTokens: l.ProtectedInFlightTokens}
-			if l.MaxConcurrent != nil {
-				cl.MaxConcurrent = bulkhead.Ceiling(*l.MaxConcurrent)
-			}
-			if l.MaxInFlightTokens != nil {
-				cl.MaxInFlightTokens = bulkhead.Ceiling(*l.MaxInFlightTokens)
-			}
-			c.Classes.Limits[name] = cl
+			c.Classes.Limits[name] = l.limits()
 		}
 	}
 	if a := b.Adaptive; a != nil {
@@ -363,6 +451,18 @@ func (b BulkheadConfig) config(store pacer.Store, pool *fleet.Pool) bulkhead.Con
 		}
 	}
 	return c
+}
+
+// limits is l as a bulkhead's class limits.
+func (l ClassLimits) limits() bulkhead.ClassLimits {
+	cl := bulkhead.ClassLimits{ProtectedConcurrent: l.ProtectedConcurrent, ProtectedInFlightTokens: l.ProtectedInFlightTokens}
+	if l.MaxConcurrent != nil {
+		cl.MaxConcurrent = bulkhead.Ceiling(*l.MaxConcurrent)
+	}
+	if l.MaxInFlightTokens != nil {
+		cl.MaxInFlightTokens = bulkhead.Ceiling(*l.MaxInFlightTokens)
+	}
+	return cl
 }
 
 // config is the fleet.Config of f, its pool on client c.
@@ -449,6 +549,7 @@ const cutGrace = 2 * time.Second
 // so that no new call arrives to be turned away.
 func (g *Gateway) Shutdown(ctx context.Context) map[string]bulkhead.DrainResult {
 	g.SetReady(false)
+	g.reload.closed.Store(true)
 	for _, b := range g.Bulkheads {
 		b.Close()
 	}
@@ -472,9 +573,17 @@ func (g *Gateway) Shutdown(ctx context.Context) map[string]bulkhead.DrainResult 
 		}
 		closeCtx = grace
 	}
+	if err := g.tel.close(); err != nil && g.logger != nil {
+		g.logger.Warn("opentelemetry: the last export failed", "error", err.Error())
+	}
 	for _, c := range g.collectors {
 		c.Close()
 	}
+	g.reload.mu.Lock()
+	for _, t := range g.transports {
+		t.CloseIdleConnections()
+	}
+	g.reload.mu.Unlock()
 	for _, p := range g.pools {
 		_ = p.Close(closeCtx) // releases what this replica still holds
 	}

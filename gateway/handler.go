@@ -69,6 +69,11 @@ type Route struct {
 	// request alone, what Options gives the bulkhead: with it (or without
 	// Options) the Handler can turn a call away before reading its body.
 	admission func(*http.Request) (class string, high bool)
+	// acquire, set by Build with traces on, admits each call in place of
+	// Bulkhead.Acquire (an otelbulkhead.Tracer's), and recordResponse
+	// makes the meter note what the answer says of itself.
+	acquire        func(context.Context, *bulkhead.Request, ...bulkhead.Option) (*bulkhead.Permit, error)
+	recordResponse bool
 }
 
 // Handler is an HTTP reverse proxy in front of LLM providers: each call is
@@ -138,9 +143,17 @@ type Handler struct {
 	// them the Handler acts as with none.
 	BodyTimeout time.Duration
 
+	routes  atomic.Pointer[table] // the routes ServeHTTP serves
+	gatesMu sync.Mutex
+	gates   map[*bulkhead.Bulkhead]*gate // by bulkhead; guarded by gatesMu
+	held    atomic.Int64                 // the bytes of the bodies held, against BodyBudget
+}
+
+// table is a Handler's routes, by format. A Build gateway swaps it whole
+// when its configuration is reloaded: a request keeps the table it
+// started with.
+type table struct {
 	formats map[stream.Format]*formatRoutes
-	gates   map[*bulkhead.Bulkhead]*gate
-	held    atomic.Int64 // the bytes of the bodies held, against BodyBudget
 }
 
 // formatRoutes is the routes of one format: by model, and the default.
@@ -155,7 +168,30 @@ type formatRoutes struct {
 // New returns a Handler for routes: for each format at most one route
 // without Models, and each model in at most one route.
 func New(routes ...Route) (*Handler, error) {
-	h := &Handler{formats: map[stream.Format]*formatRoutes{}, gates: map[*bulkhead.Bulkhead]*gate{}}
+	h := &Handler{gates: map[*bulkhead.Bulkhead]*gate{}}
+	t, err := h.newTable(routes)
+	if err != nil {
+		return nil, err
+	}
+	h.routes.Store(t)
+	return h, nil
+}
+
+// gateOf returns the gate of bulkhead b, made the first time.
+func (h *Handler) gateOf(b *bulkhead.Bulkhead) *gate {
+	h.gatesMu.Lock()
+	defer h.gatesMu.Unlock()
+	g := h.gates[b]
+	if g == nil {
+		g = newGate(b)
+		h.gates[b] = g
+	}
+	return g
+}
+
+// newTable returns the table of routes (see New), their gates h's.
+func (h *Handler) newTable(routes []Route) (*table, error) {
+	t := &table{formats: map[stream.Format]*formatRoutes{}}
 	for i, r := range routes {
 		field := fmt.Sprintf("routes[%d]", i)
 		switch r.Format {
@@ -163,10 +199,10 @@ func New(routes ...Route) (*Handler, error) {
 		default:
 			return nil, &bulkhead.ConfigError{Field: field + ".Format", Problem: fmt.Sprintf("must be a stream format, got %d", r.Format)}
 		}
-		fr := h.formats[r.Format]
+		fr := t.formats[r.Format]
 		if fr == nil {
 			fr = &formatRoutes{byModel: map[string]*routeProxy{}}
-			h.formats[r.Format] = fr
+			t.formats[r.Format] = fr
 		}
 		switch {
 		case len(r.Models) == 0 && fr.other != nil:
@@ -176,12 +212,7 @@ func New(routes ...Route) (*Handler, error) {
 		case r.Bulkhead == nil:
 			return nil, &bulkhead.ConfigError{Field: field + ".Bulkhead", Problem: "must not be nil"}
 		}
-		g := h.gates[r.Bulkhead]
-		if g == nil {
-			g = newGate(r.Bulkhead)
-			h.gates[r.Bulkhead] = g
-		}
-		rp := proxy(r, i, g)
+		rp := proxy(r, i, h.gateOf(r.Bulkhead))
 		if fr.n++; fr.n == 1 {
 			fr.sole = rp
 		} else {
@@ -198,7 +229,7 @@ func New(routes ...Route) (*Handler, error) {
 		}
 		fr.maxBody = max(fr.maxBody, bodyLimit(r.MaxBodyBytes))
 	}
-	return h, nil
+	return t, nil
 }
 
 func bodyLimit(n int64) int64 {
@@ -232,7 +263,9 @@ func proxy(r Route, index int, g *gate) *routeProxy {
 			Bulkhead:     r.Bulkhead,
 			Base:         base,
 			Options:      r.Options,
+			Acquire:      r.acquire,
 			MaxBodyBytes: r.MaxBodyBytes,
+			Meter:        stream.MeterOptions{RecordResponse: r.recordResponse},
 		},
 		// No FlushInterval: the proxy flushes every write of an event
 		// stream and of a body of unknown length by itself (a streamed
@@ -305,9 +338,9 @@ func (n *callNote) answered() bool { return n.answer != nil && n.answer.ended.Lo
 // logProxyErrors sends the lines the routes' reverse proxies log of their
 // own (a read of an upstream's answer that failed mid-way) to logger, as
 // warnings, rather than to the standard logger. Set before serving.
-func (h *Handler) logProxyErrors(logger *slog.Logger) {
+func (t *table) logProxyErrors(logger *slog.Logger) {
 	l := slog.NewLogLogger(logger.Handler(), slog.LevelWarn)
-	for _, fr := range h.formats {
+	for _, fr := range t.formats {
 		for _, rp := range fr.byModel {
 			rp.ErrorLog = l
 		}
@@ -411,9 +444,15 @@ func newRequestID() string {
 // RequestIDHeader).
 func (h *Handler) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	h.guard(w, req)
+	h.serve(w, req, h.routes.Load())
+}
+
+// serve is ServeHTTP with the routes of t, once the request's body is
+// guarded.
+func (h *Handler) serve(w http.ResponseWriter, req *http.Request, t *table) {
 	requestID(req)
 	format, ok := stream.FormatOf(req.URL.Path)
-	fr := h.formats[format]
+	fr := t.formats[format]
 	switch {
 	case !ok || fr == nil:
 		h.refuseEarly(w, req, format, 0, notFound(format, "no route for "+req.URL.Path), endRefused)
@@ -451,6 +490,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	default:
 		rp.gate.calls.Add(1)
 		defer rp.gate.calls.Add(-1)
+		if n := noteOf(req.Context()); n != nil {
+			n.call = call
+		}
 		ctx := stream.WithCall(req.Context(), call)
 		if call.Stream {
 			c := &coalescer{ResponseWriter: w}

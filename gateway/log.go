@@ -10,6 +10,8 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/llmbulkhead/bulkhead"
 	"github.com/llmbulkhead/bulkhead/stream"
 )
@@ -136,21 +138,26 @@ const (
 // front is what a Build gateway does around its Handler for every request
 // but the health and metrics endpoints: it gives the request an ID,
 // authenticates its client when the gateway has clients, lets the
-// gateway cut it at the shutdown deadline, and logs one line when it ends,
-// however it ends (a panic that aborts a stream included).
+// gateway cut it at the shutdown deadline, traces it when the gateway has
+// traces, and logs one line when it ends, however it ends (a panic that
+// aborts a stream included). It serves each request with the
+// configuration in force when the request arrived (see served).
 type front struct {
-	next     http.Handler
-	g        *Gateway
-	clients  *clientSet // nil: no authentication
-	logger   *slog.Logger
-	mode     string
-	bulkhead []string // the bulkhead of each route, by index
+	g      *Gateway
+	logger *slog.Logger
 }
 
 func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
+	st := f.g.state.Load()
 	f.g.requests.add()
 	defer f.g.requests.done()
+	var span trace.Span // nil: not traced
+	if t := f.g.tel; t != nil && t.tracer != nil {
+		var sctx context.Context
+		sctx, span = t.startSpan(r)
+		r = r.WithContext(sctx)
+	}
 	ctx, cancel := context.WithCancelCause(r.Context())
 	defer cancel(nil)
 	stop := context.AfterFunc(f.g.cut, func() { cancel(errShutdownCut) })
@@ -177,21 +184,25 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				note.end = endUpstream
 			}
 		}
-		f.log(r, rec, start, retry)
+		status := rec.outcome()
+		f.log(r, rec, start, status, retry, st)
+		if span != nil {
+			f.g.tel.endSpan(span, r, rec, status, st)
+		}
 		if p != nil {
 			panic(p)
 		}
 	}()
-	if f.clients != nil {
+	if st.clients != nil {
 		format, known := stream.FormatOf(r.URL.Path)
 		key := presentedKey(r)
-		c := f.clients.find(key)
+		c := st.clients.find(key)
 		if c == nil {
 			// Its body is read and discarded first, as a refused body's is,
 			// so that a client uploading it reads the 401.
 			limit := int64(0)
 			if known {
-				limit = f.g.proxy.bodyLimitOf(format)
+				limit = st.table.bodyLimitOf(format)
 			}
 			f.g.proxy.refuseEarly(rec, r, format, limit, unauthorized(format, key == ""), endUnauthorized)
 			return
@@ -199,11 +210,14 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		note.client = c
 		dropKey(r) // the client's key is the gateway's own: it never goes upstream
 	}
-	f.next.ServeHTTP(rec, r)
+	f.g.proxy.guard(rec, r)
+	f.g.proxy.serve(rec, r, st.table)
 }
 
-// log writes the request's line, unless the mode leaves it out.
-func (f *front) log(r *http.Request, rec *recorder, start time.Time, retry string) {
+// outcome settles how the request ended, for the log and the trace: its
+// end (done unless something said otherwise) and the status it returns
+// (499 for a client gone before its answer).
+func (rec *recorder) outcome() int {
 	note := rec.note
 	if note.end == "" {
 		note.end = endDone
@@ -215,7 +229,13 @@ func (f *front) log(r *http.Request, rec *recorder, start time.Time, retry strin
 	if note.end == endClientGone {
 		status = StatusClientClosedRequest
 	}
-	if f.mode == logNone || f.mode == logErrors && note.end == endDone && status < 400 {
+	return status
+}
+
+// log writes the request's line, unless the mode leaves it out.
+func (f *front) log(r *http.Request, rec *recorder, start time.Time, status int, retry string, st *served) {
+	note := rec.note
+	if st.mode == logNone || st.mode == logErrors && note.end == endDone && status < 400 {
 		return
 	}
 	level := slog.LevelInfo
@@ -228,7 +248,7 @@ func (f *front) log(r *http.Request, rec *recorder, start time.Time, retry strin
 			return
 		}
 		w := lineWriters.Get().(*jsonWriter)
-		f.appendLine(w, now, level, r, rec, start, status, retry)
+		f.appendLine(w, now, level, r, rec, start, status, retry, st)
 		_, _ = lh.w.Write(w.b)
 		if cap(w.b) <= maxPooledBuffer {
 			lineWriters.Put(w)
@@ -236,19 +256,19 @@ func (f *front) log(r *http.Request, rec *recorder, start time.Time, retry strin
 		return
 	}
 	attrs := make(attrList, 0, 20)
-	f.fields(&attrs, r, rec, start, now, status, retry)
+	f.fields(&attrs, r, rec, start, now, status, retry, st)
 	f.logger.LogAttrs(r.Context(), level, "request", attrs...)
 }
 
 // appendLine writes the request's line, at now, in w (emptied first): the
 // JSON line slog's JSON handler writes for the same record.
-func (f *front) appendLine(w *jsonWriter, now time.Time, level slog.Level, r *http.Request, rec *recorder, start time.Time, status int, retry string) {
+func (f *front) appendLine(w *jsonWriter, now time.Time, level slog.Level, r *http.Request, rec *recorder, start time.Time, status int, retry string, st *served) {
 	w.b = w.b[:0]
 	w.open()
 	w.time("time", now)
 	w.str("level", level.String())
 	w.str("msg", "request")
-	f.fields(w, r, rec, start, now, status, retry)
+	f.fields(w, r, rec, start, now, status, retry, st)
 	w.end()
 	w.b = append(w.b, '\n')
 }
@@ -270,7 +290,7 @@ func (a *attrList) float(k string, v float64) { *a = append(*a, slog.Float64(k, 
 
 // fields writes the request's fields to out, in their order on the line;
 // the request ended at now.
-func (f *front) fields(out fieldSink, r *http.Request, rec *recorder, start, now time.Time, status int, retry string) {
+func (f *front) fields(out fieldSink, r *http.Request, rec *recorder, start, now time.Time, status int, retry string, st *served) {
 	note := rec.note
 	out.str("method", r.Method)
 	out.str("path", r.URL.Path)
@@ -287,8 +307,8 @@ func (f *front) fields(out fieldSink, r *http.Request, rec *recorder, start, now
 	}
 	if note.route >= 0 {
 		out.int("route", int64(note.route))
-		if note.route < len(f.bulkhead) {
-			out.str("bulkhead", f.bulkhead[note.route])
+		if note.route < len(st.bulkhead) {
+			out.str("bulkhead", st.bulkhead[note.route])
 		}
 	}
 	if note.model != "" {
@@ -410,8 +430,9 @@ type callNote struct {
 	route  int // -1 when no route took the request
 	high   bool
 	end    string
-	header time.Time // when the response's headers were written
-	answer *endWatch // the admitted call's answer, nil before (or without) one
+	header time.Time    // when the response's headers were written
+	answer *endWatch    // the admitted call's answer, nil before (or without) one
+	call   *stream.Call // the call read from the body, nil before (or without) one
 }
 
 type noteKey struct{}

@@ -43,7 +43,8 @@ func orderedJSON(t *testing.T, line []byte) [][2]any {
 // itself reads, member by member and in the same order, as the line slog's
 // JSON handler writes for the same request.
 func TestRequestLineIsSlogs(t *testing.T) {
-	f := &front{bulkhead: []string{"main"}}
+	f := &front{}
+	st := &served{bulkhead: []string{"main"}}
 	start := time.Date(2026, 12, 3, 14, 0, 0, 123456789, time.UTC)
 	now := start.Add(12345678 * time.Nanosecond)
 	for _, c := range []struct {
@@ -69,11 +70,11 @@ func TestRequestLineIsSlogs(t *testing.T) {
 				rec.Header().Set("X-Bulkhead-Reason", "concurrency_limit")
 			}
 			w := &jsonWriter{}
-			f.appendLine(w, now, c.level, req, rec, start, c.status, c.retry)
+			f.appendLine(w, now, c.level, req, rec, start, c.status, c.retry, st)
 
 			var want bytes.Buffer
 			var attrs attrList
-			f.fields(&attrs, req, rec, start, now, c.status, c.retry)
+			f.fields(&attrs, req, rec, start, now, c.status, c.retry, st)
 			r := slog.NewRecord(now, c.level, "request", 0)
 			r.AddAttrs(attrs...)
 			if err := slog.NewJSONHandler(&want, nil).Handle(context.Background(), r); err != nil {
@@ -173,9 +174,10 @@ func TestFlushLogsDerived(t *testing.T) {
 				t.Fatalf("after the flush: %d lines", n)
 			}
 
-			f := &front{logger: logger, mode: logAll}
+			f := &front{logger: logger}
 			req := httptest.NewRequest("POST", "/v1/chat/completions", nil)
-			f.log(req, &recorder{ResponseWriter: httptest.NewRecorder(), note: &callNote{route: -1}}, time.Now(), "")
+			rec := &recorder{ResponseWriter: httptest.NewRecorder(), note: &callNote{route: -1}}
+			f.log(req, rec, time.Now(), rec.outcome(), "", &served{mode: logAll})
 			flushLogs(logger)
 			w.mu.Lock()
 			defer w.mu.Unlock()

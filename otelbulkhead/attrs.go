@@ -7,31 +7,32 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/llmbulkhead/bulkhead"
+	"github.com/llmbulkhead/bulkhead/internal/semconv"
 )
 
 // SemConvVersion is the version of the OpenTelemetry semantic conventions
 // whose generative AI names (gen_ai.*) the package follows.
-const SemConvVersion = "1.44.0"
+const SemConvVersion = semconv.Version
 
 // schemaURL is the schema of that version.
-const schemaURL = "https://opentelemetry.io/schemas/" + SemConvVersion
+const schemaURL = semconv.SchemaURL
 
 // instrumentation is the instrumentation scope's name: the package's path.
 const instrumentation = "github.com/llmbulkhead/bulkhead/otelbulkhead"
 
 // The generative AI conventions' attributes.
 const (
-	genAIOperation          = attribute.Key("gen_ai.operation.name")
-	genAIProvider           = attribute.Key("gen_ai.provider.name")
-	genAIRequestModel       = attribute.Key("gen_ai.request.model")
-	genAIRequestMaxTokens   = attribute.Key("gen_ai.request.max_tokens")
+	genAIOperation          = semconv.GenAIOperation
+	genAIProvider           = semconv.GenAIProvider
+	genAIRequestModel       = semconv.GenAIRequestModel
+	genAIRequestMaxTokens   = semconv.GenAIRequestMaxTokens
 	genAIUsageInput         = attribute.Key("gen_ai.usage.input_tokens")
 	genAIUsageOutput        = attribute.Key("gen_ai.usage.output_tokens")
 	genAIUsageCacheRead     = attribute.Key("gen_ai.usage.cache_read.input_tokens")
 	genAIUsageCacheCreation = attribute.Key("gen_ai.usage.cache_creation.input_tokens")
 	genAIUsageReasoning     = attribute.Key("gen_ai.usage.reasoning.output_tokens")
 	genAITokenType          = attribute.Key("gen_ai.token.type")
-	errorType               = attribute.Key("error.type")
+	errorType               = semconv.ErrorType
 	defaultOperation        = "chat"
 	tokenTypeInput          = "input"
 	tokenTypeOutput         = "output"
@@ -55,13 +56,13 @@ const (
 
 // The bulkhead's own attributes.
 const (
-	keyName             = attribute.Key("bulkhead.name")
+	keyName             = semconv.BulkheadName
 	keyOutcome          = attribute.Key("bulkhead.outcome")
-	keyReason           = attribute.Key("bulkhead.reason")
-	keyClass            = attribute.Key("bulkhead.class")
-	keyPriority         = attribute.Key("bulkhead.priority")
+	keyReason           = semconv.BulkheadReason
+	keyClass            = semconv.BulkheadClass
+	keyPriority         = semconv.BulkheadPriority
 	keyTag              = attribute.Key("bulkhead.tag")
-	keyAdmissionID      = attribute.Key("bulkhead.admission.id")
+	keyAdmissionID      = semconv.BulkheadAdmissionID
 	keyLimitRevision    = attribute.Key("bulkhead.limit_revision")
 	keyReservedInput    = attribute.Key("bulkhead.reservation.input_tokens")
 	keyReservedOutput   = attribute.Key("bulkhead.reservation.max_output_tokens")
@@ -79,10 +80,16 @@ const (
 	keyError            = attribute.Key("bulkhead.error")
 )
 
-// usageAttributes returns u in the conventions' names: the input and output
-// totals, and the parts of them that are cache reads, cache writes and
-// reasoning, when not zero.
-func usageAttributes(u *bulkhead.Usage) []attribute.KeyValue {
+// UsageAttributes returns u in the generative AI conventions' names, for a
+// span of your own: gen_ai.usage.input_tokens and
+// gen_ai.usage.output_tokens, and the parts of them that are cache reads,
+// cache writes and reasoning (gen_ai.usage.cache_read.input_tokens,
+// gen_ai.usage.cache_creation.input_tokens,
+// gen_ai.usage.reasoning.output_tokens) when not zero. A nil u has none.
+func UsageAttributes(u *bulkhead.Usage) []attribute.KeyValue {
+	if u == nil {
+		return nil
+	}
 	attrs := []attribute.KeyValue{genAIUsageInput.Int64(u.Input), genAIUsageOutput.Int64(u.Output)}
 	if u.CachedInput > 0 {
 		attrs = append(attrs, genAIUsageCacheRead.Int64(u.CachedInput))

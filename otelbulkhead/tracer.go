@@ -410,7 +410,7 @@ func (t *Tracer) released(req *bulkhead.Request, u *bulkhead.Usage, more ...attr
 	now := t.clk.Now()
 	t.event(req, evRelease, func(c *call) {
 		if u != nil {
-			usage := usageAttributes(u)
+			usage := UsageAttributes(u)
 			c.span.SetAttributes(usage...)
 			more = append(more, usage...)
 		}

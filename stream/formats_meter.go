@@ -157,6 +157,7 @@ type eventInfo struct {
 	usage    rawUsage       // the provider's counts, if any
 	perr     *ProviderError // the provider's error, if any
 	usageRow bool           // an OpenAI chat usage chunk: choices empty, usage set
+	stopped  bool           // an OpenAI chat choice says why it finished
 }
 
 // text counts a string value as generated text.
@@ -180,7 +181,7 @@ func (e *eventInfo) raw(v jsondom.Value) {
 // pure reports whether the event did nothing but carry one text value: the
 // fast path may then read events like it by their shape (see template).
 func (e *eventInfo) pure() bool {
-	return e.texts == 1 && !e.rawText && !e.terminal && !e.finished && e.perr == nil && !e.usage.any() && !e.usageRow
+	return e.texts == 1 && !e.rawText && !e.terminal && !e.finished && e.perr == nil && !e.usage.any() && !e.usageRow && !e.stopped
 }
 
 // kindOf returns an event's type: its SSE event name, else the "type"
@@ -238,6 +239,9 @@ func parseChat(root jsondom.Value, stream bool, e *eventInfo) {
 			e.text(t.Get("function").Get("arguments"))
 		}
 		e.text(d.Get("function_call").Get("arguments"))
+		// Its finish reason makes it an event of its own kind, read in full
+		// (see describe), not a template for the deltas.
+		e.stopped = e.stopped || nonEmpty(c.Get("finish_reason"))
 	}
 	if openAIUsage(root.Get("usage"), &chatUsageKeys, e) {
 		e.usageRow = stream && choices.Kind() == jsondom.Array && choices.Len() == 0

@@ -68,6 +68,12 @@ type MeterOptions struct {
 	// in it. Zero means 32 MiB; it must not be negative. The output of a
 	// larger document is estimated from its size.
 	MaxJSONBytes int64
+
+	// RecordResponse makes the meter note what the response says of
+	// itself as it passes, its ID, model and finish reasons, for
+	// Meter.Response. It costs a little on the events the meter parses in
+	// full (never on the plain text deltas of a stream).
+	RecordResponse bool
 }
 
 // The defaults of MeterOptions.
@@ -133,6 +139,7 @@ type Meter struct {
 
 	// stripMode is StripUsageChunk: Read goes through the buffers below.
 	stripMode bool
+	record    bool   // RecordResponse
 	rbuf      []byte // what the body returned
 	out       []byte // bytes ready for the caller
 	outPos    int
@@ -148,6 +155,7 @@ type Meter struct {
 	counts   tokenCounts // final with its breakdown
 	exact    bool        // final is the provider's own count
 	perr     *ProviderError
+	resp     ResponseInfo // with record: what the response says of itself
 
 	prov      rawUsage // the provider's counts so far
 	finished  bool     // generation ended: the provider's counts are final (Gemini)
@@ -273,6 +281,7 @@ func newMeter(body io.ReadCloser, a Admission, o MeterOptions, passive bool) *Me
 		metering:  !passive,
 		stripMode: o.StripUsageChunk,
 		stripping: o.StripUsageChunk,
+		record:    o.RecordResponse,
 	}
 	if m.ratio == 0 {
 		m.ratio, _ = tokens.BuiltinRatio(o.Model)
@@ -432,6 +441,9 @@ func (m *Meter) event(name, data []byte) (drop bool) {
 	var e eventInfo
 	root := m.doc.Root()
 	parseEvent(m.format, name, root, true, &e)
+	if m.record {
+		describe(m.format, name, root, &m.resp)
+	}
 	if m.tpl.on && e.pure() {
 		m.tpl.learn(name, data, root, &e)
 	}
@@ -469,6 +481,9 @@ func (m *Meter) value(doc []byte) {
 	}
 	var e eventInfo
 	parseEvent(m.format, nil, m.doc.Root(), false, &e)
+	if m.record {
+		describe(m.format, nil, m.doc.Root(), &m.resp)
+	}
 	if m.js.base > 0 {
 		e.terminal = false // one response of an array: the array's end settles
 	} else {

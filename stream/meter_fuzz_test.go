@@ -162,7 +162,8 @@ func FuzzMeter(f *testing.F) {
 			t.Fatalf("the last input's permit was not released: %v", err)
 		}
 		rng := rand.New(rand.NewSource(seed))
-		opts := MeterOptions{Format: fm, SSE: sse, ReportEvery: int64(format>>4) & 7, StripUsageChunk: strip, MaxJSONBytes: 1 << 12}
+		opts := MeterOptions{Format: fm, SSE: sse, ReportEvery: int64(format>>4) & 7, StripUsageChunk: strip, MaxJSONBytes: 1 << 12,
+			RecordResponse: format&0x08 != 0}
 		m, err := NewMeter(io.NopCloser(&chunker{body, rng, 1 + rng.Intn(64)}), p, opts)
 		if err != nil {
 			t.Fatal(err)
@@ -181,6 +182,9 @@ func FuzzMeter(f *testing.F) {
 			}
 		} else if !bytes.Equal(out, body) {
 			t.Fatalf("read %q, want %q", out, body)
+		}
+		if r := m.Response(); len(r.FinishReasons) > maxFinishReasons || !opts.RecordResponse && (r.ID != "" || r.Model != "" || r.FinishReasons != nil) {
+			t.Fatalf("Response() = %+v", r)
 		}
 		_ = m.Close()
 		if n := b.Stats().Gate.DoubleReleases; n != 0 {

@@ -11,8 +11,13 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"sort"
+	"strings"
+	"syscall"
 	"time"
+
+	"go.opentelemetry.io/otel"
 
 	"github.com/llmbulkhead/bulkhead/clock"
 	"github.com/llmbulkhead/bulkhead/gateway"
@@ -31,7 +36,8 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		fmt.Fprintf(fs.Output(), "Serves an admission proxy in front of LLM providers, as FILE describes.\n")
 		fmt.Fprintf(fs.Output(), "On SIGTERM /readyz answers 503 at once; the gateway goes on serving for\n")
 		fmt.Fprintf(fs.Output(), "shutdown_delay, then stops accepting, drains the calls in flight for up to\n")
-		fmt.Fprintf(fs.Output(), "shutdown_timeout, cuts what is left and reports it.\n\nFlags:\n")
+		fmt.Fprintf(fs.Output(), "shutdown_timeout, cuts what is left and reports it. On SIGHUP it reads FILE again\n")
+		fmt.Fprintf(fs.Output(), "and applies it, or nothing of it (an invalid file, or a change that needs a restart).\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -52,6 +58,10 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	logger := gateway.NewLogger(stderr, cfg.Log.Format) // the request log
 	if *check {
 		logger = slog.New(slog.DiscardHandler)
+	} else {
+		// What the OpenTelemetry exporters fail at (a collector out of
+		// reach) goes to the request log, as warnings.
+		otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { logger.Warn("opentelemetry", "error", err.Error()) }))
 	}
 	g, err := gateway.Build(cfg, *config, os.LookupEnv, logger)
 	if err != nil {
@@ -67,7 +77,7 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		fmt.Fprintf(stdout, "bulkhead gateway: %s is valid: %s, %s, listen %s://%s\n", *config, count(len(g.Bulkheads), "bulkhead"), count(len(cfg.Clients), "client"), scheme, g.Listen)
 		return 0
 	}
-	return serve(ctx, g, stdout, stderr)
+	return serve(ctx, g, *config, stdout, stderr)
 }
 
 // count is n and noun, plural unless n is 1: "1 bulkhead", "2 clients".
@@ -85,8 +95,12 @@ var gatewayClock = clock.New()
 // serve runs g's server until ctx ends, then shuts it down: /readyz
 // answers 503 at once, the server goes on serving for the shutdown delay,
 // then stops accepting connections while the calls in flight drain, up to
-// the shutdown timeout; it cuts what is left then, and reports it.
-func serve(ctx context.Context, g *gateway.Gateway, stdout, stderr io.Writer) int {
+// the shutdown timeout; it cuts what is left then, and reports it. On
+// SIGHUP, until then, it reloads the configuration file at path.
+func serve(ctx context.Context, g *gateway.Gateway, path string, stdout, stderr io.Writer) int {
+	hangups := make(chan os.Signal, 1)
+	signal.Notify(hangups, syscall.SIGHUP) // never sent on Windows
+	defer signal.Stop(hangups)
 	ln, err := net.Listen("tcp", g.Listen)
 	if err != nil {
 		g.Shutdown(context.Background())
@@ -109,10 +123,15 @@ func serve(ctx context.Context, g *gateway.Gateway, stdout, stderr io.Writer) in
 		fmt.Fprintf(stderr, "bulkhead gateway: %v\n", err)
 		return 1
 	}
-	select {
-	case err := <-done:
-		return failed(err)
-	case <-ctx.Done():
+	for running := true; running; {
+		select {
+		case err := <-done:
+			return failed(err)
+		case <-hangups:
+			reload(g, path, stdout, stderr)
+		case <-ctx.Done():
+			running = false
+		}
 	}
 	delay := gatewayClock.NewTimer(g.ShutdownDelay)
 	g.SetReady(false)
@@ -151,4 +170,26 @@ func serve(ctx context.Context, g *gateway.Gateway, stdout, stderr io.Writer) in
 		fmt.Fprintf(stdout, "bulkhead gateway: bulkhead %s: %d in flight, %d queued at the deadline\n", name, res.InFlight, res.Pending)
 	}
 	return 1
+}
+
+// reload reloads the configuration file at path into g, and says what it
+// did: on standard output when it applied or found nothing to change, on
+// standard error when it changed nothing for a reason (the request log has
+// a line either way).
+func reload(g *gateway.Gateway, path string, stdout, stderr io.Writer) {
+	res, err := g.ReloadFile(path)
+	switch {
+	case err != nil && res != nil:
+		fmt.Fprintf(stderr, "bulkhead gateway: reload %s: %s, revision %d stays: %v\n", res.Outcome, path, res.Revision, err)
+	case err != nil:
+		fmt.Fprintf(stderr, "bulkhead gateway: reload: %v\n", err)
+	case res.Outcome == gateway.ReloadUnchanged:
+		fmt.Fprintf(stdout, "bulkhead gateway: reload: %s is unchanged, revision %d\n", path, res.Revision)
+	default:
+		changes := make([]string, len(res.Changes))
+		for i, c := range res.Changes {
+			changes[i] = c.String()
+		}
+		fmt.Fprintf(stdout, "bulkhead gateway: reloaded %s: revision %d: %s\n", path, res.Revision, strings.Join(changes, "; "))
+	}
 }
