@@ -20,7 +20,7 @@ func ExampleRateLimits() {
 		Model:         "gpt-4o",
 		MaxConcurrent: 8,
 		Clock:         clock.NewMock(), // so the printed times are exact
-		RateLimits:    &bulkhead.RateLimits{PerModel: bulkhead.Rate{RequestsPerMinute: 60}},
+		RateLimits:    &bulkhead.RateLimits{PerModel: bulkhead.Rate{RequestsPerMinute: 60, RequestBurst: bulkhead.NoBurst}},
 	})
 	if err != nil {
 		log.Fatal(err)

@@ -308,15 +308,20 @@ func (b BulkheadConfig) config(store pacer.Store, pool *fleet.Pool) bulkhead.Con
 			MinConcurrent: a.MinConcurrent, MaxConcurrent: a.MaxConcurrent, MinBudget: a.MinBudget, MaxBudget: a.MaxBudget}
 	}
 	if r := b.RateLimits; r != nil {
-		c.RateLimits = &bulkhead.RateLimits{Store: store, Pace: r.Pace, PerModel: bulkhead.Rate(Rate{r.RequestsPerMinute, r.TokensPerMinute, r.RequestBurst, r.TokenBurst})}
+		c.RateLimits = &bulkhead.RateLimits{Store: store, Pace: r.Pace, PerModel: Rate{r.RequestsPerMinute, r.TokensPerMinute, r.RequestBurst, r.TokenBurst}.rate()}
 		if len(r.PerClass) > 0 {
 			c.RateLimits.PerClass = map[string]bulkhead.Rate{}
 			for name, cr := range r.PerClass {
-				c.RateLimits.PerClass[name] = bulkhead.Rate(cr)
+				c.RateLimits.PerClass[name] = cr.rate()
 			}
 		}
 	}
 	return c
+}
+
+// rate is r as the bulkhead takes it.
+func (r Rate) rate() bulkhead.Rate {
+	return bulkhead.Rate{RequestsPerMinute: r.RequestsPerMinute, TokensPerMinute: r.TokensPerMinute, RequestBurst: r.RequestBurst, TokenBurst: r.TokenBurst}
 }
 
 // yamlKey turns a bulkhead.Config field path into the file's key (a dotted

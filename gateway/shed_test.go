@@ -40,7 +40,7 @@ func rejections(t *testing.T) map[string]error {
 
 	rate := newB(bulkhead.Config{Model: "gpt-4o", MaxConcurrent: 4, Clock: clock.NewMock(),
 		TokenBudget: &bulkhead.TokenBudget{Budget: 1 << 30},
-		RateLimits:  &bulkhead.RateLimits{PerModel: bulkhead.Rate{TokensPerMinute: 6000}}})
+		RateLimits:  &bulkhead.RateLimits{PerModel: bulkhead.Rate{TokensPerMinute: 6000, TokenBurst: bulkhead.NoBurst}}})
 	p2, _ := rate.Acquire(context.Background(), req)
 	t.Cleanup(func() { _ = p2.Release(nil) })
 	_, out["rate"] = rate.Acquire(context.Background(), req)
@@ -234,7 +234,7 @@ func TestWriteErrorOthers(t *testing.T) {
 
 func TestRetryAfterCapped(t *testing.T) {
 	b, err := bulkhead.New(bulkhead.Config{Model: "m", MaxConcurrent: 2, Clock: clock.NewMock(),
-		RateLimits: &bulkhead.RateLimits{PerModel: bulkhead.Rate{RequestsPerMinute: 0.5}}})
+		RateLimits: &bulkhead.RateLimits{PerModel: bulkhead.Rate{RequestsPerMinute: 0.5, RequestBurst: bulkhead.NoBurst}}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -202,7 +202,7 @@ func TestEveryFeature(t *testing.T) {
 		Classes: &bulkhead.Classes{Default: "a", Limits: map[string]bulkhead.ClassLimits{
 			"a": {}, "b": {ProtectedConcurrent: 1},
 		}},
-		RateLimits: &bulkhead.RateLimits{PerModel: bulkhead.Rate{RequestsPerMinute: 60}},
+		RateLimits: &bulkhead.RateLimits{PerModel: bulkhead.Rate{RequestsPerMinute: 60, RequestBurst: bulkhead.NoBurst}},
 		Dedup:      &bulkhead.DedupConfig{},
 	})
 	c := newCollector(t, b, metrics.Options{Name: "all", ConstLabels: prometheus.Labels{"region": "eu"}})
