@@ -266,7 +266,8 @@ type RateStats struct {
 	// Refunds counts the releases that gave tokens back to the input or
 	// output rates, and RefundedTokens the tokens they gave back (output
 	// reserved but not produced, input estimated but not sent or read
-	// from the prompt cache), as far as the rates' buckets held them.
+	// from the prompt cache), as far as the rates' buckets held them
+	// (rounded to whole tokens at each release).
 	Refunds        int64
 	RefundedTokens int64
 	// Waiting is the paced calls waiting now: for their turn, for a

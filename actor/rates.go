@@ -421,10 +421,11 @@ func (rs *rateStage) settle(ctx context.Context, s *rateSet, deltas []float64) (
 			back[m.kind] = max(back[m.kind], -out.Booked)
 		}
 	}
-	var overTokens, backTokens int64
+	var overTokens int64
+	var backTokens float64 // the bucket's level, and so what it gives back, may be a fraction
 	for k := range over {
 		overTokens += int64(over[k])
-		backTokens += int64(back[k])
+		backTokens += back[k]
 	}
 	if overTokens > 0 {
 		rs.overruns.Add(1)
@@ -432,7 +433,7 @@ func (rs *rateStage) settle(ctx context.Context, s *rateSet, deltas []float64) (
 	}
 	if backTokens > 0 {
 		rs.refunds.Add(1)
-		rs.refundedTokens.Add(backTokens)
+		rs.refundedTokens.Add(int64(math.Round(backTokens)))
 	}
 	if d > 0 {
 		dropped = int64(math.Ceil(d))

@@ -109,7 +109,7 @@ func (m *machine) call(t *rapid.T, c call, run bool) *hold {
 	switch d, why, cons, atGate := m.decide(c); d {
 	case admitNow:
 		m.gate.Admitted++
-		if rd := m.rate.check(m, c.res.Reserved); rd != nil {
+		if rd := m.rate.check(m, c.res); rd != nil {
 			// Held, then turned down by the rate limit: the slot goes back
 			// and no token counter moves (I4).
 			m.gate.Released++
@@ -342,7 +342,8 @@ func (m *machine) finishRun(t *rapid.T, h *hold, fail bool, usage *bulkhead.Usag
 		// Run returned at the deadline; the late callback's settlement still
 		// releases the admission (its tokens) when it returns.
 		err := spinUntil("the late callback's release", func() (bool, error) {
-			return m.b.Stats().Calls.Released == m.calls.Released, nil
+			st := m.b.Stats()
+			return st.Calls.Released == m.calls.Released && m.rate.settledIn(st.Rate, m.rateStats), nil
 		})
 		if err != nil {
 			t.Fatalf("%s: %v", m.descr, err)
@@ -778,7 +779,7 @@ func (m *machine) wouldAdmit(t *rapid.T) {
 	}
 	var rd *bulkhead.RateDetail
 	if why == noReason {
-		if rd = m.rate.peek(m, c.res.Reserved); rd != nil {
+		if rd = m.rate.peek(m, c.res); rd != nil {
 			why = bulkhead.RateLimit
 		}
 	}
