@@ -147,7 +147,8 @@ func Build(cfg *Config, file string, getenv func(string) string, logger *slog.Lo
 			pool = p
 			g.pools = append(g.pools, p)
 		}
-		b, err := bulkhead.New(bc.config(store, pool))
+		weight, _ := cfg.tokenWeight(name) // checked by ParseConfig
+		b, err := bulkhead.New(bc.config(store, pool, weight))
 		if err != nil {
 			var ce *bulkhead.ConfigError
 			if errors.As(err, &ce) {
@@ -283,8 +284,8 @@ func (v *validator) at(path []string, format string, args ...any) *ConfigError {
 }
 
 // config is the bulkhead.Config of b, with its rates on store (nil:
-// in-process) and its fleet pool.
-func (b BulkheadConfig) config(store pacer.Store, pool *fleet.Pool) bulkhead.Config {
+// in-process), weighing tokens by weight, and its fleet pool.
+func (b BulkheadConfig) config(store pacer.Store, pool *fleet.Pool, weight bulkhead.TokenWeight) bulkhead.Config {
 	c := bulkhead.Config{Model: b.Model, MaxConcurrent: b.MaxConcurrent, MaxQueue: b.MaxQueue, QueueTimeout: time.Duration(b.QueueTimeout), Fleet: pool,
 		Queue: bulkhead.QueuePolicy(b.Queue)}
 	if b.TokenBudget != nil {
@@ -308,7 +309,7 @@ func (b BulkheadConfig) config(store pacer.Store, pool *fleet.Pool) bulkhead.Con
 			MinConcurrent: a.MinConcurrent, MaxConcurrent: a.MaxConcurrent, MinBudget: a.MinBudget, MaxBudget: a.MaxBudget}
 	}
 	if r := b.RateLimits; r != nil {
-		c.RateLimits = &bulkhead.RateLimits{Store: store, Pace: r.Pace, PerModel: Rate{r.RequestsPerMinute, r.TokensPerMinute, r.RequestBurst, r.TokenBurst}.rate()}
+		c.RateLimits = &bulkhead.RateLimits{Store: store, Pace: r.Pace, TokenWeight: weight, PerModel: r.Rate.rate()}
 		if len(r.PerClass) > 0 {
 			c.RateLimits.PerClass = map[string]bulkhead.Rate{}
 			for name, cr := range r.PerClass {
@@ -319,9 +320,24 @@ func (b BulkheadConfig) config(store pacer.Store, pool *fleet.Pool) bulkhead.Con
 	return c
 }
 
-// rate is r as the bulkhead takes it.
+// rate is r as the bulkhead takes it: a burst left out is the default (a
+// minute of the rate), and 0 is none.
 func (r Rate) rate() bulkhead.Rate {
-	return bulkhead.Rate{RequestsPerMinute: r.RequestsPerMinute, TokensPerMinute: r.TokensPerMinute, RequestBurst: r.RequestBurst, TokenBurst: r.TokenBurst}
+	burst := func(b *float64) float64 {
+		switch {
+		case b == nil:
+			return 0
+		case *b == 0:
+			return bulkhead.NoBurst
+		}
+		return *b
+	}
+	return bulkhead.Rate{
+		RequestsPerMinute: r.RequestsPerMinute, RequestBurst: burst(r.RequestBurst),
+		TokensPerMinute: r.TokensPerMinute, TokenBurst: burst(r.TokenBurst),
+		InputTokensPerMinute: r.InputTokensPerMinute, InputTokenBurst: burst(r.InputTokenBurst),
+		OutputTokensPerMinute: r.OutputTokensPerMinute, OutputTokenBurst: burst(r.OutputTokenBurst),
+	}
 }
 
 // yamlKey turns a bulkhead.Config field path into the file's key (a dotted

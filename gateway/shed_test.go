@@ -45,6 +45,13 @@ func rejections(t *testing.T) map[string]error {
 	t.Cleanup(func() { _ = p2.Release(nil) })
 	_, out["rate"] = rate.Acquire(context.Background(), req)
 
+	output := newB(bulkhead.Config{Model: "gpt-4o", MaxConcurrent: 4, Clock: clock.NewMock(),
+		TokenBudget: &bulkhead.TokenBudget{Budget: 1 << 30},
+		RateLimits:  &bulkhead.RateLimits{PerModel: bulkhead.Rate{OutputTokensPerMinute: 6000, OutputTokenBurst: bulkhead.NoBurst}}})
+	p4, _ := output.Acquire(context.Background(), req)
+	t.Cleanup(func() { _ = p4.Release(nil) })
+	_, out["output rate"] = output.Acquire(context.Background(), req)
+
 	cls := newB(bulkhead.Config{Model: "gpt-4o", MaxConcurrent: 4, Classes: &bulkhead.Classes{Default: "a",
 		Limits: map[string]bulkhead.ClassLimits{"a": {MaxConcurrent: bulkhead.Ceiling(1)}}}})
 	p3, _ := cls.Acquire(context.Background(), req)
@@ -159,6 +166,20 @@ func TestWriteErrorOpenAI(t *testing.T) {
 	// pacer's level at the decision), as the header says.
 	if d.Rate.Remaining == nil || *d.Rate.Remaining != 0 || rec.Header().Get("X-Ratelimit-Remaining-Tokens") != "0" {
 		t.Fatalf("remaining %v, header %q", d.Rate.Remaining, rec.Header().Get("X-Ratelimit-Remaining-Tokens"))
+	}
+	// An output-token rate: OpenAI's "tokens" type, and headers named
+	// with hyphens.
+	err := errs["output rate"]
+	rec = httptest.NewRecorder()
+	gateway.WriteError(rec, stream.OpenAIChat, err)
+	if rec.Header().Get("X-Ratelimit-Limit-Output-Tokens") != "6000" || rec.Header().Get("X-Ratelimit-Reset-Output-Tokens") != "1s" {
+		t.Fatalf("output rate headers %v", rec.Header())
+	}
+	if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
+		t.Fatal(err)
+	}
+	if got := field(write(t, stream.OpenAIChat, err).body, "error.type"); got != "tokens" || body.Error.Bulkhead.Rate.Limit != "output_tokens" {
+		t.Fatalf("output rate: type %v, detail %+v", got, body.Error.Bulkhead.Rate)
 	}
 	// The Anthropic and Gemini dialects send no OpenAI headers.
 	rec = httptest.NewRecorder()
