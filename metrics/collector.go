@@ -271,6 +271,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		s.counter(d.rateOverrunTokens, r.OverrunTokens)
 		s.counter(d.rateOverrunErrors, r.OverrunErrors)
 		s.counter(d.rateOverrunDropped, r.OverrunDropped)
+		s.counter(d.rateRefunds, r.Refunds)
+		s.counter(d.rateRefundedTokens, r.RefundedTokens)
 	}
 
 	if f := st.Fleet; f != nil {

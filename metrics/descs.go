@@ -29,6 +29,7 @@ type descs struct {
 	rateChecked, ratePaced, ratePacedSeconds, rateFallbacks,
 	rateOverruns, rateOverrunTokens, rateOverrunErrors *prometheus.Desc
 	rateOverrunDropped, suspectUsage, suspectTokens *prometheus.Desc
+	rateRefunds, rateRefundedTokens                 *prometheus.Desc
 
 	fleetChecked, fleetAdmitted, fleetPolicyAdmitted,
 	fleetInFlight, fleetTokensInFlight, fleetMaxConcurrent, fleetTokenBudget *prometheus.Desc
@@ -108,6 +109,8 @@ func (d *descs) init(ns string, labels prometheus.Labels) {
 	d.rateOverrunTokens = d.new("rate_overrun_tokens_total", "Tokens booked on the rate limits at release beyond the reservations.")
 	d.rateOverrunErrors = d.new("rate_overrun_errors_total", "Overrun bookings the rate store failed.")
 	d.rateOverrunDropped = d.new("rate_overrun_dropped_tokens_total", "Overrun tokens not booked: an overrun books a rate at most one window ahead.")
+	d.rateRefunds = d.new("rate_refunds_total", "Releases that gave tokens back to the input or output token rates (usage below the estimate).")
+	d.rateRefundedTokens = d.new("rate_refunded_tokens_total", "Tokens given back to the input or output token rates at release.")
 	d.suspectUsage = d.new("usage_suspect_total", "Usage figures above the usage ceiling, clamped to it.")
 	d.suspectTokens = d.new("usage_suspect_tokens_total", "Tokens clamped away from usage figures above the usage ceiling.")
 
