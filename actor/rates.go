@@ -404,6 +404,12 @@ func (rs *rateStage) settle(ctx context.Context, s *rateSet, deltas []float64) (
 	var d float64
 	for i := range s.members {
 		m, delta := &s.members[i], deltas[i]
+		if delta < 0 {
+			// A bucket gives back at most what it holds: none without a
+			// burst, and never more than the burst (which also keeps the
+			// weight within what the pacer takes).
+			delta = max(delta, -m.p.Options().MaxBurst)
+		}
 		if delta == 0 {
 			continue
 		}

@@ -273,6 +273,7 @@ func (o *rateOracle) settle(m *machine, res bulkhead.Reservation, u bulkhead.Usa
 		if delta < 0 && mb.limit == "tokens" {
 			delta = 0 // tokens per minute are never given back
 		}
+		delta = max(delta, -int64(mb.p.Options().MaxBurst)) // a bucket gives back at most its burst
 		if delta == 0 {
 			continue
 		}
