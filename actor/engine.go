@@ -21,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -703,7 +704,7 @@ func (a *admissionActor) bookRemote(rs *rateStage, set *rateSet, deltas []float6
 		}()
 		if dropped := rs.settle(background, set, deltas); dropped > 0 {
 			e.log(slog.LevelWarn, "bulkhead: overrun larger than a rate window, partly dropped",
-				"admission", l.ID.String(), "deltas", deltas, "dropped", dropped)
+				"admission", l.ID.String(), "overrun", slices.Max(deltas), "dropped", dropped)
 		}
 	}()
 }

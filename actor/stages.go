@@ -3,6 +3,7 @@ package actor
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/llmbulkhead/bulkhead/actor/adaptive"
@@ -486,7 +487,7 @@ func (s *state) releaseStages(l *Lease, m *releaseMsg) {
 	rs.setTime(s.fx.now())
 	if dropped := rs.settle(background, set, deltas); dropped > 0 {
 		s.fx.warn("bulkhead: overrun larger than a rate window, partly dropped",
-			"admission", l.ID.String(), "deltas", deltas, "dropped", dropped)
+			"admission", l.ID.String(), "overrun", slices.Max(deltas), "dropped", dropped) // not deltas itself: buf stays on the stack
 	}
 }
 
