@@ -472,3 +472,35 @@ routes:
 		t.Fatalf("mixed routes without a token rate: %v", err)
 	}
 }
+
+// TestConfigRedisTimeoutBoundsRates: a redis server's timeout bounds the
+// rate decisions kept on it, not only the client's commands: a Redis that
+// pauses 200 ms delays a call under a 5 s timeout, and does not fail it.
+func TestConfigRedisTimeoutBoundsRates(t *testing.T) {
+	srv := redistest.TryStart(t)
+	if srv == nil {
+		t.Skip("redis-server not installed")
+	}
+	text := `upstreams: {up: {base_url: "https://api.example.com"}}
+redis: {main: {addr: "` + srv.Addr() + `", timeout: 5s}}
+bulkheads: {b: {model: gpt-4o, max_concurrent: 4, rate_limits: {redis: main, requests_per_minute: 60}}}
+routes: [{api: openai-chat, upstream: up, bulkhead: b}]
+`
+	cfg, err := gateway.ParseConfig("gw.yaml", []byte(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := gateway.Build(cfg, "gw.yaml", nil, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Shutdown(context.Background())
+	if _, err := srv.Do("CLIENT", "PAUSE", "200"); err != nil {
+		t.Fatal(err)
+	}
+	p, err := g.Bulkheads["b"].Acquire(context.Background(), &bulkhead.Request{Messages: []bulkhead.Message{{Role: "user", Content: "hi"}}})
+	if err != nil {
+		t.Fatalf("a call while Redis pauses 200 ms, under a 5 s timeout: %v", err)
+	}
+	_ = p.Release(nil)
+}

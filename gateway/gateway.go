@@ -119,7 +119,8 @@ func Build(cfg *Config, file string, getenv func(string) string, logger *slog.Lo
 		bc := cfg.Bulkheads[name]
 		var store pacer.Store
 		if r := bc.RateLimits; r != nil && r.Redis != "" {
-			s, err := pacer.NewRedis(client(r.Redis), pacer.RedisOptions{})
+			// The server's timeout bounds each decision too (0: the store's 50ms).
+			s, err := pacer.NewRedis(client(r.Redis), pacer.RedisOptions{Timeout: time.Duration(cfg.Redis[r.Redis].Timeout)})
 			if err != nil {
 				return fail(err)
 			}
