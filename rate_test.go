@@ -831,8 +831,11 @@ func TestRateBurstValidation(t *testing.T) {
 // at once, and what the calls before it give back at release is there
 // once their booked turns have passed.
 func TestRateOutputPaced(t *testing.T) {
-	clk := clock.NewMock()
-	cfg := wideRateConfig(clk, &bulkhead.RateLimits{Pace: true, PerModel: bulkhead.Rate{OutputTokensPerMinute: 6000}}) // 100 a second, a bucket of 6000
+	forRateStores(t, func(t *testing.T, clk *clock.Mock, store pacer.Store) { testRateOutputPaced(t, clk, store) })
+}
+
+func testRateOutputPaced(t *testing.T, clk *clock.Mock, store pacer.Store) {
+	cfg := wideRateConfig(clk, &bulkhead.RateLimits{Store: store, Pace: true, PerModel: bulkhead.Rate{OutputTokensPerMinute: 6000}}) // 100 a second, a bucket of 6000
 	cfg.QueueTimeout = time.Second
 	b := newBulkhead(t, cfg)
 	full := bulkhead.WithReservation(bulkhead.Reservation{Input: 1, MaxOutput: 6000, Reserved: 6001})
