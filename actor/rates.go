@@ -376,16 +376,24 @@ func (rs *rateStage) peek(ctx context.Context, s *rateSet, res *admission.Reserv
 func (rs *rateStage) deltas(s *rateSet, buf []float64, res *admission.Reservation, u *admission.Usage) (d []float64, ok bool) {
 	d = buf[:0]
 	for i := range s.members {
-		k := s.members[i].kind
-		var delta int64
-		if k != limitRequests {
+		m := &s.members[i]
+		var delta float64
+		if m.kind != limitRequests {
 			// Both are at least 0, so the difference never overflows.
-			delta = k.used(rs.cfg.Weight, u) - k.weight(rs.cfg.Weight, res)
-			if delta < 0 && !k.settled() {
-				delta = 0
-			}
+			delta = float64(m.kind.used(rs.cfg.Weight, u) - m.kind.weight(rs.cfg.Weight, res))
 		}
-		d = append(d, float64(delta))
+		if delta < 0 {
+			// A bucket gives back at most what it holds: none without a
+			// burst (nor do the tokens limits give back), and never more
+			// than the burst, which also keeps the weight within what the
+			// pacer takes.
+			back := 0.0
+			if m.kind.settled() {
+				back = min(-delta, m.p.Options().MaxBurst)
+			}
+			delta = -back
+		}
+		d = append(d, delta)
 		ok = ok || delta != 0
 	}
 	return d, ok
@@ -404,12 +412,6 @@ func (rs *rateStage) settle(ctx context.Context, s *rateSet, deltas []float64) (
 	var d float64
 	for i := range s.members {
 		m, delta := &s.members[i], deltas[i]
-		if delta < 0 {
-			// A bucket gives back at most what it holds: none without a
-			// burst, and never more than the burst (which also keeps the
-			// weight within what the pacer takes).
-			delta = max(delta, -m.p.Options().MaxBurst)
-		}
 		if delta == 0 {
 			continue
 		}
