@@ -512,7 +512,7 @@ func TestCooldownQueuedCalls(t *testing.T) {
 // the paced calls still go one turn apart, not all at once.
 func TestCooldownHoldPaced(t *testing.T) {
 	clk := clock.NewMock()
-	cfg := rateConfig(clk, &bulkhead.RateLimits{Pace: true, PerModel: bulkhead.Rate{RequestsPerMinute: 60}})
+	cfg := rateConfig(clk, &bulkhead.RateLimits{Pace: true, PerModel: bulkhead.Rate{RequestsPerMinute: 60, RequestBurst: bulkhead.NoBurst}})
 	cfg.QueueTimeout = 30 * time.Second
 	b := newBulkhead(t, cfg)
 	armed := make(chan time.Duration, 16)

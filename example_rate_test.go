@@ -13,12 +13,14 @@ import (
 	"github.com/llmbulkhead/bulkhead/fleet"
 )
 
-// This example caps a model at 60 calls per minute: the first call goes,
-// the second, at the same instant, is told exactly when it would go.
+// ExampleRateLimits caps a model at 60 calls a minute. As a provider's
+// bucket does, it lets a minute's worth of calls through at once; the next
+// call is turned away with the exact time its turn comes (the bucket
+// refills a call a second).
 func ExampleRateLimits() {
 	b, err := bulkhead.New(bulkhead.Config{
 		Model:         "gpt-4o",
-		MaxConcurrent: 8,
+		MaxConcurrent: 100,
 		Clock:         clock.NewMock(), // so the printed times are exact
 		RateLimits:    &bulkhead.RateLimits{PerModel: bulkhead.Rate{RequestsPerMinute: 60}},
 	})
@@ -26,22 +28,51 @@ func ExampleRateLimits() {
 		log.Fatal(err)
 	}
 	defer b.Shutdown(context.Background())
-
 	req := &bulkhead.Request{Messages: []bulkhead.Message{{Role: "user", Content: "hi"}}}
+
+	for i := 0; i < 60; i++ {
+		p, err := b.Acquire(context.Background(), req)
+		if err != nil {
+			log.Fatal(err)
+		}
+		_ = p.Release(nil)
+	}
+	fmt.Println("60 calls went at once")
+	_, err = b.Acquire(context.Background(), req)
+	var rejected *bulkhead.RejectedError
+	if errors.As(err, &rejected) && rejected.Reason == bulkhead.RateLimit {
+		retry, _ := rejected.RetryAfter()
+		fmt.Printf("the 61st: over the %s rate, retry in %v\n", rejected.Detail.Rate.Limit, retry)
+	}
+	// Output:
+	// 60 calls went at once
+	// the 61st: over the requests rate, retry in 1s
+}
+
+// ExampleNoBurst spaces calls evenly instead: one a second at 60 a minute.
+func ExampleNoBurst() {
+	b, err := bulkhead.New(bulkhead.Config{
+		Model:         "gpt-4o",
+		MaxConcurrent: 8,
+		Clock:         clock.NewMock(),
+		RateLimits:    &bulkhead.RateLimits{PerModel: bulkhead.Rate{RequestsPerMinute: 60, RequestBurst: bulkhead.NoBurst}},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer b.Shutdown(context.Background())
+	req := &bulkhead.Request{Messages: []bulkhead.Message{{Role: "user", Content: "hi"}}}
+
 	p, err := b.Acquire(context.Background(), req)
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer p.Release(nil)
-
 	_, err = b.Acquire(context.Background(), req)
-	var rej *bulkhead.RejectedError
-	if errors.As(err, &rej) {
-		retry, _ := rej.RetryAfter()
-		fmt.Println(rej.Reason, "retry after", retry) // a gateway answers 429 with retry-after: 1
-	}
+	retry, _ := err.(*bulkhead.RejectedError).RetryAfter()
+	fmt.Println("the second call: retry in", retry)
 	// Output:
-	// rate_limit retry after 1s
+	// the second call: retry in 1s
 }
 
 // This example shares a provider account's limits between the replicas

@@ -23,14 +23,23 @@ import (
 // and records nothing; with Pace set, it waits for its turn instead, before
 // it takes a slot.
 //
-// A call's token weight is its reservation (input estimate plus max output),
-// the way providers count tokens per minute on entry. When the usage
-// settled at release exceeds the reservation, the excess is booked then, so
-// the calls after it wait for it; a call that used less than its
-// reservation gets nothing back (a rate, unlike the in-flight budget, has
-// no refund). On a Redis store that booking is one Redis call, bounded by
-// the store's timeout, and Release returns once it is made; only releases
-// beyond their reservation make it.
+// Each rate is a bucket that holds, by default, a minute of the rate and
+// refills continuously, the way providers describe their per-minute
+// limits: after a quiet spell a whole minute's worth may go at once (see
+// Rate).
+//
+// What a call weighs is what the provider counts for it: in a
+// tokens-per-minute rate, what TokenWeight says (by default its
+// reservation, input estimate plus max output); in an input-tokens rate,
+// its input estimate; in an output-tokens rate, its max output. The usage
+// settled at release corrects them: the tokens used beyond what the call
+// weighed are booked then, so the calls after it wait for them; and the
+// input and output rates, which count as Anthropic counts them, are also
+// given back what the call did not use (its unused output, its input
+// estimate above its real input, and its input read from the provider's
+// prompt cache, which Anthropic does not count), so the calls after it go
+// sooner. On a Redis store each of those corrections is one Redis call,
+// bounded by the store's timeout, and Release returns once they are made.
 //
 // Observe mode (WithMode) does not shadow RateLimit: the rate limits are
 // enforced for observe-mode calls that are admitted, and a bypassed call
@@ -51,8 +60,9 @@ type RateLimits struct {
 
 	// Name identifies the bulkhead's rates in Store; zero means
 	// "bulkhead". It must not contain '{' or '}'. Its rates live under the
-	// pacer names "<Name>:model:<model>:requests" (and ":tokens") and
-	// "<Name>:class:<class>:requests" (and ":tokens").
+	// pacer names "<Name>:model:<model>:<limit>" and
+	// "<Name>:class:<class>:<limit>", where <limit> is "requests",
+	// "tokens", "input_tokens" or "output_tokens".
 	Name string
 
 	// Pace makes a call over the rate wait for its turn (bounded by its
@@ -63,6 +73,11 @@ type RateLimits struct {
 	// should capacity then turn it away, or its context end while it waits,
 	// the turn is spent.
 	Pace bool
+
+	// TokenWeight is what a call weighs in the tokens-per-minute rates
+	// (Rate.TokensPerMinute), after the provider's own rule; zero means
+	// WeightReservation.
+	TokenWeight TokenWeight
 
 	// PerModel applies to every call, counted per model: the request's
 	// Model, or Config.Model for a request that names none. The zero Rate
@@ -76,29 +91,124 @@ type RateLimits struct {
 	PerClass map[string]Rate
 }
 
-// Rate is a requests-per-minute and a tokens-per-minute limit. A zero
-// field means no limit of that kind.
+// TokenWeight says what a call weighs in a tokens-per-minute rate, and so
+// how its usage settles it at release: by the same rule.
+type TokenWeight uint8
+
+// The token weights.
+const (
+	// WeightReservation: a call weighs its reservation, input estimate
+	// plus max output; at release, its input plus its output.
+	WeightReservation TokenWeight = iota
+	// WeightLarger: a call weighs the larger of its input estimate and its
+	// max output, as OpenAI's rate-limit guide says a request counts; at
+	// release, the larger of its input and its output.
+	WeightLarger
+	// WeightInput: a call weighs its input estimate alone, as Google's
+	// Gemini API counts tokens per minute (input tokens); at release, its
+	// input.
+	WeightInput
+)
+
+// String returns "reservation", "larger" or "input".
+func (w TokenWeight) String() string {
+	switch w {
+	case WeightReservation:
+		return "reservation"
+	case WeightLarger:
+		return "larger"
+	case WeightInput:
+		return "input"
+	}
+	return fmt.Sprintf("TokenWeight(%d)", uint8(w))
+}
+
+// NoBurst, as any burst of a Rate, asks for no burst at all: calls are
+// spaced evenly, 60/RequestsPerMinute seconds apart (the first goes at
+// once), and each call's tokens take their time at the rate before the
+// next may go. (A zero burst, by contrast, is the default: a minute.)
+const NoBurst = -1
+
+// Rate is a set of per-minute limits: requests, tokens, input tokens and
+// output tokens. A zero per-minute field means no limit of that kind.
+//
+// Each limit is a bucket as large as its burst that refills continuously
+// at its rate. A zero burst is the default, a minute of the rate, the
+// bucket a provider describes for its own per-minute limit: RequestBurst
+// is RequestsPerMinute-1, so that with the call that overflows the bucket
+// (which takes the next turn and goes too) exactly RequestsPerMinute calls
+// go at once after a quiet spell; a token burst is its whole per-minute
+// limit, on top of which the call that overflows it goes too. A burst of
+// N lets N+1 calls of weight 1 through at once, then one per
+// 60/RequestsPerMinute seconds; NoBurst spaces every call.
+//
+// Over any window of time T a limit lets through at most its burst + its
+// rate x T, plus one call's weight. The input and output limits, which are
+// given back what calls did not use, keep that bound for what they let
+// through less what they were given back within the window; what a call
+// gives back goes to the calls after it once the calls that were waiting
+// for their turns when it was given back have had them.
 type Rate struct {
 	// RequestsPerMinute is the most calls per minute, on average.
 	RequestsPerMinute float64
 	// TokensPerMinute is the most tokens per minute, on average, each call
-	// weighing its reservation. It needs Config.TokenBudget, whose
-	// estimator makes the reservations.
+	// weighing what RateLimits.TokenWeight says. It needs
+	// Config.TokenBudget, whose estimator makes the reservations.
 	TokensPerMinute float64
 	// RequestBurst is how many calls may go at once on top of the steady
-	// rate after a quiet period: RequestBurst+1 calls go at once, then one
-	// per 60/RequestsPerMinute seconds. Zero means no burst: calls are
-	// spaced 60/RequestsPerMinute seconds apart.
+	// rate after a quiet period; zero means RequestsPerMinute-1 (a minute
+	// of calls at once), NoBurst none.
 	RequestBurst float64
-	// TokenBurst is the same for tokens.
+	// TokenBurst is the same for tokens; zero means TokensPerMinute.
 	TokenBurst float64
+	// InputTokensPerMinute is the most input tokens per minute (Anthropic's
+	// ITPM), each call weighing its input estimate, settled at release to
+	// its real input less what the provider read from its prompt cache.
+	// It needs Config.TokenBudget.
+	InputTokensPerMinute float64
+	// OutputTokensPerMinute is the most output tokens per minute
+	// (Anthropic's OTPM), each call weighing its max output (the request's
+	// MaxTokens, or the output cap), settled at release to its real
+	// output. It needs Config.TokenBudget.
+	OutputTokensPerMinute float64
+	// InputTokenBurst and OutputTokenBurst are their bursts; zero means
+	// their per-minute limits.
+	InputTokenBurst  float64
+	OutputTokenBurst float64
 }
 
 // MaxPerMinute is the highest rate a Rate may set: the rate state keeps
 // whole microseconds, so a one-token call must book at least one.
 const MaxPerMinute = pacer.MaxQPS * 60
 
-func (r Rate) zero() bool { return r.RequestsPerMinute == 0 && r.TokensPerMinute == 0 }
+func (r Rate) zero() bool {
+	return r.RequestsPerMinute == 0 && r.TokensPerMinute == 0 && r.InputTokensPerMinute == 0 && r.OutputTokensPerMinute == 0
+}
+
+// burst is the burst of a limit of perMinute given as burst: the default
+// for zero (a minute, less the call that overflows it for requests), none
+// for NoBurst.
+func burst(perMinute, burst float64, requests bool) float64 {
+	switch {
+	case perMinute == 0 || burst == NoBurst:
+		return 0
+	case burst != 0:
+		return burst
+	case requests:
+		return max(0, perMinute-1)
+	}
+	return perMinute
+}
+
+// engine is r in the engine's form, its bursts resolved.
+func (r Rate) engine() actor.Rate {
+	return actor.Rate{
+		RequestsPerMinute: r.RequestsPerMinute, RequestBurst: burst(r.RequestsPerMinute, r.RequestBurst, true),
+		TokensPerMinute: r.TokensPerMinute, TokenBurst: burst(r.TokensPerMinute, r.TokenBurst, false),
+		InputTokensPerMinute: r.InputTokensPerMinute, InputTokenBurst: burst(r.InputTokensPerMinute, r.InputTokenBurst, false),
+		OutputTokensPerMinute: r.OutputTokensPerMinute, OutputTokenBurst: burst(r.OutputTokensPerMinute, r.OutputTokenBurst, false),
+	}
+}
 
 // RateDetail describes the rate limit that decided a RateLimit or
 // RateUnavailable rejection.
@@ -106,18 +216,19 @@ type RateDetail struct {
 	// Scope is "model" or "class", and Key the model or the class.
 	Scope string
 	Key   string
-	// Limit is "requests" or "tokens".
+	// Limit is "requests", "tokens", "input_tokens" or "output_tokens".
 	Limit string
-	// PerMinute and Burst are the limit's rate and burst.
+	// PerMinute and Burst are the limit's rate and the burst that applies
+	// (the default resolved: zero for NoBurst).
 	PerMinute float64
 	Burst     float64
-	// Weight is what the call weighed: 1, or its reservation in tokens.
+	// Weight is what the call weighed in the limit: 1, or its tokens (see
+	// RateLimits).
 	Weight float64
 	// Remaining is what the limit's bucket had room for when the call was
 	// decided, in requests or tokens: Burst less the level the call found
-	// (never below 0), so a rejected call's Weight is above it. It is set
-	// with Limit, by the store's decision; when Limit is empty (the store
-	// failed) it is zero and means nothing.
+	// (never below 0). It is set with Limit, by the store's decision; when
+	// Limit is empty (the store failed) it is zero and means nothing.
 	Remaining float64
 	// RetryAfter is how long after the decision the call would go: the
 	// exact time for a call over the rate; the store's FailureDelay when
@@ -141,50 +252,52 @@ type RateStats struct {
 	// Fallbacks counts the calls the store's failure policy decided while
 	// the store could not.
 	Fallbacks int64
-	// OverrunTokens counts the tokens used beyond the reservations, booked
-	// at release, and Overruns the releases that booked them. OverrunErrors
-	// counts such bookings the store failed. An overrun books a rate at
-	// most one window (its burst plus a minute of it) ahead of now;
-	// OverrunDropped sums the tokens that did not fit, each such drop
-	// logged.
+	// Overruns counts the releases that booked tokens used beyond what
+	// their calls weighed, and OverrunTokens those tokens (for each kind of
+	// token rate that applies: tokens, input tokens, output tokens).
+	// OverrunErrors counts such bookings (and give-backs) the store failed.
+	// An overrun books a rate at most one window (its burst plus a minute
+	// of it) ahead of now; OverrunDropped sums the tokens that did not
+	// fit, each such drop logged.
 	Overruns       int64
 	OverrunTokens  int64
 	OverrunErrors  int64
 	OverrunDropped int64
+	// Refunds counts the releases that gave tokens back to the input or
+	// output rates, and RefundedTokens the tokens they gave back (output
+	// reserved but not produced, input estimated but not sent or read
+	// from the prompt cache), as far as the rates' buckets held them
+	// (rounded to whole tokens at each release).
+	Refunds        int64
+	RefundedTokens int64
 	// Waiting is the paced calls waiting now: for their turn, for a
 	// cool-down to end before it, or for the store to book it.
 	Waiting int
 }
 
 func validateRate(field string, r Rate, hasBudget bool) error {
-	check := func(name string, v float64, max float64) error {
-		if math.IsNaN(v) || v < 0 || v > max {
-			return invalidf(field+"."+name, "must be in [0, %g], got %v", max, v)
-		}
-		return nil
-	}
-	for _, f := range []struct {
-		name string
-		v    float64
-		max  float64
+	for _, l := range []struct {
+		rate, burst           string
+		perMinute, burstValue float64
+		tokens                bool
 	}{
-		{"RequestsPerMinute", r.RequestsPerMinute, MaxPerMinute},
-		{"TokensPerMinute", r.TokensPerMinute, MaxPerMinute},
-		{"RequestBurst", r.RequestBurst, math.MaxFloat64},
-		{"TokenBurst", r.TokenBurst, math.MaxFloat64},
+		{"RequestsPerMinute", "RequestBurst", r.RequestsPerMinute, r.RequestBurst, false},
+		{"TokensPerMinute", "TokenBurst", r.TokensPerMinute, r.TokenBurst, true},
+		{"InputTokensPerMinute", "InputTokenBurst", r.InputTokensPerMinute, r.InputTokenBurst, true},
+		{"OutputTokensPerMinute", "OutputTokenBurst", r.OutputTokensPerMinute, r.OutputTokenBurst, true},
 	} {
-		if err := check(f.name, f.v, f.max); err != nil {
-			return err
+		if v := l.perMinute; !(v >= 0 && v <= MaxPerMinute) {
+			return invalidf(field+"."+l.rate, "must be in [0, %g], got %v", float64(MaxPerMinute), v)
 		}
-	}
-	if r.TokensPerMinute > 0 && !hasBudget {
-		return invalidf(field+".TokensPerMinute", "needs Config.TokenBudget: its estimator makes the reservations that tokens per minute count")
-	}
-	if r.RequestBurst > 0 && r.RequestsPerMinute == 0 {
-		return invalidf(field+".RequestBurst", "applies only with RequestsPerMinute set")
-	}
-	if r.TokenBurst > 0 && r.TokensPerMinute == 0 {
-		return invalidf(field+".TokenBurst", "applies only with TokensPerMinute set")
+		if v := l.burstValue; v != NoBurst && !(v >= 0 && v <= math.MaxFloat64) {
+			return invalidf(field+"."+l.burst, "must be >= 0 and finite (0: a minute of the rate), or NoBurst (-1), got %v", v)
+		}
+		if l.burstValue != 0 && l.perMinute == 0 {
+			return invalidf(field+"."+l.burst, "applies only with %s set", l.rate)
+		}
+		if l.tokens && l.perMinute > 0 && !hasBudget {
+			return invalidf(field+"."+l.rate, "needs Config.TokenBudget: its estimator makes the reservations that tokens per minute count")
+		}
 	}
 	return nil
 }
@@ -204,6 +317,9 @@ func rateConfig(cfg *Config) (*actor.Rates, error) {
 		return nil, invalidf("Config.RateLimits.Name", "must not contain '{' or '}', got %q", name)
 	}
 	hasBudget := cfg.TokenBudget != nil
+	if rl.TokenWeight > WeightInput {
+		return nil, invalidf("Config.RateLimits.TokenWeight", "must be WeightReservation, WeightLarger or WeightInput, got %v", rl.TokenWeight)
+	}
 	if err := validateRate("Config.RateLimits.PerModel", rl.PerModel, hasBudget); err != nil {
 		return nil, err
 	}
@@ -229,11 +345,12 @@ func rateConfig(cfg *Config) (*actor.Rates, error) {
 	if rl.PerModel.zero() && len(perClass) == 0 {
 		return nil, invalidf("Config.RateLimits", "sets no rate: set PerModel or PerClass")
 	}
-	rates := &actor.Rates{Store: rl.Store, Name: name, Pace: rl.Pace, Model: cfg.Model, PerModel: actor.Rate(rl.PerModel)}
+	rates := &actor.Rates{Store: rl.Store, Name: name, Pace: rl.Pace, Model: cfg.Model, Weight: actor.TokenWeight(rl.TokenWeight),
+		PerModel: rl.PerModel.engine()}
 	if len(perClass) > 0 {
 		rates.PerClass = make(map[string]actor.Rate, len(perClass))
 		for c, r := range perClass {
-			rates.PerClass[c] = actor.Rate(r)
+			rates.PerClass[c] = r.engine()
 		}
 	}
 	return rates, nil

@@ -73,7 +73,7 @@ func wantRate(t *testing.T, err error, retry time.Duration, scope, key, limit st
 
 func TestRateLimitRequests(t *testing.T) {
 	forRateStores(t, func(t *testing.T, clk *clock.Mock, store pacer.Store) {
-		b := newBulkhead(t, rateConfig(clk, &bulkhead.RateLimits{Store: store, PerModel: bulkhead.Rate{RequestsPerMinute: 60}}))
+		b := newBulkhead(t, rateConfig(clk, &bulkhead.RateLimits{Store: store, PerModel: bulkhead.Rate{RequestsPerMinute: 60, RequestBurst: bulkhead.NoBurst}}))
 		a := mustAcquire(t, b, req("a", 10))
 		_, err := b.Acquire(context.Background(), req("b", 10), bulkhead.WithTag("t-b"))
 		re := wantRate(t, err, time.Second, "model", "gpt-4o", "requests")
@@ -136,7 +136,7 @@ func TestRateLimitAfterCapacity(t *testing.T) {
 // waiter.
 func TestRateLimitQueued(t *testing.T) {
 	forRateStores(t, func(t *testing.T, clk *clock.Mock, store pacer.Store) {
-		cfg := rateConfig(clk, &bulkhead.RateLimits{Store: store, PerClass: map[string]bulkhead.Rate{"batch": {RequestsPerMinute: 60}}})
+		cfg := rateConfig(clk, &bulkhead.RateLimits{Store: store, PerClass: map[string]bulkhead.Rate{"batch": {RequestsPerMinute: 60, RequestBurst: bulkhead.NoBurst}}})
 		cfg.MaxConcurrent, cfg.MaxQueue = 1, 4
 		cfg.Classes = &bulkhead.Classes{Default: "web", Limits: map[string]bulkhead.ClassLimits{"web": {}, "batch": {}}}
 		b := newBulkhead(t, cfg)
@@ -188,7 +188,7 @@ func TestRateLimitQueued(t *testing.T) {
 
 func TestRateLimitTokens(t *testing.T) {
 	forRateStores(t, func(t *testing.T, clk *clock.Mock, store pacer.Store) {
-		b := newBulkhead(t, rateConfig(clk, &bulkhead.RateLimits{Store: store, PerModel: bulkhead.Rate{TokensPerMinute: 6000}}))
+		b := newBulkhead(t, rateConfig(clk, &bulkhead.RateLimits{Store: store, PerModel: bulkhead.Rate{TokensPerMinute: 6000, TokenBurst: bulkhead.NoBurst}}))
 		a := mustAcquire(t, b, req("a", 999)) // 1000 tokens: 10 s of a 100 tokens/s rate
 		_, err := b.Acquire(context.Background(), req("b", 99))
 		re := wantRate(t, err, 10*time.Second, "model", "gpt-4o", "tokens")
@@ -224,7 +224,7 @@ func TestRateLimitTokens(t *testing.T) {
 
 func TestRateLimitRun(t *testing.T) {
 	forRateStores(t, func(t *testing.T, clk *clock.Mock, store pacer.Store) {
-		cfg := rateConfig(clk, &bulkhead.RateLimits{Store: store, PerModel: bulkhead.Rate{RequestsPerMinute: 60}})
+		cfg := rateConfig(clk, &bulkhead.RateLimits{Store: store, PerModel: bulkhead.Rate{RequestsPerMinute: 60, RequestBurst: bulkhead.NoBurst}})
 		cfg.Dedup = &bulkhead.DedupConfig{}
 		b := newBulkhead(t, cfg)
 		calls := 0
@@ -258,7 +258,7 @@ func TestRateLimitRun(t *testing.T) {
 
 func TestRateLimitWouldAdmit(t *testing.T) {
 	forRateStores(t, func(t *testing.T, clk *clock.Mock, store pacer.Store) {
-		b := newBulkhead(t, rateConfig(clk, &bulkhead.RateLimits{Store: store, PerModel: bulkhead.Rate{RequestsPerMinute: 60}}))
+		b := newBulkhead(t, rateConfig(clk, &bulkhead.RateLimits{Store: store, PerModel: bulkhead.Rate{RequestsPerMinute: 60, RequestBurst: bulkhead.NoBurst}}))
 		for i := 0; i < 3; i++ {
 			d, err := b.WouldAdmit(req("a", 10))
 			if err != nil || !d.Admit {
@@ -280,7 +280,7 @@ func TestRateLimitWouldAdmit(t *testing.T) {
 
 func TestRateLimitPace(t *testing.T) {
 	clk := clock.NewMock()
-	cfg := rateConfig(clk, &bulkhead.RateLimits{Pace: true, PerModel: bulkhead.Rate{RequestsPerMinute: 60}})
+	cfg := rateConfig(clk, &bulkhead.RateLimits{Pace: true, PerModel: bulkhead.Rate{RequestsPerMinute: 60, RequestBurst: bulkhead.NoBurst}})
 	cfg.QueueTimeout = 1500 * time.Millisecond
 	b := newBulkhead(t, cfg)
 	armed := make(chan time.Duration, 4)
@@ -335,7 +335,7 @@ func TestRateLimitPace(t *testing.T) {
 // turns away books no turn.
 func TestRateLimitPaceCapacity(t *testing.T) {
 	clk := clock.NewMock()
-	cfg := rateConfig(clk, &bulkhead.RateLimits{Pace: true, PerModel: bulkhead.Rate{RequestsPerMinute: 60}})
+	cfg := rateConfig(clk, &bulkhead.RateLimits{Pace: true, PerModel: bulkhead.Rate{RequestsPerMinute: 60, RequestBurst: bulkhead.NoBurst}})
 	cfg.MaxConcurrent, cfg.MaxQueue = 1, 0
 	b := newBulkhead(t, cfg)
 	a := mustAcquire(t, b, req("a", 10))
@@ -373,7 +373,7 @@ func TestRateLimitStoreFailure(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			b := newBulkhead(t, rateConfig(clock.NewMock(), &bulkhead.RateLimits{Store: store, Pace: tc.pace, PerModel: bulkhead.Rate{RequestsPerMinute: 60}}))
+			b := newBulkhead(t, rateConfig(clock.NewMock(), &bulkhead.RateLimits{Store: store, Pace: tc.pace, PerModel: bulkhead.Rate{RequestsPerMinute: 60, RequestBurst: bulkhead.NoBurst}}))
 			p, err := b.Acquire(context.Background(), req("a", 10))
 			st := b.Stats()
 			if tc.want == 0 {
@@ -419,7 +419,7 @@ func TestRateLimitRedisShared(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		cfg := rateConfig(nil, &bulkhead.RateLimits{Store: store, Name: "svc", PerModel: bulkhead.Rate{RequestsPerMinute: 1}})
+		cfg := rateConfig(nil, &bulkhead.RateLimits{Store: store, Name: "svc", PerModel: bulkhead.Rate{RequestsPerMinute: 1, RequestBurst: bulkhead.NoBurst}})
 		cfg.Clock = nil
 		replicas = append(replicas, newBulkhead(t, cfg))
 	}
@@ -462,7 +462,7 @@ func TestRateLimitsConfig(t *testing.T) {
 	}
 	// A valid one, with a budget.
 	b := newBulkhead(t, bulkhead.Config{Model: "m", MaxConcurrent: 1, TokenBudget: budget,
-		RateLimits: &bulkhead.RateLimits{PerModel: bulkhead.Rate{TokensPerMinute: bulkhead.MaxPerMinute}}})
+		RateLimits: &bulkhead.RateLimits{PerModel: bulkhead.Rate{TokensPerMinute: bulkhead.MaxPerMinute, TokenBurst: bulkhead.NoBurst}}})
 	_ = mustAcquire(t, b, req("a", 10)).Release(nil)
 }
 
@@ -511,7 +511,7 @@ func TestRateLimitBorrowedDeadline(t *testing.T) {
 // ever book is rejected rate_limit, never fits, and says why.
 func TestRateLimitTooHeavy(t *testing.T) {
 	forRateStores(t, func(t *testing.T, clk *clock.Mock, store pacer.Store) {
-		b := newBulkhead(t, rateConfig(clk, &bulkhead.RateLimits{Store: store, PerModel: bulkhead.Rate{TokensPerMinute: 1}}))
+		b := newBulkhead(t, rateConfig(clk, &bulkhead.RateLimits{Store: store, PerModel: bulkhead.Rate{TokensPerMinute: 1, TokenBurst: bulkhead.NoBurst}}))
 		_, err := b.Acquire(context.Background(), req("a", 2_000_000))
 		re := wantReason(t, err, bulkhead.RateLimit)
 		if !re.NeverFits() || !strings.Contains(err.Error(), "weighs more than a rate limit can ever book") {
@@ -529,7 +529,7 @@ func TestRateLimitTooHeavy(t *testing.T) {
 // an event loop on a virtual clock relies on it.
 func TestRateLimitAcquireAsyncLocalDecidesInline(t *testing.T) {
 	clk := clock.NewMock()
-	b := newBulkhead(t, rateConfig(clk, &bulkhead.RateLimits{PerModel: bulkhead.Rate{RequestsPerMinute: 60}}))
+	b := newBulkhead(t, rateConfig(clk, &bulkhead.RateLimits{PerModel: bulkhead.Rate{RequestsPerMinute: 60, RequestBurst: bulkhead.NoBurst}}))
 	f := b.AcquireAsync(context.Background(), req("a", 10))
 	if !isDone(f) {
 		t.Fatal("AcquireAsync under the rate did not decide before it returned")
@@ -554,7 +554,7 @@ func TestRateLimitAcquireAsyncLocalDecidesInline(t *testing.T) {
 func TestRateHugeOverrun(t *testing.T) {
 	forRateStores(t, func(t *testing.T, clk *clock.Mock, store pacer.Store) {
 		var logs strings.Builder
-		cfg := rateConfig(clk, &bulkhead.RateLimits{Store: store, PerModel: bulkhead.Rate{TokensPerMinute: 60_000}})
+		cfg := rateConfig(clk, &bulkhead.RateLimits{Store: store, PerModel: bulkhead.Rate{TokensPerMinute: 60_000, TokenBurst: bulkhead.NoBurst}})
 		cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 		b := newBulkhead(t, cfg)
 		a := mustAcquire(t, b, req("a", 999)) // 1000 tokens
@@ -625,5 +625,240 @@ func TestUsageCeiling(t *testing.T) {
 	bad.UsageCeiling = -1
 	if _, err := bulkhead.New(bad); !errors.Is(err, bulkhead.ErrInvalid) || !strings.Contains(err.Error(), "UsageCeiling") {
 		t.Fatalf("negative ceiling: %v", err)
+	}
+}
+
+// wideRateConfig is rateConfig with room for a hundred calls in flight.
+func wideRateConfig(clk *clock.Mock, rl *bulkhead.RateLimits) bulkhead.Config {
+	cfg := rateConfig(clk, rl)
+	cfg.MaxConcurrent = 100
+	return cfg
+}
+
+// TestRateDefaultBurstIsAMinute: a rate given without a burst admits a
+// minute of it at once after a quiet spell, as a provider's full bucket
+// does (exactly RequestsPerMinute calls; TokensPerMinute tokens, and the
+// call that overflows them), then goes at the rate.
+func TestRateDefaultBurstIsAMinute(t *testing.T) {
+	forRateStores(t, func(t *testing.T, clk *clock.Mock, store pacer.Store) {
+		b := newBulkhead(t, wideRateConfig(clk, &bulkhead.RateLimits{Store: store, PerModel: bulkhead.Rate{RequestsPerMinute: 60}}))
+		for i := range 60 {
+			p, err := b.Acquire(context.Background(), req("a", 10))
+			if err != nil {
+				t.Fatalf("call %d of the minute: %v", i+1, err)
+			}
+			_ = p.Release(nil)
+		}
+		_, err := b.Acquire(context.Background(), req("a", 10))
+		if rd := wantRate(t, err, time.Second, "model", "gpt-4o", "requests").Detail.Rate; rd.Burst != 59 || rd.PerMinute != 60 {
+			t.Fatalf("detail %+v; want burst 59 (with the call that overflows it, 60 at once)", rd)
+		}
+		clk.Add(time.Second)
+		_ = mustAcquire(t, b, req("a", 10)).Release(nil)
+
+		// 600 tokens a minute: 54 calls of 11 tokens fill 594 of the
+		// bucket, the 55th overflows it and takes the next 1.1 s.
+		tb := newBulkhead(t, wideRateConfig(clk, &bulkhead.RateLimits{Store: store, Name: "tokens", PerModel: bulkhead.Rate{TokensPerMinute: 600}}))
+		for i := range 55 {
+			p, err := tb.Acquire(context.Background(), req("a", 10))
+			if err != nil {
+				t.Fatalf("token call %d: %v", i+1, err)
+			}
+			_ = p.Release(nil)
+		}
+		_, err = tb.Acquire(context.Background(), req("a", 10))
+		if rd := wantRate(t, err, 1100*time.Millisecond, "model", "gpt-4o", "tokens").Detail.Rate; rd.Burst != 600 {
+			t.Fatalf("detail %+v; want burst 600", rd)
+		}
+	})
+}
+
+// TestRateNoBurstSpacesCalls: NoBurst spaces every call 60/rate seconds
+// apart, the first going at once.
+func TestRateNoBurstSpacesCalls(t *testing.T) {
+	forRateStores(t, func(t *testing.T, clk *clock.Mock, store pacer.Store) {
+		b := newBulkhead(t, rateConfig(clk, &bulkhead.RateLimits{Store: store, PerModel: bulkhead.Rate{
+			RequestsPerMinute: 120, RequestBurst: bulkhead.NoBurst, OutputTokensPerMinute: 6000, OutputTokenBurst: bulkhead.NoBurst}}))
+		_ = mustAcquire(t, b, req("a", 10)).Release(nil)
+		_, err := b.Acquire(context.Background(), req("a", 10))
+		if rd := wantRate(t, err, 500*time.Millisecond, "model", "gpt-4o", "requests").Detail.Rate; rd.Burst != 0 {
+			t.Fatalf("detail %+v; want burst 0", rd)
+		}
+		clk.Add(500 * time.Millisecond)
+		_ = mustAcquire(t, b, req("a", 100)).Release(nil) // 100 output tokens: the next 1 s of the output rate
+		clk.Add(500 * time.Millisecond)
+		_, err = b.Acquire(context.Background(), req("a", 10))
+		wantRate(t, err, 500*time.Millisecond, "model", "gpt-4o", "output_tokens")
+	})
+}
+
+// TestRateTokenWeight: each token weight weighs a call by its rule (the
+// reservation, the larger of input and max output, the input), and
+// settles it by the same rule at release: usage beyond the weight is
+// booked, usage below it gives nothing back.
+func TestRateTokenWeight(t *testing.T) {
+	res := bulkhead.Reservation{Input: 300, MaxOutput: 100, Reserved: 400}
+	for _, c := range []struct {
+		w      bulkhead.TokenWeight
+		weight float64
+		over   int64 // booked at release for a usage of 350 in, 150 out
+	}{
+		{bulkhead.WeightReservation, 400, 100},
+		{bulkhead.WeightLarger, 300, 50},
+		{bulkhead.WeightInput, 300, 50},
+	} {
+		t.Run(c.w.String(), func(t *testing.T) {
+			forRateStores(t, func(t *testing.T, clk *clock.Mock, store pacer.Store) {
+				// 100 tokens a second, no burst: a call of w tokens books w/100 s.
+				b := newBulkhead(t, rateConfig(clk, &bulkhead.RateLimits{Store: store, TokenWeight: c.w,
+					PerModel: bulkhead.Rate{TokensPerMinute: 6000, TokenBurst: bulkhead.NoBurst}}))
+				p := mustAcquire(t, b, req("a", 10), bulkhead.WithReservation(res))
+				_, err := b.Acquire(context.Background(), req("a", 10), bulkhead.WithReservation(res))
+				retry := time.Duration(c.weight*10) * time.Millisecond
+				if rd := wantRate(t, err, retry, "model", "gpt-4o", "tokens").Detail.Rate; rd.Weight != c.weight {
+					t.Fatalf("weight %v, want %v", rd.Weight, c.weight)
+				}
+				if err := p.Release(&bulkhead.Usage{Input: 350, Output: 150}); err != nil {
+					t.Fatal(err)
+				}
+				st := b.Stats().Rate
+				if st.OverrunTokens != c.over || st.Refunds != 0 {
+					t.Fatalf("stats %+v; want %d over, nothing given back", st, c.over)
+				}
+				_, err = b.Acquire(context.Background(), req("a", 10), bulkhead.WithReservation(res))
+				wantRate(t, err, retry+time.Duration(c.over*10)*time.Millisecond, "model", "gpt-4o", "tokens")
+			})
+		})
+	}
+}
+
+// TestRateInputOutputSettle: the input and output rates weigh a call's
+// input estimate and max output, and at release are given back what it
+// did not use (its unused output, its input read from the prompt cache)
+// and booked what it used beyond them, so the next calls go sooner or
+// later; the detail names the limit, and Stats count both.
+func TestRateInputOutputSettle(t *testing.T) {
+	forRateStores(t, func(t *testing.T, clk *clock.Mock, store pacer.Store) {
+		b := newBulkhead(t, wideRateConfig(clk, &bulkhead.RateLimits{Store: store, PerModel: bulkhead.Rate{
+			InputTokensPerMinute: 60000, OutputTokensPerMinute: 3000}})) // buckets of 60000 and 3000
+		res := bulkhead.Reservation{Input: 2000, MaxOutput: 1000, Reserved: 3000}
+		var held []*bulkhead.Permit
+		for range 3 { // 3000 output tokens: the output bucket is full
+			held = append(held, mustAcquire(t, b, req("a", 10), bulkhead.WithReservation(res)))
+		}
+		held = append(held, mustAcquire(t, b, req("a", 10), bulkhead.WithReservation(res))) // overflows it: the next 20 s
+		_, err := b.Acquire(context.Background(), req("a", 10), bulkhead.WithReservation(res))
+		rd := wantRate(t, err, 20*time.Second, "model", "gpt-4o", "output_tokens").Detail.Rate
+		if rd.Weight != 1000 || rd.Burst != 3000 || rd.PerMinute != 3000 {
+			t.Fatalf("detail %+v", rd)
+		}
+		// Each call used 100 output tokens of its 1000, and 1500 input
+		// tokens of its 2000, 500 of them read from the cache: each gives
+		// 900 output and 1000 input back, as far as the buckets hold them
+		// (the output bucket holds 3000).
+		for _, p := range held {
+			if err := p.Release(&bulkhead.Usage{Input: 1500, CachedInput: 500, Output: 100}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		st := b.Stats().Rate
+		if st.Refunds != 4 || st.RefundedTokens != 3000+4*1000 || st.Overruns != 0 {
+			t.Fatalf("stats %+v; want 4 refunds, 3000 output and 4000 input tokens", st)
+		}
+		// The room given back is there once the overflowing call's 20 s
+		// have passed: the whole output bucket.
+		clk.Add(20 * time.Second)
+		for i := range 3 {
+			p, err := b.Acquire(context.Background(), req("a", 10), bulkhead.WithReservation(res))
+			if err != nil {
+				t.Fatalf("call %d after the give-back: %v", i+1, err)
+			}
+			_ = p.Release(nil)
+		}
+		// A call that used more input than estimated books the excess.
+		p := mustAcquire(t, b, req("a", 10), bulkhead.WithReservation(bulkhead.Reservation{Input: 10, MaxOutput: 0, Reserved: 10}))
+		if err := p.Release(&bulkhead.Usage{Input: 510}); err != nil {
+			t.Fatal(err)
+		}
+		if st := b.Stats().Rate; st.Overruns != 1 || st.OverrunTokens != 500 {
+			t.Fatalf("stats %+v; want 500 input tokens booked", st)
+		}
+	})
+}
+
+// TestRateBurstValidation: a burst that is negative (but NoBurst), not a
+// number or infinite, a burst without its rate, an input or output rate
+// without a token budget, and an unknown token weight are errors naming
+// the field.
+func TestRateBurstValidation(t *testing.T) {
+	budget := &bulkhead.TokenBudget{Budget: 1000}
+	for _, c := range []struct {
+		name  string
+		rl    bulkhead.RateLimits
+		field string
+	}{
+		{"negative", bulkhead.RateLimits{PerModel: bulkhead.Rate{RequestsPerMinute: 10, RequestBurst: -2}}, "Config.RateLimits.PerModel.RequestBurst"},
+		{"NaN", bulkhead.RateLimits{PerModel: bulkhead.Rate{TokensPerMinute: 10, TokenBurst: math.NaN()}}, "Config.RateLimits.PerModel.TokenBurst"},
+		{"infinite", bulkhead.RateLimits{PerModel: bulkhead.Rate{InputTokensPerMinute: 10, InputTokenBurst: math.Inf(1)}}, "Config.RateLimits.PerModel.InputTokenBurst"},
+		{"fraction below zero", bulkhead.RateLimits{PerModel: bulkhead.Rate{OutputTokensPerMinute: 10, OutputTokenBurst: -0.5}}, "Config.RateLimits.PerModel.OutputTokenBurst"},
+		{"NoBurst without its rate", bulkhead.RateLimits{PerModel: bulkhead.Rate{RequestsPerMinute: 10, TokenBurst: bulkhead.NoBurst}}, "Config.RateLimits.PerModel.TokenBurst"},
+		{"output rate negative", bulkhead.RateLimits{PerModel: bulkhead.Rate{OutputTokensPerMinute: -1}}, "Config.RateLimits.PerModel.OutputTokensPerMinute"},
+		{"input rate too fast", bulkhead.RateLimits{PerModel: bulkhead.Rate{InputTokensPerMinute: 2 * bulkhead.MaxPerMinute}}, "Config.RateLimits.PerModel.InputTokensPerMinute"},
+		{"unknown weight", bulkhead.RateLimits{TokenWeight: 9, PerModel: bulkhead.Rate{TokensPerMinute: 10}}, "Config.RateLimits.TokenWeight"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := bulkhead.New(bulkhead.Config{Model: "m", MaxConcurrent: 1, TokenBudget: budget, RateLimits: &c.rl})
+			var ce *bulkhead.ConfigError
+			if !errors.As(err, &ce) || ce.Field != c.field || !errors.Is(err, bulkhead.ErrInvalid) {
+				t.Fatalf("error %v; want a ConfigError for %s", err, c.field)
+			}
+		})
+	}
+	for _, rate := range []bulkhead.Rate{{InputTokensPerMinute: 10}, {OutputTokensPerMinute: 10}} {
+		_, err := bulkhead.New(bulkhead.Config{Model: "m", MaxConcurrent: 1, RateLimits: &bulkhead.RateLimits{PerModel: rate}})
+		var ce *bulkhead.ConfigError
+		if !errors.As(err, &ce) || !strings.Contains(ce.Problem, "Config.TokenBudget") {
+			t.Fatalf("%+v without a budget: %v", rate, err)
+		}
+	}
+	if got := bulkhead.TokenWeight(9).String(); got != "TokenWeight(9)" {
+		t.Errorf("String of an unknown weight: %q", got)
+	}
+}
+
+// TestRateOutputPaced: in pace mode the output rate weighs a call's max
+// output too; a turn that comes after the call's queue timeout is refused
+// at once, and what the calls before it give back at release is there
+// once their booked turns have passed.
+func TestRateOutputPaced(t *testing.T) {
+	forRateStores(t, func(t *testing.T, clk *clock.Mock, store pacer.Store) { testRateOutputPaced(t, clk, store) })
+}
+
+func testRateOutputPaced(t *testing.T, clk *clock.Mock, store pacer.Store) {
+	cfg := wideRateConfig(clk, &bulkhead.RateLimits{Store: store, Pace: true, PerModel: bulkhead.Rate{OutputTokensPerMinute: 6000}}) // 100 a second, a bucket of 6000
+	cfg.QueueTimeout = time.Second
+	b := newBulkhead(t, cfg)
+	full := bulkhead.WithReservation(bulkhead.Reservation{Input: 1, MaxOutput: 6000, Reserved: 6001})
+	p1 := mustAcquire(t, b, req("a", 10), full) // fills the bucket
+	p2 := mustAcquire(t, b, req("a", 10), full) // overflows it: the next 60 s
+	_, err := b.Acquire(context.Background(), req("a", 10), full)
+	if rd := wantReason(t, err, bulkhead.RateLimit).Detail.Rate; rd == nil || rd.Limit != "output_tokens" || rd.RetryAfter != time.Minute {
+		t.Fatalf("rate detail %+v; want output_tokens, a minute to wait", rd)
+	}
+	for _, p := range []*bulkhead.Permit{p1, p2} {
+		if err := p.Release(&bulkhead.Usage{Input: 1, Output: 0}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := b.Stats().Rate; st.Refunds != 1 || st.RefundedTokens != 6000 {
+		t.Fatalf("stats %+v; want the bucket's 6000 output tokens given back, once", st)
+	}
+	clk.Add(time.Minute)
+	for i := range 2 {
+		p, err := b.Acquire(context.Background(), req("a", 10), full)
+		if err != nil {
+			t.Fatalf("call %d after the give-back: %v", i+1, err)
+		}
+		_ = p.Release(nil)
 	}
 }

@@ -18,7 +18,7 @@ import (
 func TestReviewDrainWaitsForOverrunBooking(t *testing.T) {
 	clk := clock.NewMock()
 	store, once := hookedRateStore(t, clk)
-	b := newBulkhead(t, rateConfig(clk, &bulkhead.RateLimits{Store: store, PerModel: bulkhead.Rate{TokensPerMinute: 60_000}}))
+	b := newBulkhead(t, rateConfig(clk, &bulkhead.RateLimits{Store: store, PerModel: bulkhead.Rate{TokensPerMinute: 60_000, TokenBurst: bulkhead.NoBurst}}))
 	p := mustAcquire(t, b, req("a", 99)) // 100 tokens
 	booking, resume := make(chan struct{}), make(chan struct{})
 	hold := func() { close(booking); <-resume }
@@ -69,7 +69,7 @@ func TestReviewOverrunBookingHookPanic(t *testing.T) {
 func overrunBookingHookPanic(t *testing.T) {
 	clk := clock.NewMock()
 	store, once := hookedRateStore(t, clk)
-	b := newBulkhead(t, rateConfig(clk, &bulkhead.RateLimits{Store: store, PerModel: bulkhead.Rate{TokensPerMinute: 60_000}}))
+	b := newBulkhead(t, rateConfig(clk, &bulkhead.RateLimits{Store: store, PerModel: bulkhead.Rate{TokensPerMinute: 60_000, TokenBurst: bulkhead.NoBurst}}))
 	p := mustAcquire(t, b, req("a", 99))
 	boom := func() { panic("redis hook") }
 	once.Store(&boom)

@@ -24,7 +24,7 @@ func TestReviewFleetRefusalSpendsNoInProcessRateTurn(t *testing.T) {
 	clk := clock.NewMock()
 	cfg := fleetConfig(newFleetPool(t, client, "turns", 1, -1, fleet.FailClosed), 4)
 	cfg.Clock = clk
-	cfg.RateLimits = &bulkhead.RateLimits{PerModel: bulkhead.Rate{RequestsPerMinute: 60}}
+	cfg.RateLimits = &bulkhead.RateLimits{PerModel: bulkhead.Rate{RequestsPerMinute: 60, RequestBurst: bulkhead.NoBurst}}
 	b := newBulkhead(t, cfg)
 	theirs := mustAcquire(t, other, req("theirs", 9)) // the fleet's one slot
 	_, err := b.Acquire(context.Background(), req("refused", 9))

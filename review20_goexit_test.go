@@ -19,7 +19,7 @@ import (
 func TestReviewRemoteCheckGoexit(t *testing.T) {
 	clk := clock.NewMock()
 	store, once := hookedRateStore(t, clk)
-	cfg := rateConfig(clk, &bulkhead.RateLimits{Store: store, PerModel: bulkhead.Rate{RequestsPerMinute: 60}})
+	cfg := rateConfig(clk, &bulkhead.RateLimits{Store: store, PerModel: bulkhead.Rate{RequestsPerMinute: 60, RequestBurst: bulkhead.NoBurst}})
 	b := newBulkhead(t, cfg)
 	exit := func() { runtime.Goexit() }
 	once.Store(&exit)

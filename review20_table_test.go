@@ -17,7 +17,7 @@ import (
 // spent, every call was turned away, however long the caller waited.
 func TestReviewRateStoreTableNeverDrains(t *testing.T) {
 	clk := clock.NewMock()
-	b := newBulkhead(t, rateConfig(clk, &bulkhead.RateLimits{Store: pacer.NewTable(), PerModel: bulkhead.Rate{RequestsPerMinute: 60}}))
+	b := newBulkhead(t, rateConfig(clk, &bulkhead.RateLimits{Store: pacer.NewTable(), PerModel: bulkhead.Rate{RequestsPerMinute: 60, RequestBurst: bulkhead.NoBurst}}))
 	a := mustAcquire(t, b, req("a", 10))
 	_ = a.Release(nil)
 	_, err := b.Acquire(context.Background(), req("b", 10))

@@ -100,7 +100,7 @@ func TestReviewPacedRemoteTurnCallerLeavesWhileChecking(t *testing.T) {
 	armed := make(chan time.Duration, 4)
 	bulkhead.SetRateWaitHook(func(d time.Duration) { armed <- d })
 	defer bulkhead.SetRateWaitHook(nil)
-	b := newBulkhead(t, rateConfig(clk, &bulkhead.RateLimits{Store: store, Pace: true, PerModel: bulkhead.Rate{RequestsPerMinute: 60}}))
+	b := newBulkhead(t, rateConfig(clk, &bulkhead.RateLimits{Store: store, Pace: true, PerModel: bulkhead.Rate{RequestsPerMinute: 60, RequestBurst: bulkhead.NoBurst}}))
 	a := mustAcquire(t, b, req("a", 10))
 	_ = a.Release(nil)
 

@@ -342,7 +342,7 @@ func TestReviewQueueProbeObserveWait(t *testing.T) {
 func TestReviewQueueProbeRollbackPumps(t *testing.T) {
 	forRateStores(t, func(t *testing.T, clk *clock.Mock, store pacer.Store) {
 		cfg := waitConfig(clk)
-		cfg.RateLimits = &bulkhead.RateLimits{Store: store, PerClass: map[string]bulkhead.Rate{"x": {RequestsPerMinute: 1}}}
+		cfg.RateLimits = &bulkhead.RateLimits{Store: store, PerClass: map[string]bulkhead.Rate{"x": {RequestsPerMinute: 1, RequestBurst: bulkhead.NoBurst}}}
 		b := newBulkhead(t, cfg)
 		p := mustAcquire(t, b, req("a", 0), override(1, 0), bulkhead.WithClass("x"))
 		p.Release(nil)

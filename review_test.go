@@ -180,7 +180,7 @@ func TestFleetLocalShareRejection(t *testing.T) {
 // (it used to leave a queue timeout of 0, which means none).
 func TestRatePaceTurnAtQueueTimeout(t *testing.T) {
 	clk := clock.NewMock()
-	cfg := rateConfig(clk, &bulkhead.RateLimits{Pace: true, PerModel: bulkhead.Rate{RequestsPerMinute: 60}})
+	cfg := rateConfig(clk, &bulkhead.RateLimits{Pace: true, PerModel: bulkhead.Rate{RequestsPerMinute: 60, RequestBurst: bulkhead.NoBurst}})
 	cfg.QueueTimeout, cfg.MaxConcurrent = time.Second, 1
 	b := newBulkhead(t, cfg)
 	a := mustAcquire(t, b, req("a", 10))
@@ -192,7 +192,7 @@ func TestRatePaceTurnAtQueueTimeout(t *testing.T) {
 // Pace mode counts the time a call really waited for its turn.
 func TestRatePacedTimeCutShort(t *testing.T) {
 	clk := clock.NewMock()
-	b := newBulkhead(t, rateConfig(clk, &bulkhead.RateLimits{Pace: true, PerModel: bulkhead.Rate{RequestsPerMinute: 1}}))
+	b := newBulkhead(t, rateConfig(clk, &bulkhead.RateLimits{Pace: true, PerModel: bulkhead.Rate{RequestsPerMinute: 1, RequestBurst: bulkhead.NoBurst}}))
 	armed := make(chan time.Duration, 4)
 	bulkhead.SetRateWaitHook(func(d time.Duration) { armed <- d })
 	defer bulkhead.SetRateWaitHook(nil)

@@ -21,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -336,7 +337,7 @@ func (e *Engine) WouldAdmit(c classes.Class, p admission.Priority, res admission
 	q.result, q.detail, q.remote, q.rates = admission.Decision{}, false, nil, nil
 	e.wouldAdmitRequests.Put(q)
 	if set != nil {
-		if why, rd := rs.peek(background, set, res.Reserved); why != admission.NoReason {
+		if why, rd := rs.peek(background, set, &res); why != admission.NoReason {
 			d.Admit, d.Reason = false, why
 			if d.Detail != nil {
 				d.Detail.Rate = rd
@@ -682,11 +683,12 @@ func (a *admissionActor) fleetAdjust(l *Lease, held, seq int64, abandoned bool) 
 	a.state.fleet.adjust(l, held, seq, abandoned)
 }
 
-// bookRemote books an overrun on rates kept in Redis, on a goroutine of
-// its own (the engine never waits for Redis), and tells the state when it
-// is done. A panic there (a Redis hook's) is counted as a failed booking
-// and logged: nobody is on that goroutine to receive it.
-func (a *admissionActor) bookRemote(rs *rateStage, set *rateSet, over int64, l *Lease) {
+// bookRemote settles a release on rates kept in Redis (see
+// rateStage.settle), on a goroutine of its own (the engine never waits
+// for Redis), and tells the state when it is done. A panic there (a Redis
+// hook's) is counted as a failed booking and logged: nobody is on that
+// goroutine to receive it.
+func (a *admissionActor) bookRemote(rs *rateStage, set *rateSet, deltas []float64, l *Lease) {
 	e := a.engine
 	done := make(chan struct{})
 	l.booked = done
@@ -695,14 +697,14 @@ func (a *admissionActor) bookRemote(rs *rateStage, set *rateSet, over int64, l *
 			if p := recover(); p != nil {
 				rs.overrunErr.Add(1)
 				e.log(slog.LevelError, "bulkhead: panic while booking an overrun on the rates",
-					"admission", l.ID.String(), "overrun", over, "panic", p)
+					"admission", l.ID.String(), "deltas", deltas, "panic", p)
 			}
 			e.send(bookedMsg) // before done: what the releaser does next comes after it
 			close(done)
 		}()
-		if dropped := rs.book(background, set, over); dropped > 0 {
+		if dropped := rs.settle(background, set, deltas); dropped > 0 {
 			e.log(slog.LevelWarn, "bulkhead: overrun larger than a rate window, partly dropped",
-				"admission", l.ID.String(), "overrun", over, "dropped", dropped)
+				"admission", l.ID.String(), "overrun", slices.Max(deltas), "dropped", dropped)
 		}
 	}()
 }

@@ -29,19 +29,96 @@ type Rates struct {
 	Pace bool
 	// Model is the bulkhead's own model, for calls that name none.
 	Model string
+	// Weight is what a call weighs in the tokens-per-minute limits.
+	Weight TokenWeight
 	// PerModel applies to every call, per model; PerClass to the calls of
 	// each class it names.
 	PerModel Rate
 	PerClass map[string]Rate
 }
 
-// Rate is one requests-per-minute and tokens-per-minute limit.
+// TokenWeight is the engine's form of bulkhead.TokenWeight: what a call
+// weighs in a tokens-per-minute limit, and its usage at release.
+type TokenWeight uint8
+
+// The token weights, as the facade numbers them.
+const (
+	WeightReservation TokenWeight = iota // input estimate + max output
+	WeightLarger                         // the larger of the two
+	WeightInput                          // the input estimate
+)
+
+// Rate is one set of per-minute limits, their bursts resolved by the
+// facade (0: none).
 type Rate struct {
-	RequestsPerMinute, TokensPerMinute float64
-	RequestBurst, TokenBurst           float64
+	RequestsPerMinute, TokensPerMinute          float64
+	RequestBurst, TokenBurst                    float64
+	InputTokensPerMinute, OutputTokensPerMinute float64
+	InputTokenBurst, OutputTokenBurst           float64
 }
 
-func (r Rate) zero() bool { return r.RequestsPerMinute == 0 && r.TokensPerMinute == 0 }
+func (r Rate) zero() bool {
+	return r.RequestsPerMinute == 0 && r.TokensPerMinute == 0 && r.InputTokensPerMinute == 0 && r.OutputTokensPerMinute == 0
+}
+
+// limitKind is what a rate limit counts.
+type limitKind uint8
+
+const (
+	limitRequests limitKind = iota
+	limitTokens             // the call's weight as Rates.Weight says
+	limitInput              // its input estimate, settled both ways
+	limitOutput             // its max output, settled both ways
+	numLimitKinds
+)
+
+// limitNames are the kinds' names, in pacer names and rate details.
+var limitNames = [numLimitKinds]string{"requests", "tokens", "input_tokens", "output_tokens"}
+
+// weight is what a call reserving res weighs in a limit of kind k.
+func (k limitKind) weight(w TokenWeight, res *admission.Reservation) int64 {
+	switch k {
+	case limitTokens:
+		switch w {
+		case WeightLarger:
+			return max(res.Input, res.MaxOutput)
+		case WeightInput:
+			return res.Input
+		}
+		return res.Reserved
+	case limitInput:
+		return res.Input
+	case limitOutput:
+		return res.MaxOutput
+	}
+	return 1
+}
+
+// used is what a call that used u counts in a limit of kind k, by the
+// same rule as weight: the input limit counts no input read from the
+// provider's prompt cache.
+func (k limitKind) used(w TokenWeight, u *admission.Usage) int64 {
+	switch k {
+	case limitTokens:
+		switch w {
+		case WeightLarger:
+			return max(u.Input, u.Output)
+		case WeightInput:
+			return u.Input
+		}
+		return u.Total()
+	case limitInput:
+		return max(0, u.Input-u.CachedInput)
+	case limitOutput:
+		return u.Output
+	}
+	return 0
+}
+
+// settled reports whether a limit of kind k is given back what a call
+// did not use (Anthropic's input and output limits), not only booked what
+// it used beyond its weight.
+func (k limitKind) settled() bool { return k == limitInput || k == limitOutput }
 
 // maxrateSets bounds the cache of rate sets: beyond it (a flood of model
 // names), sets are built per call.
@@ -64,6 +141,7 @@ type rateStage struct {
 	checked, paced, pacedNs, fallbacks  atomic.Int64
 	overruns, overrunTokens, overrunErr atomic.Int64
 	overrunDropped                      atomic.Int64
+	refunds, refundedTokens             atomic.Int64
 }
 
 // rateSet is the rates that apply to the calls of one model and class:
@@ -72,13 +150,14 @@ type rateStage struct {
 type rateSet struct {
 	comp    *pacer.Composite
 	members []rateMember
-	tokens  bool // some member counts tokens
+	tokens  bool // some member counts tokens, of any kind
 }
 
 type rateMember struct {
 	p      *pacer.Pacer
 	detail admission.RateDetail // without the call's numbers
-	tokens bool
+	kind   limitKind
+	window time.Duration // how far ahead a settlement may book it
 }
 
 var keyEscaper = strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D")
@@ -139,30 +218,40 @@ func (rs *rateStage) set(model, class string) (*rateSet, error) {
 
 func (rs *rateStage) build(model, class string) (*rateSet, error) {
 	s := &rateSet{}
+	// Every member's bucket drains at the rate itself (factor 1) when the
+	// calls are rate-limited and at the pacer's default for Pace, and so
+	// do its settlements.
+	factor := pacer.DefaultRateLimitFactor
+	if rs.cfg.Pace {
+		factor = pacer.DefaultPaceFactor
+	}
 	add := func(scope, key string, r Rate) error {
-		for _, m := range []struct {
-			limit     string
+		for _, m := range [...]struct {
+			kind      limitKind
 			perMinute float64
 			burst     float64
 		}{
-			{"requests", r.RequestsPerMinute, r.RequestBurst},
-			{"tokens", r.TokensPerMinute, r.TokenBurst},
+			{limitRequests, r.RequestsPerMinute, r.RequestBurst},
+			{limitTokens, r.TokensPerMinute, r.TokenBurst},
+			{limitInput, r.InputTokensPerMinute, r.InputTokenBurst},
+			{limitOutput, r.OutputTokensPerMinute, r.OutputTokenBurst},
 		} {
 			if m.perMinute == 0 {
 				continue
 			}
+			name := limitNames[m.kind]
 			p, err := pacer.New(rs.store, pacer.Options{
-				Name:     rs.cfg.Name + ":" + scope + ":" + keyEscaper.Replace(key) + ":" + m.limit,
-				QPS:      m.perMinute / 60,
-				MaxBurst: m.burst,
+				Name:        rs.cfg.Name + ":" + scope + ":" + keyEscaper.Replace(key) + ":" + name,
+				QPS:         m.perMinute / 60,
+				MaxBurst:    m.burst,
+				BurstFactor: factor,
 			})
 			if err != nil {
 				return err
 			}
-			tokens := m.limit == "tokens"
-			s.tokens = s.tokens || tokens
-			s.members = append(s.members, rateMember{p: p, tokens: tokens, detail: admission.RateDetail{
-				Scope: scope, Key: key, Limit: m.limit, PerMinute: m.perMinute, Burst: m.burst,
+			s.tokens = s.tokens || m.kind != limitRequests
+			s.members = append(s.members, rateMember{p: p, kind: m.kind, window: rateWindow(p.Options()), detail: admission.RateDetail{
+				Scope: scope, Key: key, Limit: name, PerMinute: m.perMinute, Burst: m.burst,
 			}})
 		}
 		return nil
@@ -192,18 +281,13 @@ func (rs *rateStage) build(model, class string) (*rateSet, error) {
 	return s, nil
 }
 
-// weighted returns each member's weight, in buf: tokens for the members
-// counting tokens, requests for the others.
-func (s *rateSet) weighted(buf []float64, tokens, requests float64) []float64 {
-	w := buf[:0]
-	for _, m := range s.members {
-		if m.tokens {
-			w = append(w, tokens)
-		} else {
-			w = append(w, requests)
-		}
+// weighted returns, in buf, each member's weight for a call reserving res.
+func (s *rateSet) weighted(buf []float64, w TokenWeight, res *admission.Reservation) []float64 {
+	out := buf[:0]
+	for i := range s.members {
+		out = append(out, float64(s.members[i].kind.weight(w, res)))
 	}
-	return w
+	return out
 }
 
 // detail describes the outcome's deciding member, with the call's weight
@@ -224,16 +308,13 @@ func (s *rateSet) detail(out pacer.CompositeOutcome) *admission.RateDetail {
 // decide runs the rate check of a call reserving reserved tokens, and
 // records it when it goes: NoReason, or the reason to turn the call down,
 // the detail and the cause. On a remote store it runs on a worker.
-func (rs *rateStage) decide(ctx context.Context, s *rateSet, reserved int64) (admission.Reason, *admission.External, error) {
+func (rs *rateStage) decide(ctx context.Context, s *rateSet, res *admission.Reservation) (admission.Reason, *admission.External, error) {
 	rs.checked.Add(1)
 	if len(s.members) == 1 {
 		// One rate: the pacer alone, without the composite's bookkeeping
 		// (and its allocation).
 		m := &s.members[0]
-		w := 1.0
-		if m.tokens {
-			w = float64(reserved)
-		}
+		w := float64(m.kind.weight(rs.cfg.Weight, res))
 		out, err := m.p.RateLimit(ctx, rs.cfg.Name, w)
 		if why, rd, cause := rs.failure(ctx, out.Fallback, err, true); why != admission.NoReason {
 			return why, rateExternal(rd, err), cause
@@ -248,8 +329,8 @@ func (rs *rateStage) decide(ctx context.Context, s *rateSet, reserved int64) (ad
 		d.Weight, d.RetryAfter, d.Remaining = w, out.Delay, max(0, out.MaxBurst-out.Level)
 		return admission.RateLimit, &admission.External{Rate: &d}, nil
 	}
-	var buf [4]float64
-	out, err := s.comp.RateLimit(ctx, rs.cfg.Name, s.weighted(buf[:], float64(reserved), 1)...)
+	var buf [2 * numLimitKinds]float64
+	out, err := s.comp.RateLimit(ctx, rs.cfg.Name, s.weighted(buf[:], rs.cfg.Weight, res)...)
 	if why, rd, cause := rs.failure(ctx, out.Fallback, err, true); why != admission.NoReason {
 		return why, rateExternal(rd, err), cause
 	}
@@ -262,10 +343,10 @@ func (rs *rateStage) decide(ctx context.Context, s *rateSet, reserved int64) (ad
 // pace books a paced call's turn, no later than maxWait from now: its
 // delay, or the reason to turn it away, the detail and the cause (a turn
 // that comes too late books nothing).
-func (rs *rateStage) pace(ctx context.Context, s *rateSet, reserved int64, maxWait time.Duration) (time.Duration, admission.Reason, *admission.External, error) {
+func (rs *rateStage) pace(ctx context.Context, s *rateSet, res *admission.Reservation, maxWait time.Duration) (time.Duration, admission.Reason, *admission.External, error) {
 	rs.checked.Add(1)
-	var buf [4]float64
-	out, err := s.comp.PaceWithin(ctx, rs.cfg.Name, max(0, maxWait), s.weighted(buf[:], float64(reserved), 1)...)
+	var buf [2 * numLimitKinds]float64
+	out, err := s.comp.PaceWithin(ctx, rs.cfg.Name, max(0, maxWait), s.weighted(buf[:], rs.cfg.Weight, res)...)
 	if errors.Is(err, pacer.ErrTooLong) {
 		return 0, admission.RateLimit, &admission.External{Rate: s.detail(out)}, nil
 	}
@@ -277,9 +358,9 @@ func (rs *rateStage) pace(ctx context.Context, s *rateSet, reserved int64, maxWa
 
 // peek is the advisory answer of the rates for a call: NoReason when it
 // would go, else why not and the detail. It records nothing.
-func (rs *rateStage) peek(ctx context.Context, s *rateSet, reserved int64) (admission.Reason, *admission.RateDetail) {
-	var buf [4]float64
-	out, err := s.comp.Peek(ctx, rs.cfg.Name, s.weighted(buf[:], float64(reserved), 1)...)
+func (rs *rateStage) peek(ctx context.Context, s *rateSet, res *admission.Reservation) (admission.Reason, *admission.RateDetail) {
+	var buf [2 * numLimitKinds]float64
+	out, err := s.comp.Peek(ctx, rs.cfg.Name, s.weighted(buf[:], rs.cfg.Weight, res)...)
 	why, rd, _ := rs.failure(ctx, out.Fallback, err, false)
 	if why == admission.NoReason && out.Delay > 0 {
 		why, rd = admission.RateLimit, s.detail(out)
@@ -287,24 +368,80 @@ func (rs *rateStage) peek(ctx context.Context, s *rateSet, reserved int64) (admi
 	return why, rd
 }
 
-// book books, at release, the tokens an admission used beyond its
-// reservation, in each tokens-per-minute limit of s, each at most one
-// window (its burst plus a minute of it) ahead of now; it returns the
-// tokens that did not fit.
-func (rs *rateStage) book(ctx context.Context, s *rateSet, over int64) (dropped int64) {
-	rs.overruns.Add(1)
-	rs.overrunTokens.Add(over)
+// deltas returns, in buf, what each member of s counted wrong for a call
+// that reserved res and used u: for the input and output limits, what it
+// used less what it weighed (positive: beyond it; negative: not used); for
+// the tokens limits, only what it used beyond its weight; nothing for the
+// requests limits. ok reports whether some delta is not zero.
+func (rs *rateStage) deltas(s *rateSet, buf []float64, res *admission.Reservation, u *admission.Usage) (d []float64, ok bool) {
+	d = buf[:0]
+	for i := range s.members {
+		m := &s.members[i]
+		var delta float64
+		if m.kind != limitRequests {
+			// Both are at least 0, so the difference never overflows.
+			delta = float64(m.kind.used(rs.cfg.Weight, u) - m.kind.weight(rs.cfg.Weight, res))
+		}
+		if delta < 0 {
+			// A bucket gives back at most what it holds: none without a
+			// burst (nor do the tokens limits give back), and never more
+			// than the burst, which also keeps the weight within what the
+			// pacer takes.
+			back := 0.0
+			if m.kind.settled() {
+				back = min(-delta, m.p.Options().MaxBurst)
+			}
+			delta = -back
+		}
+		d = append(d, delta)
+		ok = ok || delta != 0
+	}
+	return d, ok
+}
+
+// settle corrects, at release, what the token limits of s counted for a
+// call, by deltas (see deltas): it books what the call used beyond its
+// weight, in each limit at most one window (its burst plus a minute of
+// it) ahead of now, and gives the input and output limits back what it
+// did not use. It returns the tokens that did not fit.
+func (rs *rateStage) settle(ctx context.Context, s *rateSet, deltas []float64) (dropped int64) {
+	// By kind, so that a model's and a class's limit of one kind count
+	// once: the tokens used beyond the call's weight, and the most either
+	// was given back.
+	var over, back [numLimitKinds]float64
 	var d float64
-	for _, m := range s.members {
-		if !m.tokens {
+	for i := range s.members {
+		m, delta := &s.members[i], deltas[i]
+		if delta == 0 {
 			continue
 		}
-		out, err := m.p.Book(ctx, rs.cfg.Name, rateWindow(m.p.Options()), float64(over))
+		if delta > 0 {
+			over[m.kind] = delta
+		}
+		out, err := m.p.Settle(ctx, rs.cfg.Name, m.window, delta)
 		if err != nil || out.Fallback != nil {
 			rs.overrunErr.Add(1)
 			continue
 		}
-		d = max(d, float64(over)-out.Booked)
+		if delta > 0 {
+			d = max(d, delta-out.Booked)
+		} else {
+			back[m.kind] = max(back[m.kind], -out.Booked)
+		}
+	}
+	var overTokens int64
+	var backTokens float64 // the bucket's level, and so what it gives back, may be a fraction
+	for k := range over {
+		overTokens += int64(over[k])
+		backTokens += back[k]
+	}
+	if overTokens > 0 {
+		rs.overruns.Add(1)
+		rs.overrunTokens.Add(overTokens)
+	}
+	if backTokens > 0 {
+		rs.refunds.Add(1)
+		rs.refundedTokens.Add(int64(math.Round(backTokens)))
 	}
 	if d > 0 {
 		dropped = int64(math.Ceil(d))
@@ -362,5 +499,6 @@ func (rs *rateStage) stats() *admission.RateStats {
 		Checked: rs.checked.Load(), Paced: rs.paced.Load(), PacedTime: time.Duration(rs.pacedNs.Load()),
 		Fallbacks: rs.fallbacks.Load(), Overruns: rs.overruns.Load(), OverrunTokens: rs.overrunTokens.Load(),
 		OverrunErrors: rs.overrunErr.Load(), OverrunDropped: rs.overrunDropped.Load(),
+		Refunds: rs.refunds.Load(), RefundedTokens: rs.refundedTokens.Load(),
 	}
 }

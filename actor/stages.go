@@ -3,6 +3,7 @@ package actor
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/llmbulkhead/bulkhead/actor/adaptive"
@@ -99,17 +100,17 @@ func (j *remoteJob) run() {
 		}
 	}()
 	ctx := j.r.Ctx
-	reserved := j.r.Reservation.Reserved
+	res := &j.r.Reservation
 	switch j.kind {
 	case remoteAdmit:
 		if j.fleet != nil {
 			j.why, j.ext, j.cause = j.fleet.reserve(ctx, j.r.Lease)
 		}
 		if j.why == admission.NoReason && j.set != nil {
-			j.why, j.ext, j.cause = j.rates.decide(ctx, j.set, reserved)
+			j.why, j.ext, j.cause = j.rates.decide(ctx, j.set, res)
 		}
 	case remoteTurn:
-		j.delay, j.why, j.ext, j.cause = j.rates.pace(ctx, j.set, reserved, j.maxWait)
+		j.delay, j.why, j.ext, j.cause = j.rates.pace(ctx, j.set, res, j.maxWait)
 	}
 }
 
@@ -229,7 +230,7 @@ func (s *state) turnStage(r *AcquireRequest) bool {
 		return true
 	}
 	s.rates.setTime(now)
-	delay, why, ext, cause := s.rates.pace(background, r.set, r.Reservation.Reserved, maxWait)
+	delay, why, ext, cause := s.rates.pace(background, r.set, &r.Reservation, maxWait)
 	return s.turned(r, delay, why, ext, cause)
 }
 
@@ -433,7 +434,7 @@ func (s *state) localRate(r *AcquireRequest) (admission.Reason, *admission.Exter
 		return admission.NoReason, nil, nil
 	}
 	rs.setTime(s.fx.now())
-	return rs.decide(background, set, r.Reservation.Reserved)
+	return rs.decide(background, set, &r.Reservation)
 }
 
 // remoteStages reports whether r's admission waits for remote stages: a
@@ -458,30 +459,35 @@ func (s *state) noteGrant(l *Lease) {
 	}
 }
 
-// releaseStages settles what l's release owes the stages: an overrun
-// booked on the rates, and its fleet hold ended.
-func (s *state) releaseStages(l *Lease, used int64) {
+// releaseStages settles what l's release owes the stages: its usage
+// settled on the token rates (see rateStage.settle), and its fleet hold
+// ended.
+func (s *state) releaseStages(l *Lease, m *releaseMsg) {
 	if s.fleet != nil {
 		s.fx.fleetRelease(l)
 	}
 	rs := s.rates
-	over := used - l.Reservation.Reserved
-	if rs == nil || over <= 0 {
+	if rs == nil || !m.hasUsage {
 		return
 	}
 	set, err := rs.set(l.model, l.Class)
 	if err != nil || set == nil || !set.tokens {
 		return
 	}
+	var buf [2 * numLimitKinds]float64
+	deltas, ok := rs.deltas(set, buf[:], &l.Reservation, &m.usage)
+	if !ok {
+		return
+	}
 	if rs.remote {
 		s.booking++ // Drain waits for it
-		s.fx.bookRemote(rs, set, over, l)
+		s.fx.bookRemote(rs, set, append([]float64(nil), deltas...), l)
 		return
 	}
 	rs.setTime(s.fx.now())
-	if dropped := rs.book(background, set, over); dropped > 0 {
+	if dropped := rs.settle(background, set, deltas); dropped > 0 {
 		s.fx.warn("bulkhead: overrun larger than a rate window, partly dropped",
-			"admission", l.ID.String(), "overrun", over, "dropped", dropped)
+			"admission", l.ID.String(), "overrun", slices.Max(deltas), "dropped", dropped) // not deltas itself: buf stays on the stack
 	}
 }
 
@@ -543,7 +549,7 @@ func (s *state) wouldAdmitRequest(q *wouldAdmitRequest) {
 		return
 	}
 	rs.setTime(s.fx.now())
-	if why, rd := rs.peek(background, set, q.reservation.Reserved); why != admission.NoReason {
+	if why, rd := rs.peek(background, set, &q.reservation); why != admission.NoReason {
 		q.result.Admit, q.result.Reason = false, why
 		if q.result.Detail != nil {
 			q.result.Detail.Rate = rd

@@ -371,7 +371,7 @@ func TestStageOverrun(t *testing.T) {
 	c := newReq("c", 100)
 	s.acquire(c)
 	s.release(&releaseMsg{l: c.Lease, usage: admission.Usage{Input: 300}, hasUsage: true})
-	if !reflect.DeepEqual(rec.booked, []int64{200}) {
+	if !reflect.DeepEqual(rec.booked, [][]float64{{200}}) {
 		t.Fatalf("remote bookings %v, want the 200 over", rec.booked)
 	}
 }

@@ -42,8 +42,9 @@ type effects interface {
 	// to the pool (they never block).
 	fleetRelease(l *Lease)
 	fleetAdjust(l *Lease, held, seq int64, abandoned bool)
-	// bookRemote books an overrun on rates kept in Redis, off the actor.
-	bookRemote(rs *rateStage, set *rateSet, over int64, l *Lease)
+	// bookRemote settles a release on rates kept in Redis, off the actor:
+	// deltas are the members' corrections (see rateStage.deltas).
+	bookRemote(rs *rateStage, set *rateSet, deltas []float64, l *Lease)
 	// warn logs a warning.
 	warn(msg string, args ...any)
 	// answerDrain hands d's result to its caller.
@@ -773,11 +774,7 @@ func (s *state) release(m *releaseMsg) {
 	}
 	s.tab.Release(l.classID, settled)
 	l.held = 0
-	var used int64
-	if m.hasUsage {
-		used = m.usage.Total()
-	}
-	s.releaseStages(l, used)
+	s.releaseStages(l, m)
 	if s.listeners[KindRelease] > 0 {
 		s.fx.emit(&admission.ReleaseEvent{
 			Request:        l.Request,

@@ -39,7 +39,7 @@ type recorder struct {
 	remotes  []*remoteJob
 	releases []*Lease
 	adjusts  []string
-	booked   []int64
+	booked   [][]float64
 	warnings []string
 	holds    []time.Duration
 }
@@ -59,8 +59,8 @@ func (r *recorder) fleetRelease(l *Lease)    { r.releases = append(r.releases, l
 func (r *recorder) fleetAdjust(l *Lease, held, seq int64, abandoned bool) {
 	r.adjusts = append(r.adjusts, fmt.Sprint(held, " ", seq, " ", abandoned))
 }
-func (r *recorder) bookRemote(_ *rateStage, _ *rateSet, over int64, _ *Lease) {
-	r.booked = append(r.booked, over)
+func (r *recorder) bookRemote(_ *rateStage, _ *rateSet, deltas []float64, _ *Lease) {
+	r.booked = append(r.booked, deltas)
 }
 func (r *recorder) warn(msg string, _ ...any)   { r.warnings = append(r.warnings, msg) }
 func (r *recorder) stopHold()                   {}

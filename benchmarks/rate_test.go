@@ -1,6 +1,7 @@
 package benchmarks
 
 import (
+	"context"
 	"testing"
 
 	"github.com/llmbulkhead/bulkhead"
@@ -28,4 +29,36 @@ func BenchmarkRateCheck(b *testing.B) {
 		}}
 		benchAcquireRelease(b, cfg)
 	})
+	// Anthropic's three rates, each release settling its usage: the unused
+	// output (and some input) goes back to the buckets, against the same
+	// release without rates.
+	used := &bulkhead.Usage{Input: 3, Output: 10}
+	b.Run("baseline/usage", func(b *testing.B) {
+		benchAcquireReleaseUsage(b, budgetConfig(1<<30), used)
+	})
+	b.Run("requests+input+output/usage", func(b *testing.B) {
+		cfg := budgetConfig(1 << 30)
+		cfg.RateLimits = &bulkhead.RateLimits{PerModel: bulkhead.Rate{
+			RequestsPerMinute: bulkhead.MaxPerMinute, RequestBurst: 1e15,
+			InputTokensPerMinute: bulkhead.MaxPerMinute, InputTokenBurst: 1e18,
+			OutputTokensPerMinute: bulkhead.MaxPerMinute, OutputTokenBurst: 1e18,
+		}}
+		benchAcquireReleaseUsage(b, cfg, used)
+	})
+}
+
+// benchAcquireReleaseUsage is benchAcquireRelease with usage at release.
+func benchAcquireReleaseUsage(b *testing.B, cfg bulkhead.Config, u *bulkhead.Usage) {
+	bh := newBench(b, cfg)
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		p, err := bh.Acquire(ctx, benchRequest)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := p.Release(u); err != nil {
+			b.Fatal(err)
+		}
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/url"
 	"os"
@@ -292,6 +293,11 @@ type ClassLimits struct {
 
 // RateConfig is a bulkhead's rate limits (see bulkhead.RateLimits), counted
 // per model: a bulkhead that serves several models gives each its own.
+//
+//	rate_limits: {requests_per_minute: 500, tokens_per_minute: 300000}
+//
+// Each rate is a bucket that holds a minute of it by default, refilled
+// continuously, as the providers describe their own limits (see Rate).
 type RateConfig struct {
 	// Redis, when set, names a server of the redis section on which the
 	// rates are kept, shared by every replica; empty keeps them in this
@@ -300,24 +306,29 @@ type RateConfig struct {
 	// Pace makes a call over the rate wait for its turn (within its queue
 	// timeout) instead of being answered 429.
 	Pace bool `yaml:"pace"`
-	// RequestsPerMinute, TokensPerMinute, RequestBurst and TokenBurst are
-	// the per-model rate (see Rate).
-	RequestsPerMinute float64 `yaml:"requests_per_minute"`
-	TokensPerMinute   float64 `yaml:"tokens_per_minute"`
-	RequestBurst      float64 `yaml:"request_burst"`
-	TokenBurst        float64 `yaml:"token_burst"`
+	// TokenWeight is what a call weighs in tokens_per_minute: "larger"
+	// (the larger of its input estimate and its max output, as OpenAI
+	// counts), "input" (its input estimate, as Gemini counts) or
+	// "reservation" (input estimate plus max output). Empty means the rule
+	// of the API of the bulkhead's routes: larger for openai-chat and
+	// openai-responses, input for gemini, reservation for
+	// anthropic-messages (whose own limits count input and output apart:
+	// input_tokens_per_minute and output_tokens_per_minute). Routes of
+	// APIs with different rules that share a bulkhead with
+	// tokens_per_minute must say which.
+	TokenWeight string `yaml:"token_weight"`
+	// Rate is the per-model rate, inline: requests_per_minute,
+	// tokens_per_minute, input_tokens_per_minute,
+	// output_tokens_per_minute and their bursts.
+	Rate `yaml:",inline"`
 	// PerClass are rates of their own for the classes it names.
 	PerClass map[string]Rate `yaml:"per_class"`
 }
 
-// perModel is the per-model rate r sets.
-func (r *RateConfig) perModel() Rate {
-	return Rate{r.RequestsPerMinute, r.TokensPerMinute, r.RequestBurst, r.TokenBurst}
-}
-
-// setsRate reports whether r sets a rate, per model or for a class.
+// setsRate reports whether r sets a rate, per model or for a class (a
+// burst alone counts: the library says what it lacks).
 func (r *RateConfig) setsRate() bool {
-	if r.perModel() != (Rate{}) {
+	if r.Rate != (Rate{}) {
 		return true
 	}
 	for _, cr := range r.PerClass {
@@ -328,15 +339,41 @@ func (r *RateConfig) setsRate() bool {
 	return false
 }
 
-// Rate is one rate (see bulkhead.Rate): RequestBurst N lets N+1 calls
-// through at once after a quiet period, then one per
-// 60/RequestsPerMinute seconds; TokenBurst is the same in tokens, each
-// call weighing its reservation (TokensPerMinute needs token_budget).
+// Rate is one rate (see bulkhead.Rate). A burst left out is a minute of
+// its rate, the bucket a provider's per-minute limit describes: after a
+// quiet spell requests_per_minute calls go at once, and a token rate lets
+// its whole minute through (and the call that overflows it); then calls
+// go at the rate. request_burst N lets N+1 calls through at once, then one
+// per 60/requests_per_minute seconds; 0 means no burst, every call spaced.
+// The token bursts are the same in tokens. tokens_per_minute weighs a call
+// as token_weight says; input_tokens_per_minute its input estimate and
+// output_tokens_per_minute its max output (max_tokens, or the output
+// cap), both settled at the end of the call to what it used, as Anthropic
+// counts its ITPM and OTPM. Token rates need token_budget.
 type Rate struct {
-	RequestsPerMinute float64 `yaml:"requests_per_minute"`
-	TokensPerMinute   float64 `yaml:"tokens_per_minute"`
-	RequestBurst      float64 `yaml:"request_burst"`
-	TokenBurst        float64 `yaml:"token_burst"`
+	RequestsPerMinute     float64  `yaml:"requests_per_minute"`
+	TokensPerMinute       float64  `yaml:"tokens_per_minute"`
+	InputTokensPerMinute  float64  `yaml:"input_tokens_per_minute"`
+	OutputTokensPerMinute float64  `yaml:"output_tokens_per_minute"`
+	RequestBurst          *float64 `yaml:"request_burst"`
+	TokenBurst            *float64 `yaml:"token_burst"`
+	InputTokenBurst       *float64 `yaml:"input_token_burst"`
+	OutputTokenBurst      *float64 `yaml:"output_token_burst"`
+}
+
+// tokenWeights maps token_weight's names.
+var tokenWeights = map[string]bulkhead.TokenWeight{
+	"reservation": bulkhead.WeightReservation,
+	"larger":      bulkhead.WeightLarger,
+	"input":       bulkhead.WeightInput,
+}
+
+// apiWeights is the token weight of each API's provider.
+var apiWeights = map[string]string{
+	"openai-chat":        "larger",
+	"openai-responses":   "larger",
+	"anthropic-messages": "reservation",
+	"gemini":             "input",
 }
 
 // ClassFrom finds a call's admission class: from a header when the
@@ -593,6 +630,50 @@ func (v *validator) line(path []string) int {
 	return line
 }
 
+// checkRate checks the bursts of the rate at path: a burst is a number of
+// calls or tokens, never negative.
+func (v *validator) checkRate(path []string, r Rate) {
+	for _, b := range []struct {
+		key string
+		v   *float64
+	}{{"request_burst", r.RequestBurst}, {"token_burst", r.TokenBurst}, {"input_token_burst", r.InputTokenBurst}, {"output_token_burst", r.OutputTokenBurst}} {
+		if b.v != nil && !(*b.v >= 0 && *b.v <= math.MaxFloat64) {
+			v.failf(append(path, b.key), "want a number >= 0 (0: no burst), or leave it out for a minute of the rate; got %v", *b.v)
+		}
+	}
+}
+
+// tokenWeight is the token weight of bulkhead name's rate limits: the
+// file's token_weight, else the rule of the APIs of its routes (an error
+// when they differ and tokens_per_minute counts), else reservation.
+func (c *Config) tokenWeight(name string) (bulkhead.TokenWeight, error) {
+	r := c.Bulkheads[name].RateLimits
+	if r == nil {
+		return bulkhead.WeightReservation, nil
+	}
+	if r.TokenWeight != "" {
+		return tokenWeights[r.TokenWeight], nil
+	}
+	rule, api := "", ""
+	for _, route := range c.Routes {
+		w, ok := apiWeights[route.API]
+		if route.Bulkhead != name || !ok {
+			continue
+		}
+		tokens := r.TokensPerMinute > 0
+		for _, cr := range r.PerClass {
+			tokens = tokens || cr.TokensPerMinute > 0
+		}
+		if rule != "" && w != rule && tokens {
+			return 0, fmt.Errorf("routes of %s and %s share this bulkhead, and their providers count tokens per minute differently: set token_weight (larger, input or reservation)", api, route.API)
+		}
+		if rule == "" {
+			rule, api = w, route.API
+		}
+	}
+	return tokenWeights[rule], nil // reservation when no route names it
+}
+
 // apis maps the file's API names to formats.
 var apis = map[string]stream.Format{
 	"openai-chat":        stream.OpenAIChat,
@@ -663,11 +744,22 @@ func (v *validator) check(c *Config) {
 			}
 		}
 		if r := b.RateLimits; r != nil {
+			rp := append(p, "rate_limits")
 			if _, ok := c.Redis[r.Redis]; r.Redis != "" && !ok {
-				v.failf(append(p, "rate_limits", "redis"), "no redis server %q", r.Redis)
+				v.failf(append(rp, "redis"), "no redis server %q", r.Redis)
+			}
+			v.checkRate(rp, r.Rate)
+			for _, class := range sortedKeys(r.PerClass) {
+				v.checkRate(append(rp, "per_class", class), r.PerClass[class])
+			}
+			if _, ok := tokenWeights[r.TokenWeight]; r.TokenWeight != "" && !ok {
+				v.failf(append(rp, "token_weight"), "want larger, input or reservation, got %q", r.TokenWeight)
+			}
+			if _, err := c.tokenWeight(name); err != nil {
+				v.failf(append(rp, "token_weight"), "%v", err)
 			}
 			if !r.setsRate() {
-				v.failf(append(p, "rate_limits"), "sets no rate: set a rate per minute, or per_class")
+				v.failf(rp, "sets no rate: set a rate per minute, or per_class")
 			}
 		}
 		if a := b.Adaptive; a != nil {

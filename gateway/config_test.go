@@ -252,7 +252,7 @@ bulkheads:
     model: gpt-4o
     max_concurrent: 4
     token_budget: 100000
-    rate_limits: {redis: main, requests_per_minute: 60}
+    rate_limits: {redis: main, requests_per_minute: 60, request_burst: 0}
     fleet: {redis: main, pool: gw-test, max_concurrent: 8, token_budget: 50000}
 routes: [{api: openai-chat, upstream: openai, bulkhead: gpt4o}]
 `
@@ -616,4 +616,175 @@ func FuzzParseConfig(f *testing.F) {
 func yamlLines(text string) int {
 	text = strings.ReplaceAll(text, "\r\n", "\n")
 	return 1 + strings.Count(text, "\n") + strings.Count(text, "\r") + strings.Count(text, "\u0085") + strings.Count(text, "\u2028") + strings.Count(text, "\u2029")
+}
+
+// buildRates builds a gateway with one bulkhead, b, whose rate_limits are
+// rates, behind a route of api.
+func buildRates(t *testing.T, api, rates string) (*gateway.Gateway, error) {
+	t.Helper()
+	text := `upstreams: {up: {base_url: "https://api.example.com"}}
+bulkheads:
+  b:
+    model: gpt-4o
+    max_concurrent: 200
+    token_budget: 10000000
+    rate_limits: ` + rates + `
+routes: [{api: ` + api + `, upstream: up, bulkhead: b}]
+`
+	cfg, err := gateway.ParseConfig("gw.yaml", []byte(text))
+	if err != nil {
+		return nil, err
+	}
+	g, err := gateway.Build(cfg, "gw.yaml", nil, slog.New(slog.DiscardHandler))
+	if err == nil {
+		t.Cleanup(func() { g.Shutdown(context.Background()) })
+	}
+	return g, err
+}
+
+// TestConfigRateBursts: a rate whose burst is left out admits a minute of
+// it at once (requests_per_minute calls); request_burst: 0 spaces every
+// call; request_burst: N lets N+1 through.
+func TestConfigRateBursts(t *testing.T) {
+	for _, c := range []struct {
+		rates string
+		once  int
+	}{
+		{"{requests_per_minute: 60}", 60},
+		{"{requests_per_minute: 60, request_burst: 0}", 1},
+		{"{requests_per_minute: 60, request_burst: 4}", 5},
+		{"{output_tokens_per_minute: 600}", 61}, // 10 output tokens a call: 600 in the bucket, and the call that overflows it
+	} {
+		t.Run(c.rates, func(t *testing.T) {
+			g, err := buildRates(t, "openai-chat", c.rates)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b := g.Bulkheads["b"]
+			n := 0
+			for ; n < 200; n++ {
+				p, err := b.Acquire(context.Background(), &bulkhead.Request{Messages: []bulkhead.Message{{Role: "user", Content: "hi"}}, MaxTokens: 10})
+				if err != nil {
+					testutil.WantReason(t, err, bulkhead.RateLimit)
+					break
+				}
+				_ = p.Release(nil)
+			}
+			if n != c.once {
+				t.Fatalf("%d calls at once, want %d", n, c.once)
+			}
+		})
+	}
+}
+
+// TestConfigTokenWeight: tokens_per_minute weighs a call by the rule of
+// its routes' API (OpenAI: the larger of input estimate and max output;
+// Gemini: the input estimate; Anthropic: both), or by token_weight.
+func TestConfigTokenWeight(t *testing.T) {
+	res := bulkhead.Reservation{Input: 300, MaxOutput: 100, Reserved: 400}
+	for _, c := range []struct {
+		api, weight string
+		want        float64
+	}{
+		{"openai-chat", "", 300},
+		{"openai-responses", "", 300},
+		{"gemini", "", 300},
+		{"anthropic-messages", "", 400},
+		{"openai-chat", "reservation", 400},
+		{"anthropic-messages", "input", 300},
+	} {
+		t.Run(c.api+"/"+c.weight, func(t *testing.T) {
+			rates := "{tokens_per_minute: 60000, token_burst: 0"
+			if c.weight != "" {
+				rates += ", token_weight: " + c.weight
+			}
+			g, err := buildRates(t, c.api, rates+"}")
+			if err != nil {
+				t.Fatal(err)
+			}
+			b := g.Bulkheads["b"]
+			r := &bulkhead.Request{Messages: []bulkhead.Message{{Role: "user", Content: "hi"}}}
+			p, err := b.Acquire(context.Background(), r, bulkhead.WithReservation(res))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Release(nil)
+			_, err = b.Acquire(context.Background(), r, bulkhead.WithReservation(res))
+			if rd := testutil.WantReason(t, err, bulkhead.RateLimit).Detail.Rate; rd.Weight != c.want {
+				t.Fatalf("the call weighs %v, want %v", rd.Weight, c.want)
+			}
+		})
+	}
+}
+
+// TestConfigRateErrors: a negative or not-a-number burst, an unknown
+// token_weight, routes whose providers count tokens per minute
+// differently on one bulkhead without token_weight, and a misspelt rate
+// key are errors at their key's line.
+func TestConfigRateErrors(t *testing.T) {
+	for _, c := range []struct {
+		rates, want string
+	}{
+		{"{requests_per_minute: 60, request_burst: -1}", "gw.yaml:7: bulkheads.b.rate_limits.request_burst: want a number >= 0 (0: no burst)"},
+		{"{output_tokens_per_minute: 60, output_token_burst: .nan}", "gw.yaml:7: bulkheads.b.rate_limits.output_token_burst: want a number >= 0"},
+		{"{requests_per_minute: 60, per_class: {x: {input_tokens_per_minute: 6, input_token_burst: -3}}}", "bulkheads.b.rate_limits.per_class.x.input_token_burst: want a number >= 0"},
+		{"{tokens_per_minute: 60, token_weight: output}", "gw.yaml:7: bulkheads.b.rate_limits.token_weight: want larger, input or reservation"},
+		{"{input_token_per_minute: 60}", `bulkheads.b.rate_limits: unknown key "input_token_per_minute" (did you mean input_tokens_per_minute?)`},
+	} {
+		t.Run(c.rates, func(t *testing.T) {
+			_, err := buildRates(t, "openai-chat", c.rates)
+			var ce *gateway.ConfigError
+			if !errors.As(err, &ce) || !errors.Is(err, bulkhead.ErrInvalid) || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("error %v; want one containing %q", err, c.want)
+			}
+		})
+	}
+	mixed := `upstreams: {up: {base_url: "https://api.example.com"}}
+bulkheads: {b: {model: gpt-4o, max_concurrent: 2, token_budget: 1000, rate_limits: {tokens_per_minute: 600}}}
+routes:
+  - {api: openai-chat, upstream: up, bulkhead: b}
+  - {api: gemini, upstream: up, bulkhead: b}
+`
+	_, err := gateway.ParseConfig("gw.yaml", []byte(mixed))
+	if err == nil || !strings.Contains(err.Error(), "gw.yaml:2: bulkheads.b.rate_limits.token_weight: routes of openai-chat and gemini share this bulkhead") {
+		t.Fatalf("mixed routes: %v", err)
+	}
+	if _, err := gateway.ParseConfig("gw.yaml", []byte(strings.Replace(mixed, "tokens_per_minute: 600", "tokens_per_minute: 600, token_weight: larger", 1))); err != nil {
+		t.Fatalf("mixed routes with token_weight: %v", err)
+	}
+	if _, err := gateway.ParseConfig("gw.yaml", []byte(strings.Replace(mixed, "tokens_per_minute: 600", "requests_per_minute: 600", 1))); err != nil {
+		t.Fatalf("mixed routes without a token rate: %v", err)
+	}
+}
+
+// TestConfigRedisTimeoutBoundsRates: a redis server's timeout bounds the
+// rate decisions kept on it, not only the client's commands: a Redis that
+// pauses 200 ms delays a call under a 5 s timeout, and does not fail it.
+func TestConfigRedisTimeoutBoundsRates(t *testing.T) {
+	srv := redistest.TryStart(t)
+	if srv == nil {
+		t.Skip("redis-server not installed")
+	}
+	text := `upstreams: {up: {base_url: "https://api.example.com"}}
+redis: {main: {addr: "` + srv.Addr() + `", timeout: 5s}}
+bulkheads: {b: {model: gpt-4o, max_concurrent: 4, rate_limits: {redis: main, requests_per_minute: 60}}}
+routes: [{api: openai-chat, upstream: up, bulkhead: b}]
+`
+	cfg, err := gateway.ParseConfig("gw.yaml", []byte(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := gateway.Build(cfg, "gw.yaml", nil, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Shutdown(context.Background())
+	if _, err := srv.Do("CLIENT", "PAUSE", "200"); err != nil {
+		t.Fatal(err)
+	}
+	p, err := g.Bulkheads["b"].Acquire(context.Background(), &bulkhead.Request{Messages: []bulkhead.Message{{Role: "user", Content: "hi"}}})
+	if err != nil {
+		t.Fatalf("a call while Redis pauses 200 ms, under a 5 s timeout: %v", err)
+	}
+	_ = p.Release(nil)
 }

@@ -37,7 +37,7 @@ routes: [{api: openai-chat, upstream: openai, bulkhead: main}]`,
 // of the API the client called.
 func ExampleWriteError() {
 	b, _ := bulkhead.New(bulkhead.Config{Model: "claude-sonnet-4-5", MaxConcurrent: 1, RateLimits: &bulkhead.RateLimits{
-		PerModel: bulkhead.Rate{RequestsPerMinute: 60},
+		PerModel: bulkhead.Rate{RequestsPerMinute: 60, RequestBurst: bulkhead.NoBurst},
 	}})
 	ctx := context.Background()
 	defer b.Shutdown(ctx)

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/llmbulkhead/bulkhead"
 	"github.com/llmbulkhead/bulkhead/fleet"
 	"github.com/llmbulkhead/bulkhead/pacer"
 )
@@ -21,7 +22,7 @@ func TestGoKeysCoverTheConfig(t *testing.T) {
 	b.Adaptive.Rule, b.Adaptive.Cooldown, b.Fleet.OnFailure = "gradient", "shed", "open" // names of values other than the zero one
 	// Stand-ins for the rates' store and the pool, which the file names
 	// (rate_limits.redis, fleet) and Build makes.
-	cfg := b.config(struct{ pacer.Store }{}, new(fleet.Pool))
+	cfg := b.config(struct{ pacer.Store }{}, new(fleet.Pool), bulkhead.WeightLarger)
 	fields := setFields(reflect.ValueOf(cfg), "bulkhead.Config")
 	fields = append(fields, setFields(reflect.ValueOf(b.Fleet.config(nil)), "fleet.Config")...)
 	if len(fields) < 35 {

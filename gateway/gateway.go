@@ -159,7 +159,8 @@ func Build(cfg *Config, file string, lookupEnv func(string) (string, bool), logg
 			if err != nil {
 				return fail(err)
 			}
-			s, err := pacer.NewRedis(c, pacer.RedisOptions{})
+			// The server's timeout bounds each decision too (0: the store's 50ms).
+			s, err := pacer.NewRedis(c, pacer.RedisOptions{Timeout: time.Duration(cfg.Redis[r.Redis].Timeout)})
 			if err != nil {
 				return fail(err)
 			}
@@ -188,7 +189,8 @@ func Build(cfg *Config, file string, lookupEnv func(string) (string, bool), logg
 			pool = p
 			g.pools = append(g.pools, p)
 		}
-		b, err := bulkhead.New(bc.config(store, pool))
+		weight, _ := cfg.tokenWeight(name) // checked by ParseConfig
+		b, err := bulkhead.New(bc.config(store, pool, weight))
 		if err != nil {
 			var ce *bulkhead.ConfigError
 			if errors.As(err, &ce) {
@@ -424,8 +426,8 @@ func (v *validator) at(path []string, format string, args ...any) *ConfigError {
 }
 
 // config is the bulkhead.Config of b, with its rates on store (nil:
-// in-process) and its fleet pool.
-func (b BulkheadConfig) config(store pacer.Store, pool *fleet.Pool) bulkhead.Config {
+// in-process), weighing tokens by weight, and its fleet pool.
+func (b BulkheadConfig) config(store pacer.Store, pool *fleet.Pool, weight bulkhead.TokenWeight) bulkhead.Config {
 	c := bulkhead.Config{Model: b.Model, MaxConcurrent: b.MaxConcurrent, MaxQueue: b.MaxQueue, QueueTimeout: time.Duration(b.QueueTimeout), Fleet: pool,
 		Queue: bulkhead.QueuePolicy(b.Queue)}
 	if b.TokenBudget != nil {
@@ -442,15 +444,35 @@ func (b BulkheadConfig) config(store pacer.Store, pool *fleet.Pool) bulkhead.Con
 			MinConcurrent: a.MinConcurrent, MaxConcurrent: a.MaxConcurrent, MinBudget: a.MinBudget, MaxBudget: a.MaxBudget}
 	}
 	if r := b.RateLimits; r != nil {
-		c.RateLimits = &bulkhead.RateLimits{Store: store, Pace: r.Pace, PerModel: bulkhead.Rate(r.perModel())}
+		c.RateLimits = &bulkhead.RateLimits{Store: store, Pace: r.Pace, TokenWeight: weight, PerModel: r.Rate.rate()}
 		if len(r.PerClass) > 0 {
 			c.RateLimits.PerClass = map[string]bulkhead.Rate{}
 			for name, cr := range r.PerClass {
-				c.RateLimits.PerClass[name] = bulkhead.Rate(cr)
+				c.RateLimits.PerClass[name] = cr.rate()
 			}
 		}
 	}
 	return c
+}
+
+// rate is r as the bulkhead takes it: a burst left out is the default (a
+// minute of the rate), and 0 is none.
+func (r Rate) rate() bulkhead.Rate {
+	burst := func(b *float64) float64 {
+		switch {
+		case b == nil:
+			return 0
+		case *b == 0:
+			return bulkhead.NoBurst
+		}
+		return *b
+	}
+	return bulkhead.Rate{
+		RequestsPerMinute: r.RequestsPerMinute, RequestBurst: burst(r.RequestBurst),
+		TokensPerMinute: r.TokensPerMinute, TokenBurst: burst(r.TokenBurst),
+		InputTokensPerMinute: r.InputTokensPerMinute, InputTokenBurst: burst(r.InputTokenBurst),
+		OutputTokensPerMinute: r.OutputTokensPerMinute, OutputTokenBurst: burst(r.OutputTokenBurst),
+	}
 }
 
 // limits is l as a bulkhead's class limits.

@@ -81,13 +81,29 @@ var unmarshalerType = reflect.TypeFor[yaml.Unmarshaler]()
 
 // fieldOf is the field of struct t that the YAML key name decodes into.
 func fieldOf(t reflect.Type, name string) (reflect.StructField, bool) {
-	for i := range t.NumField() {
-		f := t.Field(i)
-		if f.IsExported() && yamlName(f) == name {
+	for _, f := range yamlFields(t) {
+		if yamlName(f) == name {
 			return f, true
 		}
 	}
 	return reflect.StructField{}, false
+}
+
+// yamlFields are the exported fields of struct t that YAML keys decode
+// into, with those of its inline structs (`yaml:",inline"`).
+func yamlFields(t reflect.Type) []reflect.StructField {
+	var fs []reflect.StructField
+	for i := range t.NumField() {
+		f := t.Field(i)
+		switch {
+		case !f.IsExported():
+		case f.Type.Kind() == reflect.Struct && strings.Contains(f.Tag.Get("yaml"), ",inline"):
+			fs = append(fs, yamlFields(f.Type)...)
+		default:
+			fs = append(fs, f)
+		}
+	}
+	return fs
 }
 
 func yamlName(f reflect.StructField) string {
@@ -100,11 +116,7 @@ func yamlName(f reflect.StructField) string {
 func unknownProblem(t reflect.Type, name string) string {
 	problem := "unknown key " + strconv.Quote(name)
 	best, bestDist := "", 3
-	for i := range t.NumField() {
-		f := t.Field(i)
-		if !f.IsExported() {
-			continue
-		}
+	for _, f := range yamlFields(t) {
 		if d := editDistance(name, yamlName(f)); d < bestDist {
 			best, bestDist = yamlName(f), d
 		}

@@ -276,7 +276,8 @@ func (g *Gateway) limitChanges(old, cfg *Config, v *validator) ([]limitChange, e
 		if reflect.DeepEqual(was, now) {
 			continue
 		}
-		probe, err := bulkhead.New(now.config(nil, nil))
+		weight, _ := cfg.tokenWeight(name) // checked by ParseConfig
+		probe, err := bulkhead.New(now.config(nil, nil, weight))
 		if err != nil {
 			var ce *bulkhead.ConfigError
 			if errors.As(err, &ce) {

@@ -6,6 +6,7 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/llmbulkhead/bulkhead"
@@ -200,11 +201,12 @@ func write(w http.ResponseWriter, format stream.Format, r Rejection) {
 		// the limit that decided, when it frees up, and the whole requests
 		// or tokens it had room for at the decision.
 		rd := r.Detail.Rate
-		h.Set("X-Ratelimit-Limit-"+rd.Limit, strconv.FormatFloat(rd.PerMinute, 'f', -1, 64))
+		limit := strings.ReplaceAll(rd.Limit, "_", "-") // input_tokens: x-ratelimit-limit-input-tokens
+		h.Set("X-Ratelimit-Limit-"+limit, strconv.FormatFloat(rd.PerMinute, 'f', -1, 64))
 		if rd.Remaining != nil {
-			h.Set("X-Ratelimit-Remaining-"+rd.Limit, strconv.FormatFloat(math.Floor(*rd.Remaining), 'f', -1, 64))
+			h.Set("X-Ratelimit-Remaining-"+limit, strconv.FormatFloat(math.Floor(*rd.Remaining), 'f', -1, 64))
 		}
-		h.Set("X-Ratelimit-Reset-"+rd.Limit, r.RetryAfter.String())
+		h.Set("X-Ratelimit-Reset-"+limit, r.RetryAfter.String())
 	}
 	w.WriteHeader(r.Status)
 	b := getBuffer()
@@ -345,7 +347,10 @@ func rateType(format stream.Format, d *bulkhead.RejectDetail) string {
 	}
 	switch {
 	case d != nil && d.Rate != nil:
-		return d.Rate.Limit // "requests" or "tokens", as OpenAI's own 429s say
+		if strings.HasSuffix(d.Rate.Limit, "_tokens") {
+			return "tokens" // OpenAI's 429s say requests or tokens
+		}
+		return d.Rate.Limit
 	case d != nil && d.TokenBudget != nil && d.Class != nil && d.Class.Limits.MaxInFlightTokens != nil &&
 		d.Class.InFlightTokens+d.TokenBudget.Reserved > *d.Class.Limits.MaxInFlightTokens:
 		return "tokens"

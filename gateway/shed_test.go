@@ -40,10 +40,17 @@ func rejections(t *testing.T) map[string]error {
 
 	rate := newB(bulkhead.Config{Model: "gpt-4o", MaxConcurrent: 4, Clock: clock.NewMock(),
 		TokenBudget: &bulkhead.TokenBudget{Budget: 1 << 30},
-		RateLimits:  &bulkhead.RateLimits{PerModel: bulkhead.Rate{TokensPerMinute: 6000}}})
+		RateLimits:  &bulkhead.RateLimits{PerModel: bulkhead.Rate{TokensPerMinute: 6000, TokenBurst: bulkhead.NoBurst}}})
 	p2, _ := rate.Acquire(context.Background(), req)
 	t.Cleanup(func() { _ = p2.Release(nil) })
 	_, out["rate"] = rate.Acquire(context.Background(), req)
+
+	output := newB(bulkhead.Config{Model: "gpt-4o", MaxConcurrent: 4, Clock: clock.NewMock(),
+		TokenBudget: &bulkhead.TokenBudget{Budget: 1 << 30},
+		RateLimits:  &bulkhead.RateLimits{PerModel: bulkhead.Rate{OutputTokensPerMinute: 6000, OutputTokenBurst: bulkhead.NoBurst}}})
+	p4, _ := output.Acquire(context.Background(), req)
+	t.Cleanup(func() { _ = p4.Release(nil) })
+	_, out["output rate"] = output.Acquire(context.Background(), req)
 
 	cls := newB(bulkhead.Config{Model: "gpt-4o", MaxConcurrent: 4, Classes: &bulkhead.Classes{Default: "a",
 		Limits: map[string]bulkhead.ClassLimits{"a": {MaxConcurrent: bulkhead.Ceiling(1)}}}})
@@ -160,6 +167,20 @@ func TestWriteErrorOpenAI(t *testing.T) {
 	if d.Rate.Remaining == nil || *d.Rate.Remaining != 0 || rec.Header().Get("X-Ratelimit-Remaining-Tokens") != "0" {
 		t.Fatalf("remaining %v, header %q", d.Rate.Remaining, rec.Header().Get("X-Ratelimit-Remaining-Tokens"))
 	}
+	// An output-token rate: OpenAI's "tokens" type, and headers named
+	// with hyphens.
+	err := errs["output rate"]
+	rec = httptest.NewRecorder()
+	gateway.WriteError(rec, stream.OpenAIChat, err)
+	if rec.Header().Get("X-Ratelimit-Limit-Output-Tokens") != "6000" || rec.Header().Get("X-Ratelimit-Reset-Output-Tokens") != "1s" {
+		t.Fatalf("output rate headers %v", rec.Header())
+	}
+	if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
+		t.Fatal(err)
+	}
+	if got := field(write(t, stream.OpenAIChat, err).body, "error.type"); got != "tokens" || body.Error.Bulkhead.Rate.Limit != "output_tokens" {
+		t.Fatalf("output rate: type %v, detail %+v", got, body.Error.Bulkhead.Rate)
+	}
 	// The Anthropic and Gemini dialects send no OpenAI headers.
 	rec = httptest.NewRecorder()
 	gateway.WriteError(rec, stream.AnthropicMessages, errs["rate"])
@@ -234,7 +255,7 @@ func TestWriteErrorOthers(t *testing.T) {
 
 func TestRetryAfterCapped(t *testing.T) {
 	b, err := bulkhead.New(bulkhead.Config{Model: "m", MaxConcurrent: 2, Clock: clock.NewMock(),
-		RateLimits: &bulkhead.RateLimits{PerModel: bulkhead.Rate{RequestsPerMinute: 0.5}}})
+		RateLimits: &bulkhead.RateLimits{PerModel: bulkhead.Rate{RequestsPerMinute: 0.5, RequestBurst: bulkhead.NoBurst}}})
 	if err != nil {
 		t.Fatal(err)
 	}

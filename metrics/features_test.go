@@ -203,7 +203,7 @@ func TestEveryFeature(t *testing.T) {
 		Classes: &bulkhead.Classes{Default: "a", Limits: map[string]bulkhead.ClassLimits{
 			"a": {}, "b": {ProtectedConcurrent: 1},
 		}},
-		RateLimits: &bulkhead.RateLimits{PerModel: bulkhead.Rate{RequestsPerMinute: 60}},
+		RateLimits: &bulkhead.RateLimits{PerModel: bulkhead.Rate{RequestsPerMinute: 60, RequestBurst: bulkhead.NoBurst, OutputTokensPerMinute: 6000}},
 		Dedup:      &bulkhead.DedupConfig{},
 	})
 	c := newCollector(t, b, metrics.Options{Name: "all", ConstLabels: prometheus.Labels{"region": "eu"}})
@@ -214,7 +214,7 @@ func TestEveryFeature(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := p.Release(nil); err != nil {
+	if err := p.Release(&bulkhead.Usage{Input: 10, Output: 4}); err != nil { // 6 output tokens back to the output rate
 		t.Fatal(err)
 	}
 	_, err = b.Acquire(ctx, anyRequest, bulkhead.WithClass("b"), reserve(10, 10))
@@ -247,6 +247,8 @@ func TestEveryFeature(t *testing.T) {
 		"bulkhead_bypassed_usage_reported_total": 1,
 		"bulkhead_bypassed_input_tokens_total":   3,
 		"bulkhead_bypassed_output_tokens_total":  4,
+		"bulkhead_rate_refunds_total":            1,
+		"bulkhead_rate_refunded_tokens_total":    6,
 	}))
 	if st.Rate.Checked == 0 {
 		t.Error("no rate check counted")
@@ -258,7 +260,7 @@ func TestEveryFeature(t *testing.T) {
 		`bulkhead_rate_paced_seconds_total{bulkhead="all",region="eu"}`:                     0,
 		`bulkhead_class_in_flight{bulkhead="all",class="b",region="eu"}`:                    0,
 		`bulkhead_class_protected_concurrent{bulkhead="all",class="b",region="eu"}`:         1,
-		`bulkhead_release_consumed_tokens{bulkhead="all",region="eu"}`:                      0, // no release had usage
+		`bulkhead_release_consumed_tokens{bulkhead="all",region="eu"}`:                      14, // the one release with usage
 		`bulkhead_rate_wait_seconds{bulkhead="all",outcome="admitted",region="eu"}`:         0,
 		`bulkhead_rate_wait_seconds{bulkhead="all",outcome="rejected",region="eu"}`:         0,
 	})
@@ -285,8 +287,8 @@ func TestEveryFeature(t *testing.T) {
 			t.Errorf("family %s present", n)
 		}
 	}
-	if len(mfs) != 63 {
-		t.Errorf("%d families, want 63", len(mfs))
+	if len(mfs) != 65 {
+		t.Errorf("%d families, want 65", len(mfs))
 	}
 }
 

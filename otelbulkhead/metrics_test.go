@@ -107,7 +107,7 @@ func TestMetricsOfferThePrometheusCollectorsFigures(t *testing.T) {
 		Classes: &bulkhead.Classes{Default: "a", Limits: map[string]bulkhead.ClassLimits{
 			"a": {}, "b": {ProtectedConcurrent: 1, MaxInFlightTokens: ptr(int64(500))},
 		}},
-		RateLimits: &bulkhead.RateLimits{PerModel: bulkhead.Rate{RequestsPerMinute: 60}},
+		RateLimits: &bulkhead.RateLimits{PerModel: bulkhead.Rate{RequestsPerMinute: 60, RequestBurst: bulkhead.NoBurst}},
 		Dedup:      &bulkhead.DedupConfig{},
 	}, clk)
 	c, err := metrics.New(b, metrics.Options{Name: "all", ConstLabels: prometheus.Labels{"region": "eu"}})

@@ -144,7 +144,7 @@ func TestQueuedCallRecordsItsQueueWaitOnAChildSpan(t *testing.T) {
 func TestPacedCallRecordsItsRateWait(t *testing.T) {
 	clk := newArmedClock()
 	b := newBulkhead(t, bulkhead.Config{Model: "gpt-4o", MaxConcurrent: 4,
-		RateLimits: &bulkhead.RateLimits{Pace: true, PerModel: bulkhead.Rate{RequestsPerMinute: 60}}}, clk)
+		RateLimits: &bulkhead.RateLimits{Pace: true, PerModel: bulkhead.Rate{RequestsPerMinute: 60, RequestBurst: bulkhead.NoBurst}}}, clk)
 	x := newTraced(t, b, otelbulkhead.Options{ChildSpan: true, Clock: clk})
 	p, err := b.Acquire(context.Background(), hi)
 	if err != nil {
@@ -255,7 +255,7 @@ func TestRejectionRecordsItsReasonAndNumbers(t *testing.T) {
 		numbers: map[string]any{"bulkhead.rejection.detail.token_budget.reserved": int64(160),
 			"bulkhead.rejection.detail.token_budget.budget": int64(100), "bulkhead.rejection.detail.never_fits": true},
 	}, {
-		name: "rate", cfg: bulkhead.Config{MaxConcurrent: 1, RateLimits: &bulkhead.RateLimits{PerModel: bulkhead.Rate{RequestsPerMinute: 60}}},
+		name: "rate", cfg: bulkhead.Config{MaxConcurrent: 1, RateLimits: &bulkhead.RateLimits{PerModel: bulkhead.Rate{RequestsPerMinute: 60, RequestBurst: bulkhead.NoBurst}}},
 		setup: func(t *testing.T, b *bulkhead.Bulkhead, _ *armedClock) context.Context {
 			p, err := b.Acquire(context.Background(), hi)
 			if err != nil {

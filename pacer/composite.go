@@ -161,7 +161,28 @@ func (c *Composite) Book(ctx context.Context, key string, within time.Duration, 
 	if err != nil {
 		return CompositeOutcome{}, err
 	}
+	for _, w := range weights {
+		if !(w >= 0) {
+			return CompositeOutcome{}, invalidf("weights", "must be >= 0 and finite, got %v", w)
+		}
+	}
 	return c.decide(ctx, key, weights, modeBook, bookWaitUs, capUs, false)
+}
+
+// Settle corrects what a call booked in every member to what it used, as
+// Pacer.Settle, in one atomic step (one Redis script): each member's delta
+// books weight spent beyond what it counted (when positive, no further
+// than within from now) or gives back weight it counted but the call did
+// not use (when negative); a member whose delta is zero is not asked.
+// Each member's Outcome.Booked is what it booked or, negative, what it
+// gave back. deltas are given as the weights of Pace; errors and failure
+// policies are as for Book.
+func (c *Composite) Settle(ctx context.Context, key string, within time.Duration, deltas ...float64) (CompositeOutcome, error) {
+	capUs, err := bookCap(within)
+	if err != nil {
+		return CompositeOutcome{}, err
+	}
+	return c.decide(ctx, key, deltas, modeBook, bookWaitUs, capUs, false)
 }
 
 // decide runs one composite decision. maxWaitUs caps every member's wait; a
@@ -198,7 +219,7 @@ func (c *Composite) decide(ctx context.Context, key string, weights []float64, m
 		case n:
 			w = weights[i]
 		}
-		if err := checkWeight("weights", w, p.opts.QPS); err != nil {
+		if err := checkDelta("weights", w, p.opts.QPS, capUs > 0); err != nil {
 			return CompositeOutcome{}, err
 		}
 		out.Members[i] = Outcome{Weight: w, MaxBurst: p.opts.MaxBurst}

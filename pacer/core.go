@@ -33,7 +33,7 @@ type state struct {
 // interval and drain fields are derived from the others by interval and
 // drainTime; the Lua script derives them itself with the same formulas.
 type params struct {
-	weight float64 // w, > 0 (a weight-0 call never reaches a store)
+	weight float64 // w, > 0 (a weight-0 call never reaches a store), or < 0 to give weight back (Settle)
 	qps    float64 // > 0
 	burst  float64 // maxBurst, >= 0
 	factor float64 // burst allowance factor, > 0
@@ -112,10 +112,10 @@ func drainTime(burst, qps, factor float64) int64 {
 //	N = max(N, now)
 //	if N <= now: W = max(0, W - (now-I) * qps * factor)   (drain only while idle)
 //	L = now
-//	W += w
-//	if W <= maxBurst: the call goes now and N is unchanged
-//	else:             the call is scheduled at N, and N += ceil(w/qps)
-//	W = min(maxBurst, W)
+//	W = max(0, W + w)                                     (w < 0: weight given back)
+//	if W <= maxBurst and (N <= now or w < 0): the call goes now and N is unchanged
+//	else: the call is scheduled at N, N += ceil(w/qps), and
+//	      W = maxBurst if it overflowed, else W - w (it is in the queue, not in the bucket)
 //
 // It departs from upstream's step function in three ways, each on purpose:
 //
@@ -134,6 +134,14 @@ func drainTime(burst, qps, factor float64) int64 {
 //   - Time never runs backwards for a key (now is raised to L when a clock
 //     steps back, and a rejection's delay then includes the time until the
 //     clock is back at L).
+//
+// And it adds one: a negative weight gives weight back (Settle), lowering
+// the bucket's level, never below empty. Room given back while calls are
+// queued waits for the queue to run out (until then, calls queue behind
+// the ones booked before them); without give-backs the bucket is always
+// full while calls are queued, so this changes nothing else. Over any
+// window, what a key admits less what it was given back within the window
+// keeps the bound above.
 func step(prev state, ok bool, now int64, p *params) stepResult {
 	if !ok || now >= prev.exp {
 		prev = state{last: now}
@@ -166,15 +174,26 @@ func step(prev state, ok bool, now int64, p *params) stepResult {
 	}
 	before := level
 	level = float64(level + p.weight)
+	if level < 0 {
+		level = 0 // a give-back (Settle) empties the bucket at most
+	}
 	var delay int64
-	if level > p.burst {
+	if level > p.burst || (p.weight > 0 && next > now) {
+		// The call overflows the bucket, or finds calls queued: it takes
+		// the next slot. (The bucket has room while calls are queued only
+		// when weight was given back meanwhile; that room waits for the
+		// queue to run out, so calls keep their turns.)
 		delay = next - now
 		iv := p.intervalUs
 		if p.capUs > 0 {
 			iv = min(iv, max(0, now+p.capUs-next))
 		}
 		next += iv
-		level = p.burst
+		if level > p.burst {
+			level = p.burst
+		} else {
+			level = before
+		}
 	}
 	commit := delay <= p.maxWaitUs
 	if !commit && p.maxWaitUs <= 0 {

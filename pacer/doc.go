@@ -26,6 +26,12 @@
 //     minute and tokens per minute: the delay is the largest of the members'
 //     delays, the outcome names the member that set it, and the call is
 //     recorded in every member or in none.
+//   - Book and Settle correct a call's booking once its real weight is
+//     known: Book records weight spent beyond what the call was counted
+//     for, and Settle does that or, for a call that used less, gives the
+//     unused weight back to the bucket (as a provider that counts a
+//     request's maximum output on entry and adjusts it to the real output
+//     at the end does).
 //
 // # The algorithm
 //
@@ -37,10 +43,14 @@
 //	if N <= now: W = max(0, W - (now-I) * QPS * factor)   the bucket drains only while nothing is queued
 //	L = now
 //	W = W + w
-//	if W <= MaxBurst: the call goes now; N is unchanged
-//	else:             the call is scheduled at N, and N = N + w/QPS
-//	W = min(MaxBurst, W)
+//	if W <= MaxBurst and N <= now: the call goes now; N is unchanged
+//	else:                          the call is scheduled at N, and N = N + w/QPS
+//	W = min(MaxBurst, W), or W - w if the call did not overflow (it is queued)
 //	delay = scheduled time - now
+//
+// Weight given back (Settle) lowers W, never below zero. The bucket has
+// room while calls are queued only after such a give-back, and that room
+// waits for the queue to run out, so calls keep their turns.
 //
 // So from idle MaxBurst+1 weight-1 calls go at once (the first call that
 // overflows the bucket still finds the queue empty and only books the next
@@ -58,7 +68,9 @@
 // overflows an idle bucket and takes the next slot), in RateLimit and Pace
 // alike (a paced call counts when its delay ends), on both stores, whatever
 // the arrival pattern. Kept saturated at 60 calls a minute with MaxBurst 4,
-// a key lets 25 calls through in 20 seconds.
+// a key lets 25 calls through in 20 seconds. Weight given back (Settle)
+// comes on top: over any window, what a key lets through less what it was
+// given back within the window keeps the bound.
 //
 // To keep that bound the bucket drains only from the moment the queue runs
 // empty (the time a queued call books is not credited to the bucket as

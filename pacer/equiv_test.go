@@ -83,7 +83,12 @@ func TestBackendsAgree(t *testing.T) {
 			if !rateLimit && rapid.IntRange(0, 3).Draw(rt, "book") == 0 {
 				book = time.Duration(rapid.Int64Range(1, 5_000_000).Draw(rt, "withinUs")) * time.Microsecond
 			}
-			label := fmt.Sprintf("step %d (key %s, weight %v, rateLimit %v, book %v)", s, key, w, rateLimit, book)
+			// A settlement: Book's, or a give-back (a negative weight).
+			settle := book > 0 && rapid.Bool().Draw(rt, "settle")
+			if settle && rapid.Bool().Draw(rt, "giveBack") {
+				w = -w
+			}
+			label := fmt.Sprintf("step %d (key %s, weight %v, rateLimit %v, book %v, settle %v)", s, key, w, rateLimit, book, settle)
 
 			if n > 1 && rapid.IntRange(0, 3).Draw(rt, "composite") == 0 {
 				var lo, ro CompositeOutcome
@@ -91,6 +96,9 @@ func TestBackendsAgree(t *testing.T) {
 				if rateLimit {
 					lo, lerr = lcomp.RateLimit(bg, key, w, 1)
 					ro, rerr = rcomp.RateLimit(bg, key, w, 1)
+				} else if settle {
+					lo, lerr = lcomp.Settle(bg, key, book, w, -1)
+					ro, rerr = rcomp.Settle(bg, key, book, w, -1)
 				} else if book > 0 {
 					lo, lerr = lcomp.Book(bg, key, book, w, 1)
 					ro, rerr = rcomp.Book(bg, key, book, w, 1)
@@ -122,6 +130,9 @@ func TestBackendsAgree(t *testing.T) {
 				if rateLimit {
 					lo, lerr = lps[i].RateLimit(bg, key, w)
 					ro, rerr = rps[i].RateLimit(bg, key, w)
+				} else if settle {
+					lo, lerr = lps[i].Settle(bg, key, book, w)
+					ro, rerr = rps[i].Settle(bg, key, book, w)
 				} else if book > 0 {
 					lo, lerr = lps[i].Book(bg, key, book, w)
 					ro, rerr = rps[i].Book(bg, key, book, w)

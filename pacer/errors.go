@@ -65,6 +65,18 @@ func checkKey(key string) error {
 	return checkName("key", key)
 }
 
+// checkDelta is checkWeight, except that with signed a negative w (weight
+// given back) is valid too, when finite and within the horizon.
+func checkDelta(field string, w, qps float64, signed bool) error {
+	if signed && w < 0 {
+		if math.IsInf(w, -1) || !intervalOK(-w, qps) {
+			return invalidf(field, "must be finite and give back at most %v s of the rate, got %v", horizonUs/1e6, w)
+		}
+		return nil
+	}
+	return checkWeight(field, w, qps)
+}
+
 func checkWeight(field string, w, qps float64) error {
 	if !(w >= 0) || math.IsInf(w, 1) {
 		return invalidf(field, "must be >= 0 and finite, got %v", w)

@@ -181,7 +181,8 @@ type Outcome struct {
 	// Booked is the weight the call recorded: Weight when it was recorded,
 	// 0 when nothing was (a RateLimit rejection, a Pace beyond its maximum
 	// delay, a Peek, a weight of 0), and for Book the part of Weight that
-	// fit.
+	// fit. For a Settle that gave weight back it is negative: the weight
+	// given back, at most the bucket's level.
 	Booked float64
 
 	// Fallback is nil for a decision of the store. It is non-nil (and
@@ -297,10 +298,44 @@ func (p *Pacer) Peek(ctx context.Context, key string, weight float64) (Outcome, 
 // positive. Errors and failure policies are as for Pace.
 func (p *Pacer) Book(ctx context.Context, key string, within time.Duration, weight float64) (Outcome, error) {
 	capUs, err := bookCap(within)
+	if err == nil && !(weight >= 0) {
+		err = invalidf("weight", "must be >= 0 and finite, got %v", weight)
+	}
 	if err != nil {
 		return Outcome{Weight: weight, MaxBurst: p.opts.MaxBurst}, err
 	}
 	return p.decide(ctx, key, weight, modeBook, bookWaitUs, capUs, false)
+}
+
+// Settle corrects what a call booked on key to what it used, once that is
+// known. A positive delta is weight spent beyond what the call was paced
+// or rate-limited for, booked as Book books it: never waiting, and never
+// further than within from now. A negative delta is weight the call
+// booked but did not use, given back: the key's bucket level falls by it,
+// never below empty, so that the calls after it may go sooner. A delta of
+// zero does nothing (the store is not asked). within must be positive.
+//
+// What a key gives back is only what its bucket holds: a pacer without a
+// burst (MaxBurst 0), which spaces its calls by its queue alone, has
+// nothing to give back, nor has a key whose state has expired. Room given
+// back while calls are queued on the key is used once the queue has run
+// out: the calls that come meanwhile queue behind the ones booked before
+// them. Over any window of time, a key lets through at most MaxBurst +
+// QPS x the window plus one call's weight, plus what was given back within
+// the window.
+//
+// Outcome.Booked is the weight booked or, negative, the weight given
+// back. Like Book, a settlement first drains the bucket at the factor of
+// Pace (Options.BurstFactor, or DefaultPaceFactor when it is zero): give a
+// pacer used with RateLimit an explicit BurstFactor of 1 so that its
+// settlements drain as its decisions do. Errors and failure policies are
+// as for Book.
+func (p *Pacer) Settle(ctx context.Context, key string, within time.Duration, delta float64) (Outcome, error) {
+	capUs, err := bookCap(within)
+	if err != nil {
+		return Outcome{Weight: delta, MaxBurst: p.opts.MaxBurst}, err
+	}
+	return p.decide(ctx, key, delta, modeBook, bookWaitUs, capUs, false)
 }
 
 // bookWaitUs is the maxWaitUs of Book: any delay may be recorded.
@@ -320,8 +355,11 @@ func booked(r *stepResult, p *params) float64 {
 	if !r.commit {
 		return 0
 	}
-	if p.capUs <= 0 || !(float64(r.before+p.weight) > p.burst) {
-		return p.weight
+	if p.weight < 0 {
+		return max(p.weight, -r.before) // given back: at most what the bucket held
+	}
+	if p.capUs <= 0 || !(float64(r.before+p.weight) > p.burst) && r.delayUs == 0 {
+		return p.weight // not capped, or it went into the bucket
 	}
 	us := min(p.intervalUs, max(0, p.capUs-r.delayUs))
 	if us == p.intervalUs {
@@ -352,7 +390,7 @@ func (p *Pacer) decide(ctx context.Context, key string, weight float64, m mode, 
 	if err := checkKey(key); err != nil {
 		return out, err
 	}
-	if err := checkWeight("weight", weight, p.opts.QPS); err != nil {
+	if err := checkDelta("weight", weight, p.opts.QPS, capUs > 0); err != nil {
 		return out, err
 	}
 	if weight == 0 {

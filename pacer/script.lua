@@ -9,7 +9,8 @@
 -- ARGV[1]  the decision time in µs, or "" to read Redis TIME
 -- ARGV[2 + 6(i-1)] .. ARGV[7 + 6(i-1)]
 --          weight, qps, maxBurst, factor, maxWaitUs, capUs of pacer i
---          (capUs > 0: a queued call's slot reaches at most capUs from now)
+--          (capUs > 0: a queued call's slot reaches at most capUs from now;
+--          a negative weight, with capUs > 0, gives weight back: Settle)
 --
 -- Every key is decided at the same instant; the call is recorded on every
 -- key or on none: only when each delay is at most its maxWaitUs.
@@ -88,9 +89,10 @@ for i = 1, #KEYS do
   end
   local before = level
   level = level + weight
+  if level < 0 then level = 0 end
   local delay = 0
   local iv = math.ceil(weight * 1000000 / qps)
-  if level > burst then
+  if level > burst or (weight > 0 and nxt > t) then
     delay = nxt - t
     local b = iv
     if cap > 0 then
@@ -99,7 +101,7 @@ for i = 1, #KEYS do
       if room < b then b = room end
     end
     nxt = nxt + b
-    level = burst
+    if level > burst then level = burst else level = before end
   end
   if delay > maxWait then
     commit = false

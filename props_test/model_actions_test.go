@@ -109,7 +109,7 @@ func (m *machine) call(t *rapid.T, c call, run bool) *hold {
 	switch d, why, cons, atGate := m.decide(c); d {
 	case admitNow:
 		m.gate.Admitted++
-		if rd := m.rate.check(m, c.res.Reserved); rd != nil {
+		if rd := m.rate.check(m, c.res); rd != nil {
 			// Held, then turned down by the rate limit: the slot goes back
 			// and no token counter moves (I4).
 			m.gate.Released++
@@ -345,8 +345,7 @@ func (m *machine) finishRun(t *rapid.T, h *hold, fail bool, usage *bulkhead.Usag
 		// own that nobody waits for, so the check waits for it too.
 		err := spinUntil("the late callback's release", func() (bool, error) {
 			st := m.b.Stats()
-			booked := st.Rate == nil || st.Rate.Overruns == m.rateStats.Overruns
-			return st.Calls.Released == m.calls.Released && booked, nil
+			return st.Calls.Released == m.calls.Released && m.rate.settledIn(st.Rate, m.rateStats), nil
 		})
 		if err != nil {
 			t.Fatalf("%s: %v", m.descr, err)
@@ -782,7 +781,7 @@ func (m *machine) wouldAdmit(t *rapid.T) {
 	}
 	var rd *bulkhead.RateDetail
 	if why == noReason {
-		if rd = m.rate.peek(m, c.res.Reserved); rd != nil {
+		if rd = m.rate.peek(m, c.res); rd != nil {
 			why = bulkhead.RateLimit
 		}
 	}

@@ -3,6 +3,7 @@ package props_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,12 +20,19 @@ import (
 // rateOracle predicts the bulkhead's rate limits: the same pacers on a
 // store of its own, on the same clock, asked at the moments the bulkhead
 // asks its own (a call that passes every capacity check, a WouldAdmit that
-// capacity admits, a release beyond its reservation).
+// capacity admits, a release whose usage settles its token rates).
 type rateOracle struct {
 	cfg     *bulkhead.RateLimits
 	comp    *pacer.Composite
-	members []bulkhead.RateDetail // the detail of each member
-	tokens  []bool                // members counting tokens
+	members []rateMember
+}
+
+// rateMember is one limit of the oracle: its pacer, what it counts, and
+// the detail of a rejection it decides.
+type rateMember struct {
+	p      *pacer.Pacer
+	limit  string // "requests", "tokens", "input_tokens" or "output_tokens"
+	detail bulkhead.RateDetail
 }
 
 // rateRedis returns a client of a redis-server for the rate limits of the
@@ -42,25 +50,65 @@ func rateRedis(t *testing.T) *redis.Client {
 // rateRuns numbers the model's runs on Redis, so each has keys of its own.
 var rateRuns atomic.Int64
 
-// newRateOracle draws rate limits and returns their oracle. With rdb, half
-// the runs keep the bulkhead's rates in Redis (on the model's clock), where
-// each check runs on the caller's goroutine against a provisional
-// admission, instead of in the engine.
-func newRateOracle(t *rapid.T, clk clock.Clock, tokens bool, rdb *redis.Client) *rateOracle {
-	r := bulkhead.Rate{RequestsPerMinute: float64(rapid.IntRange(60, 6000).Draw(t, "rpm"))}
-	if rapid.Bool().Draw(t, "requestBurst") {
-		r.RequestBurst = float64(rapid.IntRange(1, 3).Draw(t, "RequestBurst"))
+// drawBurst draws a burst for a limit: the default (zero: a minute of the
+// rate), none (NoBurst), or a few calls' worth.
+func drawBurst(t *rapid.T, name string, few int) float64 {
+	switch rapid.IntRange(0, 2).Draw(t, name+"Kind") {
+	case 0:
+		return 0
+	case 1:
+		return bulkhead.NoBurst
 	}
-	if tokens && rapid.Bool().Draw(t, "tpm") {
-		r.TokensPerMinute = float64(rapid.IntRange(600, 60000).Draw(t, "TokensPerMinute"))
-		if rapid.Bool().Draw(t, "tokenBurst") {
-			r.TokenBurst = float64(rapid.IntRange(1, 100).Draw(t, "TokenBurst"))
+	return float64(rapid.IntRange(1, few).Draw(t, name))
+}
+
+// resolvedBurst is the burst the bulkhead applies for a limit given as b
+// (SPEC P8): a minute of the rate by default, less the call that
+// overflows it for requests.
+func resolvedBurst(perMinute, b float64, requests bool) float64 {
+	switch {
+	case b == bulkhead.NoBurst:
+		return 0
+	case b != 0:
+		return b
+	case requests:
+		return math.Max(0, perMinute-1)
+	}
+	return perMinute
+}
+
+// newRateOracle draws rate limits and returns their oracle: requests,
+// tokens (weighed by a drawn TokenWeight), input and output tokens, each
+// with a default, no or a small burst. Default bursts are a minute of the
+// rate, so the runs draw the slow end of the rates too, where a minute of
+// calls is a handful. With rdb, half the runs keep the bulkhead's rates
+// in Redis (on the model's clock), where each check runs on the caller's
+// goroutine against a provisional admission, instead of in the engine.
+func newRateOracle(t *rapid.T, clk clock.Clock, tokens bool, rdb *redis.Client) *rateOracle {
+	perMinute := func(name string, lo, hi int) float64 {
+		return float64(rapid.IntRange(lo, hi).Draw(t, name))
+	}
+	r := bulkhead.Rate{RequestsPerMinute: perMinute("rpm", 1, 6000)}
+	r.RequestBurst = drawBurst(t, "RequestBurst", 3)
+	if tokens {
+		if rapid.Bool().Draw(t, "tpm") {
+			r.TokensPerMinute = perMinute("TokensPerMinute", 60, 60000)
+			r.TokenBurst = drawBurst(t, "TokenBurst", 100)
 		}
-		if rapid.Bool().Draw(t, "tokensOnly") {
+		if rapid.IntRange(0, 2).Draw(t, "itpm") == 0 {
+			r.InputTokensPerMinute = perMinute("InputTokensPerMinute", 60, 60000)
+			r.InputTokenBurst = drawBurst(t, "InputTokenBurst", 100)
+		}
+		if rapid.IntRange(0, 2).Draw(t, "otpm") == 0 {
+			r.OutputTokensPerMinute = perMinute("OutputTokensPerMinute", 60, 60000)
+			r.OutputTokenBurst = drawBurst(t, "OutputTokenBurst", 100)
+		}
+		if rapid.Bool().Draw(t, "tokensOnly") && (r.TokensPerMinute > 0 || r.InputTokensPerMinute > 0 || r.OutputTokensPerMinute > 0) {
 			r.RequestsPerMinute, r.RequestBurst = 0, 0
 		}
 	}
-	o := &rateOracle{cfg: &bulkhead.RateLimits{PerModel: r}}
+	o := &rateOracle{cfg: &bulkhead.RateLimits{PerModel: r,
+		TokenWeight: rapid.SampledFrom([]bulkhead.TokenWeight{bulkhead.WeightReservation, bulkhead.WeightLarger, bulkhead.WeightInput}).Draw(t, "TokenWeight")}}
 	if rdb != nil && rapid.Bool().Draw(t, "rateOnRedis") {
 		store, err := pacer.NewRedis(rdb, pacer.RedisOptions{Clock: clk, Prefix: fmt.Sprintf("model%d:", rateRuns.Add(1)), Timeout: 10 * time.Second})
 		if err != nil {
@@ -70,20 +118,26 @@ func newRateOracle(t *rapid.T, clk clock.Clock, tokens bool, rdb *redis.Client) 
 	}
 	store := pacer.NewLocal(pacer.LocalOptions{Clock: clk})
 	var ps []*pacer.Pacer
-	for _, m := range []struct {
+	for _, l := range []struct {
 		limit            string
 		perMinute, burst float64
-	}{{"requests", r.RequestsPerMinute, r.RequestBurst}, {"tokens", r.TokensPerMinute, r.TokenBurst}} {
-		if m.perMinute == 0 {
+	}{
+		{"requests", r.RequestsPerMinute, resolvedBurst(r.RequestsPerMinute, r.RequestBurst, true)},
+		{"tokens", r.TokensPerMinute, resolvedBurst(r.TokensPerMinute, r.TokenBurst, false)},
+		{"input_tokens", r.InputTokensPerMinute, resolvedBurst(r.InputTokensPerMinute, r.InputTokenBurst, false)},
+		{"output_tokens", r.OutputTokensPerMinute, resolvedBurst(r.OutputTokensPerMinute, r.OutputTokenBurst, false)},
+	} {
+		if l.perMinute == 0 {
 			continue
 		}
-		p, err := pacer.New(store, pacer.Options{Name: "bulkhead:model:gpt-4o:" + m.limit, QPS: m.perMinute / 60, MaxBurst: m.burst})
+		// Rate-limited: every decision and settlement drains at the rate.
+		p, err := pacer.New(store, pacer.Options{Name: "bulkhead:model:gpt-4o:" + l.limit, QPS: l.perMinute / 60, MaxBurst: l.burst, BurstFactor: 1})
 		if err != nil {
 			t.Fatal(err)
 		}
 		ps = append(ps, p)
-		o.members = append(o.members, bulkhead.RateDetail{Scope: "model", Key: "gpt-4o", Limit: m.limit, PerMinute: m.perMinute, Burst: m.burst})
-		o.tokens = append(o.tokens, m.limit == "tokens")
+		o.members = append(o.members, rateMember{p: p, limit: l.limit,
+			detail: bulkhead.RateDetail{Scope: "model", Key: "gpt-4o", Limit: l.limit, PerMinute: l.perMinute, Burst: l.burst}})
 	}
 	comp, err := pacer.NewComposite(ps...)
 	if err != nil {
@@ -93,23 +147,62 @@ func newRateOracle(t *rapid.T, clk clock.Clock, tokens bool, rdb *redis.Client) 
 	return o
 }
 
-func (o *rateOracle) weights(reserved int64) []float64 {
-	w := make([]float64, len(o.tokens))
-	for i, tok := range o.tokens {
-		w[i] = 1
-		if tok {
-			w[i] = float64(reserved)
+// weight is what a call reserving res weighs in m (SPEC P8): 1 request;
+// for tokens, what the token weight says; its input estimate; its max
+// output.
+func (o *rateOracle) weight(m *rateMember, res bulkhead.Reservation) int64 {
+	switch m.limit {
+	case "tokens":
+		switch o.cfg.TokenWeight {
+		case bulkhead.WeightLarger:
+			return max(res.Input, res.MaxOutput)
+		case bulkhead.WeightInput:
+			return res.Input
 		}
+		return res.Reserved
+	case "input_tokens":
+		return res.Input
+	case "output_tokens":
+		return res.MaxOutput
+	}
+	return 1
+}
+
+// used is what a call that used u counts in m, by the rule of its weight:
+// the input limit counts no input read from the prompt cache.
+func (o *rateOracle) used(m *rateMember, u bulkhead.Usage) int64 {
+	switch m.limit {
+	case "tokens":
+		switch o.cfg.TokenWeight {
+		case bulkhead.WeightLarger:
+			return max(u.Input, u.Output)
+		case bulkhead.WeightInput:
+			return u.Input
+		}
+		return u.Input + u.Output
+	case "input_tokens":
+		return max(0, u.Input-u.CachedInput)
+	case "output_tokens":
+		return u.Output
+	}
+	return 0
+}
+
+func (o *rateOracle) weights(res bulkhead.Reservation) []float64 {
+	w := make([]float64, len(o.members))
+	for i := range o.members {
+		w[i] = float64(o.weight(&o.members[i], res))
 	}
 	return w
 }
 
 // detail is the rate detail the bulkhead reports for out.
 func (o *rateOracle) detail(out pacer.CompositeOutcome) *bulkhead.RateDetail {
-	for i, p := range o.comp.Members() {
-		if p.Name() == out.Pacer.Name() {
-			d := o.members[i]
+	for i, m := range o.members {
+		if m.p == out.Pacer {
+			d := m.detail
 			d.Weight, d.RetryAfter = out.Members[i].Weight, out.Delay
+			d.Remaining = max(0, out.Members[i].MaxBurst-out.Members[i].Level)
 			return &d
 		}
 	}
@@ -119,12 +212,12 @@ func (o *rateOracle) detail(out pacer.CompositeOutcome) *bulkhead.RateDetail {
 // check decides, and records, the rate check of a call that passed every
 // capacity check: nil when it goes, else its rejection's rate detail. It
 // counts the check in m's rate statistics. A nil oracle admits everything.
-func (o *rateOracle) check(m *machine, reserved int64) *bulkhead.RateDetail {
+func (o *rateOracle) check(m *machine, res bulkhead.Reservation) *bulkhead.RateDetail {
 	if o == nil {
 		return nil
 	}
 	m.rateStats.Checked++
-	out, err := o.comp.RateLimit(context.Background(), "bulkhead", o.weights(reserved)...)
+	out, err := o.comp.RateLimit(context.Background(), "bulkhead", o.weights(res)...)
 	if err != nil {
 		panic(err)
 	}
@@ -137,11 +230,11 @@ func (o *rateOracle) check(m *machine, reserved int64) *bulkhead.RateDetail {
 }
 
 // peek is check for WouldAdmit: it records nothing.
-func (o *rateOracle) peek(_ *machine, reserved int64) *bulkhead.RateDetail {
+func (o *rateOracle) peek(_ *machine, res bulkhead.Reservation) *bulkhead.RateDetail {
 	if o == nil {
 		return nil
 	}
-	out, err := o.comp.Peek(context.Background(), "bulkhead", o.weights(reserved)...)
+	out, err := o.comp.Peek(context.Background(), "bulkhead", o.weights(res)...)
 	if err != nil {
 		panic(err)
 	}
@@ -151,27 +244,76 @@ func (o *rateOracle) peek(_ *machine, reserved int64) *bulkhead.RateDetail {
 	return o.detail(out)
 }
 
-// overrun books, as the bulkhead does at release, the tokens a call used
-// beyond its reservation.
-func (o *rateOracle) overrun(m *machine, reserved, used int64) {
-	over := used - reserved
-	if o == nil || over <= 0 {
+// window is how far ahead a settlement may book a limit: its burst plus a
+// minute of it (capped at the pacer's horizon).
+func window(o pacer.Options) time.Duration {
+	burst := o.MaxBurst / o.QPS
+	if !(burst < (pacer.Horizon - time.Minute).Seconds()) {
+		return pacer.Horizon
+	}
+	return time.Minute + time.Duration(burst*float64(time.Second))
+}
+
+// settle settles, as the bulkhead does at release, what each token limit
+// counted for a call that reserved res and used u (SPEC P8): the tokens
+// used beyond its weight are booked (at most one window ahead), and the
+// input and output limits are given back what it did not use.
+func (o *rateOracle) settle(m *machine, res bulkhead.Reservation, u bulkhead.Usage) {
+	if o == nil {
 		return
 	}
-	w := make([]float64, len(o.tokens))
-	any := false
-	for i, tok := range o.tokens {
-		if tok {
-			w[i], any = float64(over), true
+	var over, back float64
+	var dropped float64
+	for i := range o.members {
+		mb := &o.members[i]
+		if mb.limit == "requests" {
+			continue
+		}
+		delta := o.used(mb, u) - o.weight(mb, res)
+		if delta < 0 && mb.limit == "tokens" {
+			delta = 0 // tokens per minute are never given back
+		}
+		delta = max(delta, -int64(mb.p.Options().MaxBurst)) // a bucket gives back at most its burst
+		if delta == 0 {
+			continue
+		}
+		if delta > 0 {
+			over += float64(delta)
+		}
+		out, err := mb.p.Settle(context.Background(), "bulkhead", window(mb.p.Options()), float64(delta))
+		if err != nil {
+			m.rateStats.OverrunErrors++ // a delta beyond what the pacer can book
+			continue
+		}
+		if delta > 0 {
+			dropped = math.Max(dropped, float64(delta)-out.Booked)
+			m.seen["rate overrun "+mb.limit]++
+		} else {
+			back += -out.Booked
+			m.seen["rate given back "+mb.limit]++
 		}
 	}
-	if !any {
-		return
+	if over > 0 {
+		m.rateStats.Overruns++
+		m.rateStats.OverrunTokens += int64(over)
 	}
-	m.rateStats.Overruns++
-	m.rateStats.OverrunTokens += over
-	m.seen["rate overrun"]++
-	if _, err := o.comp.Pace(context.Background(), "bulkhead", w...); err != nil {
-		panic(err)
+	if back > 0 {
+		m.rateStats.Refunds++
+		m.rateStats.RefundedTokens += int64(math.Round(back))
 	}
+	if dropped > 0 {
+		m.rateStats.OverrunDropped += int64(math.Ceil(dropped))
+	}
+}
+
+// settledIn reports whether the engine's rate statistics got count the
+// settlements of want: a release's settlement on a Redis store finishes
+// on a goroutine of its own, after the release is counted (a Release
+// waits for it; a late Run callback's release, which nobody waits for,
+// does not).
+func (o *rateOracle) settledIn(got *bulkhead.RateStats, want bulkhead.RateStats) bool {
+	if o == nil {
+		return true
+	}
+	return got != nil && got.Overruns == want.Overruns && got.Refunds == want.Refunds && got.OverrunErrors == want.OverrunErrors
 }

@@ -1156,6 +1156,6 @@ func (m *machine) settle(h *hold, u *bulkhead.Usage) {
 	}
 	m.releases[h.id] = ev
 	if u != nil {
-		m.rate.overrun(m, h.res.Reserved, u.Input+u.Output)
+		m.rate.settle(m, h.res, *u)
 	}
 }

@@ -142,7 +142,7 @@ func TestGatewayOpenAIRetryAfter(t *testing.T) {
 		io.WriteString(w, `{"id":"c1","object":"chat.completion","created":1,"model":"gpt-4o","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`)
 	})
 	cfg := budgetConfig("gpt-4o", 4, 10_000)
-	cfg.RateLimits = &bulkhead.RateLimits{PerModel: bulkhead.Rate{RequestsPerMinute: 600}} // one call per 100 ms
+	cfg.RateLimits = &bulkhead.RateLimits{PerModel: bulkhead.Rate{RequestsPerMinute: 600, RequestBurst: bulkhead.NoBurst}} // one call per 100 ms
 	g := newGatewayRig(t, p, cfg)
 	c := g.openai()
 	params := chatParams

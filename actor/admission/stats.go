@@ -101,6 +101,7 @@ type RateStats struct {
 	Fallbacks                     int64
 	Overruns, OverrunTokens       int64
 	OverrunErrors, OverrunDropped int64
+	Refunds, RefundedTokens       int64
 	Waiting                       int
 }
 

@@ -326,6 +326,10 @@ var All = []Family{
 		Read: part(rateOf, func(r *bulkhead.RateStats) int64 { return r.OverrunErrors })},
 	{Name: "rate_overrun_dropped_tokens_total", Unit: tokens, Help: "Overrun tokens not booked: an overrun books a rate at most one window ahead.",
 		Read: part(rateOf, func(r *bulkhead.RateStats) int64 { return r.OverrunDropped })},
+	{Name: "rate_refunds_total", Unit: calls, Help: "Releases that gave tokens back to the input or output token rates (usage below the estimate).",
+		Read: part(rateOf, func(r *bulkhead.RateStats) int64 { return r.Refunds })},
+	{Name: "rate_refunded_tokens_total", Unit: tokens, Help: "Tokens given back to the input or output token rates at release.",
+		Read: part(rateOf, func(r *bulkhead.RateStats) int64 { return r.RefundedTokens })},
 
 	// Fleet pool.
 	{Name: "fleet_checked_total", Unit: calls, Help: "Admissions that asked the fleet pool.",
