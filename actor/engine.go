@@ -893,7 +893,9 @@ func (a *admissionActor) recovered(msg any, p any) {
 		a.failRequest(m.r, err)
 		return
 	case *parkMsg:
-		a.failRequest(m.r, err)
+		if m.r.gen == m.gen { // not a message for an earlier use
+			a.failRequest(m.r, err)
+		}
 		return
 	case interface{ fail(error) chan struct{} }:
 		done = m.fail(err)

@@ -277,7 +277,9 @@ func (s *state) unparkRequest(r *AcquireRequest) {
 // order they were parked, so that they take their turns in arrival order.
 func (s *state) unpark(m *parkMsg) {
 	r := m.r
-	if !r.parked || r.gen != m.gen || r.parkSeq != m.seq || r.ctxEnded() {
+	// The generation first: a message for an earlier use of r reads
+	// nothing else of it (its caller may be reusing it).
+	if r.gen != m.gen || r.parkSeq != m.seq || !r.parked || r.ctxEnded() {
 		return // answered or woken before the timer's message arrived, or being cancelled
 	}
 	now := s.fx.now()

@@ -259,6 +259,7 @@ func (s *state) detail(p admission.Priority, reserved int64, c classes.Class, co
 
 // acquire decides a new request: admit, queue or reject.
 func (s *state) acquire(r *AcquireRequest) {
+	r.answered = false // a new use of a pooled request
 	switch {
 	case r.Follower != admission.NoReason:
 		s.rejectFollower(r)
@@ -567,10 +568,12 @@ func (s *state) reject(r *AcquireRequest, why admission.Reason, atGate bool, cau
 
 // answer replies to r. It first settles the engine's own fields, since the
 // facade may reuse r as soon as the reply is sent: a new generation, so any
-// timer message still in flight for this use is ignored.
+// timer message still in flight for this use is ignored, and the stages'
+// marks cleared for the next use.
 func (s *state) answer(r *AcquireRequest) {
 	r.gen++
 	r.enqueuedAt = time.Time{}
+	r.turned, r.held, r.set, r.setDone, r.gone = false, false, nil, false, nil
 	r.answered = true
 	s.fx.answer(r)
 }
@@ -722,7 +725,7 @@ func (s *state) unblocked(r *AcquireRequest) {
 
 // timeout ends a waiter whose queue timeout fired.
 func (s *state) timeout(m *timeoutMsg) {
-	if !m.r.queued || m.r.gen != m.gen {
+	if m.r.gen != m.gen || !m.r.queued {
 		return // answered before the timer's message arrived
 	}
 	s.dequeue(m.r)
