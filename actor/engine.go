@@ -58,9 +58,10 @@ type Config struct {
 	Adaptive *Adaptive
 	Rates    *Rates
 	Fleet    *fleet.Pool
-	// OnPark, when set, is called on the admission actor each time a call
-	// starts to wait on its own timer (a paced turn, a cool-down before
-	// it), with the time it will wait: for tests that move a mock clock.
+	// OnPark, when set, is called on the admission actor each time a paced
+	// call starts to wait outside the queue, once its timer is armed (its
+	// own for its turn, the hold timer for a cool-down before it), with
+	// the time it will wait: for tests that move a mock clock.
 	OnPark func(time.Duration)
 }
 
@@ -650,6 +651,15 @@ func (a *admissionActor) armPark(r *AcquireRequest, d time.Duration) {
 	msg := &parkMsg{r: r, gen: r.gen, seq: r.parkSeq}
 	e := a.engine
 	r.timer = e.clk.AfterFunc(d, func() { e.send(msg) })
+	if a.onPark != nil {
+		a.onPark(d)
+	}
+}
+
+// armCooldown arms the hold timer for a paced call that waits d for a
+// cool-down to end, in the cooling line.
+func (a *admissionActor) armCooldown(_ *AcquireRequest, d time.Duration) {
+	a.armHold(d)
 	if a.onPark != nil {
 		a.onPark(d)
 	}

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/llmbulkhead/bulkhead/actor/adaptive"
 	"github.com/llmbulkhead/bulkhead/actor/admission"
 	"github.com/llmbulkhead/bulkhead/clock"
 )
@@ -232,60 +231,26 @@ func pacedCall(e *Engine) <-chan error {
 	return got
 }
 
-// TestStaleParkTimersLeaveReusedRequestsAlone delivers park timer messages
-// after their calls were answered and their requests went back to the
-// pool: the engine must not read a field of such a request (under -race,
-// the pool's reuse writes them as the stale message is handled).
-func TestStaleParkTimersLeaveReusedRequestsAlone(t *testing.T) {
-	t.Run("cool-down", func(t *testing.T) {
-		// Two paced calls wait one cool-down out; the second one's timer
-		// message sends the first on, and the first one's comes after.
-		clk := &heldClock{Mock: clock.NewMock()}
-		e, parks := startPaced(t, clk)
-		e.Feedback(Feedback{Model: "m", Outcome: adaptive.RateLimited, RetryAfter: 10 * time.Second})
-		a := pacedCall(e)
-		<-parks
-		b := pacedCall(e)
-		<-parks
-		clk.Add(10 * time.Second)
-		fs := clk.take(t, 2)
-		sent := make(chan struct{})
-		go func() {
-			for _, f := range slices.Backward(fs) {
-				f()
-			}
-			close(sent)
-		}()
-		if err := <-a; err != nil {
-			t.Fatal(err)
-		}
-		<-sent
-		clk.Add(time.Second) // b's turn
-		for _, f := range clk.take(t, 1) {
-			f()
-		}
-		if err := <-b; err != nil {
-			t.Fatal(err)
-		}
-	})
-	t.Run("close", func(t *testing.T) {
-		// A paced call's turn comes as Close ends its wait.
-		clk := &heldClock{Mock: clock.NewMock()}
-		e, parks := startPaced(t, clk)
-		if err := <-pacedCall(e); err != nil {
-			t.Fatal(err)
-		}
-		a := pacedCall(e)
-		<-parks
-		clk.Add(time.Second)
-		fs := clk.take(t, 1)
-		e.Close()
-		sent := make(chan struct{})
-		go func() { fs[0](); close(sent) }()
-		if err := <-a; !isReason(err, admission.Shutdown) {
-			t.Fatalf("the parked call: %v, want shutdown", err)
-		}
-		<-sent
-		e.Stats() // behind the stale message
-	})
+// TestStaleTurnTimerLeavesReusedRequestAlone delivers a paced call's turn
+// timer message after Close ended its wait, its request back in the pool:
+// the engine must not read a field of such a request (under -race, the
+// pool's reuse writes them as the stale message is handled).
+func TestStaleTurnTimerLeavesReusedRequestAlone(t *testing.T) {
+	clk := &heldClock{Mock: clock.NewMock()}
+	e, parks := startPaced(t, clk)
+	if err := <-pacedCall(e); err != nil {
+		t.Fatal(err)
+	}
+	a := pacedCall(e)
+	<-parks
+	clk.Add(time.Second) // its turn: the timer fires, its message held
+	fs := clk.take(t, 1)
+	e.Close()
+	sent := make(chan struct{})
+	go func() { fs[0](); close(sent) }()
+	if err := <-a; !isReason(err, admission.Shutdown) {
+		t.Fatalf("the parked call: %v, want shutdown", err)
+	}
+	<-sent
+	e.Stats() // behind the stale message
 }

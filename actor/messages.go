@@ -123,16 +123,21 @@ type AcquireRequest struct {
 	queuedAt time.Time
 	timer    clock.Timer
 
-	// The stages: turned is set once the call has booked its paced turn;
-	// parked while it waits on its timer (for the turn, or for a
-	// cool-down to end before it), since parkedAt, for parkFor; held once
-	// a cool-down held it back; checking while a remote stage decides it.
-	turned, parked, held, checking bool
-	parkFor                        parkReason
-	parkedAt, parkUntil            time.Time
-	parkSeq                        uint32   // counts its parks, to tell a stale timer message
-	set                            *rateSet // its rates, looked up once
-	setDone                        bool
+	// The stages: arrival numbers the calls in the order they came;
+	// turned is set once the call has booked its paced turn; parked while
+	// it waits outside the queue (for its turn on its own timer, or for a
+	// cool-down to end before it), since parkedAt and until parkUntil,
+	// for parkFor; paced once counted in the rate statistics' Paced; held
+	// once a cool-down held it back; checking while a remote stage decides
+	// it; givingBack while the turn it gives back is being returned.
+	arrival                               uint64
+	turned, parked, paced, held, checking bool
+	givingBack                            bool
+	parkFor                               parkReason
+	parkedAt, parkUntil                   time.Time
+	parkSeq                               uint32   // counts its parks, to tell a stale timer message
+	set                                   *rateSet // its rates, looked up once
+	setDone                               bool
 	// gone is the cause of a cancel message that came while the engine
 	// held the request nowhere it could withdraw it from: while a remote
 	// stage decided it (its verdict answers it), or before the request

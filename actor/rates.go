@@ -206,6 +206,16 @@ func (s *rateSet) weighted(buf []float64, tokens, requests float64) []float64 {
 	return w
 }
 
+// eachBooked calls f with the name of each member in which a paced call
+// reserving reserved tokens books a turn: those it weighs anything in.
+func (s *rateSet) eachBooked(reserved int64, f func(name string)) {
+	for _, m := range s.members {
+		if !m.tokens || reserved > 0 {
+			f(m.p.Name())
+		}
+	}
+}
+
 // detail describes the outcome's deciding member, with the call's weight
 // and its retry-after.
 func (s *rateSet) detail(out pacer.CompositeOutcome) *admission.RateDetail {
