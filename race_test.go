@@ -58,13 +58,20 @@ func TestStaleTimersAndCancelsOnReusedRequests(t *testing.T) {
 // stale timer message: 64 callers whose turns are a millisecond apart, with
 // deadlines close to their turns, contexts cancelled as their turns come,
 // and 429s whose cool-downs hold the paced calls back, while the clock
-// moves a millisecond at a time. Run with -race: the engine must never
-// touch a request that its caller has taken back (answered, returned to
-// the pool, reused).
+// moves a millisecond at a time; with both cool-down modes. Run with
+// -race: the engine must never touch a request that its caller has taken
+// back (answered, returned to the pool, reused), and every call ends once.
 func TestPacedCallsRaceFree(t *testing.T) {
+	for _, mode := range []bulkhead.CooldownMode{bulkhead.HoldCooldown, bulkhead.ShedCooldown} {
+		t.Run(mode.String(), func(t *testing.T) { pacedStorm(t, mode) })
+	}
+}
+
+func pacedStorm(t *testing.T, mode bulkhead.CooldownMode) {
 	clk := &togetherClock{Mock: clock.NewMock()}
 	cfg := rateConfig(clk.Mock, &bulkhead.RateLimits{Pace: true, PerModel: bulkhead.Rate{RequestsPerMinute: 60_000}})
 	cfg.Clock, cfg.MaxConcurrent, cfg.MaxQueue = clk, 64, 64
+	cfg.Adaptive = &bulkhead.Adaptive{Cooldown: mode, MinConcurrent: 64, MaxConcurrent: 64}
 	b := newBulkhead(t, cfg)
 	const callers, calls = 64, 40
 	var wg sync.WaitGroup

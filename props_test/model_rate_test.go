@@ -2,7 +2,9 @@ package props_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,11 +19,13 @@ import (
 )
 
 // rateOracle predicts the bulkhead's rate limits: the same pacers on a
-// store of its own, on the same clock, asked at the moments the bulkhead
-// asks its own (a call that passes every capacity check, a WouldAdmit that
-// capacity admits, a release beyond its reservation).
+// store of its own, told the model's time, asked at the moments the
+// bulkhead asks its own (a call that passes every capacity check, a
+// WouldAdmit that capacity admits, a release beyond its reservation; in
+// pace mode, a call booking its turn, and a cool-down giving turns back).
 type rateOracle struct {
 	cfg     *bulkhead.RateLimits
+	table   *pacer.Table
 	comp    *pacer.Composite
 	members []bulkhead.RateDetail // the detail of each member
 	tokens  []bool                // members counting tokens
@@ -60,7 +64,7 @@ func newRateOracle(t *rapid.T, clk clock.Clock, tokens bool, rdb *redis.Client) 
 			r.RequestsPerMinute, r.RequestBurst = 0, 0
 		}
 	}
-	o := &rateOracle{cfg: &bulkhead.RateLimits{PerModel: r}}
+	o := &rateOracle{cfg: &bulkhead.RateLimits{PerModel: r, Pace: rapid.Bool().Draw(t, "pace")}}
 	if rdb != nil && rapid.Bool().Draw(t, "rateOnRedis") {
 		store, err := pacer.NewRedis(rdb, pacer.RedisOptions{Clock: clk, Prefix: fmt.Sprintf("model%d:", rateRuns.Add(1)), Timeout: 10 * time.Second})
 		if err != nil {
@@ -68,7 +72,8 @@ func newRateOracle(t *rapid.T, clk clock.Clock, tokens bool, rdb *redis.Client) 
 		}
 		o.cfg.Store = store
 	}
-	store := pacer.NewLocal(pacer.LocalOptions{Clock: clk})
+	o.table = pacer.NewTable()
+	store := o.table
 	var ps []*pacer.Pacer
 	for _, m := range []struct {
 		limit            string
@@ -92,6 +97,9 @@ func newRateOracle(t *rapid.T, clk clock.Clock, tokens bool, rdb *redis.Client) 
 	o.comp = comp
 	return o
 }
+
+// at tells the oracle's store the model's time.
+func (o *rateOracle) at(m *machine) { o.table.SetTime(m.clk.Now()) }
 
 func (o *rateOracle) weights(reserved int64) []float64 {
 	w := make([]float64, len(o.tokens))
@@ -124,6 +132,7 @@ func (o *rateOracle) check(m *machine, reserved int64) *bulkhead.RateDetail {
 		return nil
 	}
 	m.rateStats.Checked++
+	o.at(m)
 	out, err := o.comp.RateLimit(context.Background(), "bulkhead", o.weights(reserved)...)
 	if err != nil {
 		panic(err)
@@ -137,10 +146,11 @@ func (o *rateOracle) check(m *machine, reserved int64) *bulkhead.RateDetail {
 }
 
 // peek is check for WouldAdmit: it records nothing.
-func (o *rateOracle) peek(_ *machine, reserved int64) *bulkhead.RateDetail {
+func (o *rateOracle) peek(m *machine, reserved int64) *bulkhead.RateDetail {
 	if o == nil {
 		return nil
 	}
+	o.at(m)
 	out, err := o.comp.Peek(context.Background(), "bulkhead", o.weights(reserved)...)
 	if err != nil {
 		panic(err)
@@ -152,26 +162,56 @@ func (o *rateOracle) peek(_ *machine, reserved int64) *bulkhead.RateDetail {
 }
 
 // overrun books, as the bulkhead does at release, the tokens a call used
-// beyond its reservation.
+// beyond its reservation, in each tokens-per-minute member, at most one
+// window (its burst plus a minute of it) ahead.
 func (o *rateOracle) overrun(m *machine, reserved, used int64) {
 	over := used - reserved
-	if o == nil || over <= 0 {
-		return
-	}
-	w := make([]float64, len(o.tokens))
-	any := false
-	for i, tok := range o.tokens {
-		if tok {
-			w[i], any = float64(over), true
-		}
-	}
-	if !any {
+	if o == nil || over <= 0 || !slices.Contains(o.tokens, true) {
 		return
 	}
 	m.rateStats.Overruns++
 	m.rateStats.OverrunTokens += over
 	m.seen["rate overrun"]++
-	if _, err := o.comp.Pace(context.Background(), "bulkhead", w...); err != nil {
+	o.at(m)
+	for i, p := range o.comp.Members() {
+		if !o.tokens[i] {
+			continue
+		}
+		opts := p.Options()
+		window := time.Minute + time.Duration(opts.MaxBurst/opts.QPS*float64(time.Second))
+		if _, err := p.Book(context.Background(), "bulkhead", window, float64(over)); err != nil {
+			panic(err)
+		}
+	}
+}
+
+// turn books, in pace mode, the turn of a call reserving reserved tokens
+// that may wait at most maxWait: its delay, or, when the turn comes later,
+// the rate detail of its rejection (it books nothing then). It counts the
+// check in m's rate statistics.
+func (o *rateOracle) turn(m *machine, reserved int64, maxWait time.Duration) (time.Duration, *bulkhead.RateDetail) {
+	m.rateStats.Checked++
+	o.at(m)
+	out, err := o.comp.PaceWithin(context.Background(), "bulkhead", maxWait, o.weights(reserved)...)
+	switch {
+	case errors.Is(err, pacer.ErrTooLong):
+		m.seen["paced: turn too late"]++
+		return 0, o.detail(out)
+	case err != nil:
 		panic(err)
+	}
+	return out.Delay, nil
+}
+
+// giveBack gives back, as the bulkhead does on its own store, the turns
+// booked from at on (a store in Redis takes none back).
+func (o *rateOracle) giveBack(m *machine, at time.Time) {
+	if o.cfg.Store != nil {
+		return
+	}
+	m.seen["paced: turns given back"]++
+	o.at(m)
+	for _, p := range o.comp.Members() {
+		o.table.Rewind(p.Name(), "bulkhead", at)
 	}
 }
