@@ -113,9 +113,14 @@ drive:
 			break drive
 		default:
 		}
-		if step%150 == 0 {
-			// A 429: the paced calls wait its cool-down out.
-			_ = b.Feedback(bulkhead.Feedback{Outcome: bulkhead.OutcomeRateLimited, RetryAfter: 100 * time.Millisecond})
+		if step%150 == 75 {
+			// A 429: the paced calls wait its cool-down out, or are shed
+			// while it lasts.
+			retry := 100 * time.Millisecond
+			if mode == bulkhead.ShedCooldown {
+				retry = 10 * time.Millisecond
+			}
+			_ = b.Feedback(bulkhead.Feedback{Outcome: bulkhead.OutcomeRateLimited, RetryAfter: retry})
 		}
 		clk.Add(time.Millisecond)
 	}
@@ -123,6 +128,9 @@ drive:
 	if ended.Load() != callers*calls || st.Gate.InFlight != 0 || st.Gate.Pending != 0 || st.Rate.Waiting != 0 ||
 		st.Calls.Admitted != st.Calls.Released || st.Calls.Admitted+st.Calls.Rejected != callers*calls {
 		t.Fatalf("after the storm: %d ended, %+v %+v waiting %d", ended.Load(), st.Gate, st.Calls, st.Rate.Waiting)
+	}
+	if st.Cooldown.Started == 0 || st.Rate.Paced == 0 {
+		t.Fatalf("the storm paced %d calls under %d cool-downs: it tested nothing", st.Rate.Paced, st.Cooldown.Started)
 	}
 }
 
