@@ -538,9 +538,8 @@ func TestCooldownHoldPaced(t *testing.T) {
 		}
 	}
 	clk.Add(10 * time.Second) // the cool-down ends: one goes, the others wait for their turns
-	// The three waits end at the same instant, and timers due together
-	// fire in no set order: the calls still take their turns in the order
-	// they came.
+	// The three waits end at the same instant, on the engine's hold
+	// timer: the calls take their turns in the order they came.
 	first := <-calls[0]
 	calls = calls[1:]
 	if first.err != nil {
@@ -564,5 +563,234 @@ func TestCooldownHoldPaced(t *testing.T) {
 			t.Fatal(r.err)
 		}
 		_ = r.tok.Release(nil)
+	}
+}
+
+// pacedSchedule starts n paced calls on b, one after the other, at the
+// clock's current time, and records the instant (since start) and order in
+// which they are admitted, from the admit events.
+type pacedSchedule struct {
+	t      *testing.T
+	clk    *clock.Mock
+	start  time.Time
+	reqs   []*bulkhead.Request
+	calls  []<-chan result
+	errs   []error
+	mu     sync.Mutex
+	admits []pacedAdmit
+}
+
+type pacedAdmit struct {
+	call int
+	at   time.Duration
+}
+
+// startPaced starts them, with options(i) for call i (options may be nil).
+func startPaced(t *testing.T, b *bulkhead.Bulkhead, clk *clock.Mock, n int, options func(i int) []bulkhead.Option) *pacedSchedule {
+	t.Helper()
+	s := &pacedSchedule{t: t, clk: clk, start: clk.Now()}
+	b.Subscribe(bulkhead.Hooks{Admit: func(e bulkhead.AdmitEvent) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.admits = append(s.admits, pacedAdmit{slices.Index(s.reqs, e.Request), clk.Now().Sub(s.start)})
+	}})
+	for i := range n {
+		r := req(fmt.Sprint(i), 10)
+		s.mu.Lock()
+		s.reqs = append(s.reqs, r)
+		s.mu.Unlock()
+		var opts []bulkhead.Option
+		if options != nil {
+			opts = options(i)
+		}
+		s.calls = append(s.calls, acquireAsync(context.Background(), b, r, opts...))
+		testutil.WaitFor(t, "the call to be admitted or to wait for its turn", func() bool {
+			st := b.Stats()
+			return st.Calls.Admitted+st.Calls.Rejected+int64(st.Rate.Waiting) == int64(i+1)
+		})
+	}
+	t.Cleanup(func() {
+		// Before the bulkhead's drain; a failed test's calls may still be
+		// waiting: Close ends their wait.
+		if t.Failed() {
+			b.Close()
+		}
+		s.results()
+	})
+	return s
+}
+
+// results returns each call's outcome, once, its permit released.
+func (s *pacedSchedule) results() []error {
+	if s.errs == nil {
+		for _, ch := range s.calls {
+			r := <-ch
+			if r.err == nil {
+				_ = r.tok.Release(nil)
+			}
+			s.errs = append(s.errs, r.err)
+		}
+	}
+	return s.errs
+}
+
+// admitted returns the admissions recorded so far.
+func (s *pacedSchedule) admitted() []pacedAdmit {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.admits)
+}
+
+// advance moves the clock to at (since start) in steps of step, waiting
+// after each until the admissions want expects by then have been recorded
+// (a wrong schedule shows in the final comparison, not as a hang).
+func (s *pacedSchedule) advance(at, step time.Duration, want []pacedAdmit) {
+	for {
+		now := s.clk.Now().Sub(s.start)
+		n := 0
+		for _, w := range want {
+			if w.at <= now {
+				n++
+			}
+		}
+		_ = testutil.Poll("the admissions due", func() (bool, error) { return len(s.admitted()) >= n, nil })
+		if now >= at {
+			return
+		}
+		s.clk.Add(step)
+	}
+}
+
+// TestPacedCallsKeepArrivalOrderAfterCooldown: in pace mode, the calls
+// whose booked turns fall inside a cool-down take new turns after it, in
+// the order they came and spaced by the rate, rather than all going at its
+// end. 600 a minute, no burst: ten calls at 0 book turns 100 ms apart; a
+// 429 with Retry-After 1s comes at 250 ms; the three calls whose turns had
+// come went, and the seven others go at 1.25 s, 1.35 s, ..., 1.85 s, in
+// their order.
+func TestPacedCallsKeepArrivalOrderAfterCooldown(t *testing.T) {
+	clk := clock.NewMock()
+	cfg := rateConfig(clk, &bulkhead.RateLimits{Pace: true, PerModel: bulkhead.Rate{RequestsPerMinute: 600, RequestBurst: bulkhead.NoBurst}})
+	cfg.MaxConcurrent = 16
+	b := newBulkhead(t, cfg)
+	s := startPaced(t, b, clk, 10, nil)
+	var want []pacedAdmit
+	for i := range 10 {
+		at := time.Duration(i) * 100 * time.Millisecond
+		if i >= 3 {
+			at = 1250*time.Millisecond + time.Duration(i-3)*100*time.Millisecond
+		}
+		want = append(want, pacedAdmit{i, at})
+	}
+	s.advance(250*time.Millisecond, 50*time.Millisecond, want)
+	if err := b.Feedback(bulkhead.Feedback{Outcome: bulkhead.OutcomeRateLimited, RetryAfter: time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	s.advance(2*time.Second, 50*time.Millisecond, want)
+	if got := s.admitted(); !slices.Equal(got, want) {
+		t.Fatalf("admissions (call, instant):\n got %v\nwant %v", got, want)
+	}
+	for _, err := range s.results() {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := b.Stats(); st.Cooldown.Held != 7 || st.Rate.Paced != 9 {
+		t.Fatalf("held %d (want the 7 calls the cool-down held back), paced %d (want 9)", st.Cooldown.Held, st.Rate.Paced)
+	}
+}
+
+// TestPacedCallsOutlastedByCooldownRefused: of the paced calls whose turns
+// fall inside a cool-down, one whose queue timeout ends before the
+// cool-down does is turned away Cooldown as it starts, with the time left
+// (as a new call would be); one that may wait the cool-down out but not
+// until its new turn is turned away RateLimit then, with the exact time
+// until that turn, booking nothing: the next call takes it. 600 a minute:
+// ten calls at 0, call 4 with a 1 s queue timeout, call 8 with 1.6 s; a
+// 429 with Retry-After 1s at 250 ms.
+func TestPacedCallsOutlastedByCooldownRefused(t *testing.T) {
+	clk := clock.NewMock()
+	cfg := rateConfig(clk, &bulkhead.RateLimits{Pace: true, PerModel: bulkhead.Rate{RequestsPerMinute: 600, RequestBurst: bulkhead.NoBurst}})
+	cfg.MaxConcurrent = 16
+	b := newBulkhead(t, cfg)
+	s := startPaced(t, b, clk, 10, func(i int) []bulkhead.Option {
+		switch i {
+		case 4:
+			return []bulkhead.Option{bulkhead.WithQueueTimeout(time.Second)}
+		case 8:
+			return []bulkhead.Option{bulkhead.WithQueueTimeout(1600 * time.Millisecond)}
+		}
+		return nil
+	})
+	want := []pacedAdmit{{0, 0}, {1, 100 * time.Millisecond}, {2, 200 * time.Millisecond}}
+	for i, call := range []int{3, 5, 6, 7, 9} {
+		want = append(want, pacedAdmit{call, 1250*time.Millisecond + time.Duration(i)*100*time.Millisecond})
+	}
+	s.advance(250*time.Millisecond, 50*time.Millisecond, want)
+	if err := b.Feedback(bulkhead.Feedback{Outcome: bulkhead.OutcomeRateLimited, RetryAfter: time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-s.calls[4]:
+		if re := wantReason(t, r.err, bulkhead.Cooldown); re.Detail.Cooldown.RetryAfter != time.Second {
+			t.Fatalf("call 4: retry after %v, want the 1s left of the cool-down", re.Detail.Cooldown.RetryAfter)
+		}
+		s.calls[4] = closedResult(r)
+	case <-time.After(testutil.Settle):
+		t.Fatal("call 4, whose queue timeout ends inside the cool-down, was not turned away as it started")
+	}
+	s.advance(2*time.Second, 50*time.Millisecond, want)
+	if got := s.admitted(); !slices.Equal(got, want) {
+		t.Fatalf("admissions (call, instant):\n got %v\nwant %v", got, want)
+	}
+	errs := s.results()
+	wantRate(t, errs[8], 400*time.Millisecond, "model", "gpt-4o", "requests")
+	if st := b.Stats(); st.Rate.Waiting != 0 || st.Gate.InFlight != 0 || st.Calls.Rejected != 2 {
+		t.Fatalf("after: waiting %d, in flight %d, rejected %d", st.Rate.Waiting, st.Gate.InFlight, st.Calls.Rejected)
+	}
+}
+
+// closedResult is a channel that gives r again.
+func closedResult(r result) <-chan result {
+	ch := make(chan result, 1)
+	ch <- r
+	return ch
+}
+
+// TestPacedTurnsInsideCooldownShed: with ShedCooldown, the paced calls
+// whose turns fall inside a cool-down are turned away as it starts, with
+// the exact time left, and their turns go back to the rate: a call made as
+// the cool-down ends goes at once.
+func TestPacedTurnsInsideCooldownShed(t *testing.T) {
+	clk := clock.NewMock()
+	cfg := rateConfig(clk, &bulkhead.RateLimits{Pace: true, PerModel: bulkhead.Rate{RequestsPerMinute: 600, RequestBurst: bulkhead.NoBurst}})
+	cfg.MaxConcurrent = 32
+	cfg.Adaptive = &bulkhead.Adaptive{Cooldown: bulkhead.ShedCooldown, MinConcurrent: 32, MaxConcurrent: 32}
+	b := newBulkhead(t, cfg)
+	s := startPaced(t, b, clk, 20, nil) // turns to 1.9 s
+	want := []pacedAdmit{{0, 0}, {1, 100 * time.Millisecond}, {2, 200 * time.Millisecond}}
+	s.advance(250*time.Millisecond, 50*time.Millisecond, want)
+	if err := b.Feedback(bulkhead.Feedback{Outcome: bulkhead.OutcomeRateLimited, RetryAfter: 1700 * time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 3; i < 20; i++ {
+		select {
+		case r := <-s.calls[i]:
+			if re := wantReason(t, r.err, bulkhead.Cooldown); re.Detail.Cooldown.RetryAfter != 1700*time.Millisecond {
+				t.Fatalf("call %d: retry after %v, want 1.7s", i, re.Detail.Cooldown.RetryAfter)
+			}
+			s.calls[i] = closedResult(r)
+		case <-time.After(testutil.Settle):
+			t.Fatalf("call %d, whose turn falls inside the cool-down, was not shed as it started", i)
+		}
+	}
+	clk.Add(1700 * time.Millisecond)
+	tok, err := b.Acquire(context.Background(), req("after", 10)) // its turn now, not at 2 s
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = tok.Release(nil)
+	if st := b.Stats(); st.Rate.Waiting != 0 || st.Calls.RejectedByReason[bulkhead.Cooldown] != 17 {
+		t.Fatalf("after: waiting %d, rejected %v", st.Rate.Waiting, st.Calls.RejectedByReason)
 	}
 }

@@ -22,10 +22,15 @@ const (
 	// timeout or its context's deadline, is rejected Cooldown, as with
 	// ShedCooldown. In pace mode (RateLimits.Pace) a call waits the
 	// cool-down out before it takes its rate turn, so paced calls stay
-	// spaced when it ends.
+	// spaced when it ends; calls that hold turns when it begins give them
+	// back and take new ones after it, in the order they came, spaced by
+	// the rate (one that may not wait it out is rejected Cooldown at once,
+	// and one whose new turn comes after its queue timeout or deadline is
+	// rejected RateLimit then).
 	HoldCooldown CooldownMode = iota
 	// ShedCooldown rejects the call Cooldown at once, with the time left
-	// as its retry-after.
+	// as its retry-after. In pace mode, the calls whose turns fall inside
+	// a cool-down are rejected so as it begins.
 	ShedCooldown
 )
 

@@ -71,7 +71,10 @@ type RateLimits struct {
 	// its queue timeout or its context's deadline is rejected RateLimit at
 	// once, booking nothing. A call that waited its turn has booked it:
 	// should capacity then turn it away, or its context end while it waits,
-	// the turn is spent.
+	// the turn is spent. Paced calls take their turns in the order they
+	// came; a cool-down of their model that begins while they wait moves
+	// the turns that fall inside it after it (see HoldCooldown and
+	// ShedCooldown).
 	Pace bool
 
 	// TokenWeight is what a call weighs in the tokens-per-minute rates

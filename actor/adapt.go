@@ -131,6 +131,9 @@ func (s *state) feedback(f *Feedback) {
 	}
 	if f.RetryAfter > 0 {
 		s.cool.start(model, now.Add(f.RetryAfter), now)
+		if until, ok := s.cool.until[model]; ok {
+			s.coolTurns(model, until, now)
+		}
 	}
 	if f.Headroom != nil {
 		s.cool.report(model, f.Headroom, now)

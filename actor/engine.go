@@ -59,9 +59,10 @@ type Config struct {
 	Adaptive *Adaptive
 	Rates    *Rates
 	Fleet    *fleet.Pool
-	// OnPark, when set, is called on the admission actor each time a call
-	// starts to wait on its own timer (a paced turn, a cool-down before
-	// it), with the time it will wait: for tests that move a mock clock.
+	// OnPark, when set, is called on the admission actor each time a paced
+	// call starts to wait outside the queue, once its timer is armed (its
+	// own for its turn, the hold timer for a cool-down before it), with
+	// the time it will wait: for tests that move a mock clock.
 	OnPark func(time.Duration)
 }
 
@@ -656,6 +657,15 @@ func (a *admissionActor) armPark(r *AcquireRequest, d time.Duration) {
 	}
 }
 
+// armCooldown arms the hold timer for a paced call that waits d for a
+// cool-down to end, in the cooling line.
+func (a *admissionActor) armCooldown(_ *AcquireRequest, d time.Duration) {
+	a.armHold(d)
+	if a.onPark != nil {
+		a.onPark(d)
+	}
+}
+
 // startRemote runs a remote job on a goroutine of its own; its verdict
 // comes back as a message, even when code it runs (a Redis hook) ends the
 // goroutine with runtime.Goexit.
@@ -895,7 +905,9 @@ func (a *admissionActor) recovered(msg any, p any) {
 		a.failRequest(m.r, err)
 		return
 	case *parkMsg:
-		a.failRequest(m.r, err)
+		if m.r.gen == m.gen { // not a message for an earlier use
+			a.failRequest(m.r, err)
+		}
 		return
 	case interface{ fail(error) chan struct{} }:
 		done = m.fail(err)

@@ -5,14 +5,24 @@ import (
 	"errors"
 	"log/slog"
 	"runtime"
+	"slices"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/llmbulkhead/bulkhead/actor/admission"
+	"github.com/llmbulkhead/bulkhead/clock"
 )
 
 func startEngine(t *testing.T, limits admission.Limits) *Engine {
 	t.Helper()
-	e, err := Start(Config{Limits: limits})
+	return startConfig(t, Config{Limits: limits})
+}
+
+// startConfig starts an engine, closed and drained when the test ends.
+func startConfig(t *testing.T, cfg Config) *Engine {
+	t.Helper()
+	e, err := Start(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,4 +146,111 @@ func TestRecoveredAnswersAcquires(t *testing.T) {
 func isReason(err error, why admission.Reason) bool {
 	var rej *admission.RejectedError
 	return errors.As(err, &rej) && rej.Reason == why
+}
+
+// heldClock is a mock clock whose AfterFunc timers, once due, hand their
+// functions to the test instead of running them: the test delivers the
+// timer messages when and in the order it likes, late included, as on the
+// wall clock, where a timer stopped as it fires still runs its function.
+type heldClock struct {
+	*clock.Mock
+	mu    sync.Mutex
+	n     int
+	fired []heldFunc
+}
+
+// heldFunc is a due timer's function and the order its timer was made in.
+type heldFunc struct {
+	i int
+	f func()
+}
+
+func (c *heldClock) AfterFunc(d time.Duration, f func()) clock.Timer {
+	c.mu.Lock()
+	i := c.n
+	c.n++
+	c.mu.Unlock()
+	return c.Mock.AfterFunc(d, func() {
+		c.mu.Lock()
+		c.fired = append(c.fired, heldFunc{i, f})
+		c.mu.Unlock()
+	})
+}
+
+// take waits until n timers have fired and returns their functions, in the
+// order their timers were made.
+func (c *heldClock) take(t *testing.T, n int) []func() {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; runtime.Gosched() {
+		c.mu.Lock()
+		if len(c.fired) >= n {
+			break
+		}
+		c.mu.Unlock()
+		if time.Now().After(deadline) {
+			t.Fatalf("%d timers did not fire", n)
+		}
+	}
+	defer c.mu.Unlock()
+	slices.SortFunc(c.fired, func(a, b heldFunc) int { return a.i - b.i })
+	fs := make([]func(), len(c.fired))
+	for i, h := range c.fired {
+		fs[i] = h.f
+	}
+	c.fired = nil
+	return fs
+}
+
+// startPaced starts an engine pacing model m at 60 calls a minute on clk,
+// and returns it with a channel that receives each wait a call parks for.
+func startPaced(t *testing.T, clk clock.Clock) (*Engine, chan time.Duration) {
+	t.Helper()
+	parks := make(chan time.Duration, 16)
+	e := startConfig(t, Config{Limits: admission.Limits{MaxConcurrent: 4}, Clock: clk, Model: "m",
+		Rates:  &Rates{Name: "bh", Model: "m", Pace: true, PerModel: Rate{RequestsPerMinute: 60}},
+		OnPark: func(d time.Duration) { parks <- d }})
+	return e, parks
+}
+
+// pacedCall starts a call on its own goroutine, as the facade makes one:
+// once answered, its request goes back to the pool at once (the admission
+// is released first). The channel receives its answer.
+func pacedCall(e *Engine) <-chan error {
+	got := make(chan error, 1)
+	go func() {
+		r := e.NewRequest()
+		r.Ctx, r.Request, r.Lease, r.Model = context.Background(), "request", &Lease{}, "m"
+		err := e.Acquire(r)
+		l := r.Lease
+		e.PutRequest(r) // the facade's reuse: before anything else
+		if err == nil {
+			l.Release(nil)
+		}
+		got <- err
+	}()
+	return got
+}
+
+// TestStaleTurnTimerLeavesReusedRequestAlone delivers a paced call's turn
+// timer message after Close ended its wait, its request back in the pool:
+// the engine must not read a field of such a request (under -race, the
+// pool's reuse writes them as the stale message is handled).
+func TestStaleTurnTimerLeavesReusedRequestAlone(t *testing.T) {
+	clk := &heldClock{Mock: clock.NewMock()}
+	e, parks := startPaced(t, clk)
+	if err := <-pacedCall(e); err != nil {
+		t.Fatal(err)
+	}
+	a := pacedCall(e)
+	<-parks
+	clk.Add(time.Second) // its turn: the timer fires, its message held
+	fs := clk.take(t, 1)
+	e.Close()
+	sent := make(chan struct{})
+	go func() { fs[0](); close(sent) }()
+	if err := <-a; !isReason(err, admission.Shutdown) {
+		t.Fatalf("the parked call: %v, want shutdown", err)
+	}
+	<-sent
+	e.Stats() // behind the stale message
 }

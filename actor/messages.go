@@ -80,8 +80,6 @@ type AcquireRequest struct {
 	// the caller's goroutine.
 	Panic any
 
-	// answered is set by the engine when it replies.
-	answered bool
 	// async marks a request of AcquireAsync: its done channel is closed on
 	// answer, and it is never pooled.
 	async bool
@@ -101,6 +99,18 @@ type AcquireRequest struct {
 	cancel cancelMsg
 	node   mpscNode
 
+	// The engine's own fields, from here on: only the engine's goroutine
+	// reads or writes them (the facade never does, reset included).
+
+	// answered is set by the engine when it replies, and cleared as the
+	// request's next use arrives.
+	answered bool
+	// gen counts the request's answers: a timer message carries the
+	// generation it was armed for, and one for an earlier use (the request
+	// answered, perhaps back in the pool or reused) is told by it before
+	// anything else of the request is read.
+	gen uint64
+
 	// Owned by the engine while the request is queued.
 	prev, next *AcquireRequest
 	queued     bool
@@ -112,18 +122,22 @@ type AcquireRequest struct {
 	// queuedAt is when a request with a queue timeout was queued.
 	queuedAt time.Time
 	timer    clock.Timer
-	gen      uint64
 
-	// The stages: turned is set once the call has booked its paced turn;
-	// parked while it waits on its timer (for the turn, or for a
-	// cool-down to end before it), since parkedAt, for parkFor; held once
-	// a cool-down held it back; checking while a remote stage decides it.
-	turned, parked, held, checking bool
-	parkFor                        parkReason
-	parkedAt, parkUntil            time.Time
-	parkSeq                        uint32   // counts its parks, to tell a stale timer message
-	set                            *rateSet // its rates, looked up once
-	setDone                        bool
+	// The stages: arrival numbers the calls in the order they came;
+	// turned is set once the call has booked its paced turn; parked while
+	// it waits outside the queue (for its turn on its own timer, or for a
+	// cool-down to end before it), since parkedAt and until parkUntil,
+	// for parkFor; paced once counted in the rate statistics' Paced; held
+	// once a cool-down held it back; checking while a remote stage decides
+	// it; givingBack while the turn it gives back is being returned.
+	arrival                               uint64
+	turned, parked, paced, held, checking bool
+	givingBack                            bool
+	parkFor                               parkReason
+	parkedAt, parkUntil                   time.Time
+	parkSeq                               uint32   // counts its parks, to tell a stale timer message
+	set                                   *rateSet // its rates, looked up once
+	setDone                               bool
 	// gone is the cause of a cancel message that came while the engine
 	// held the request nowhere it could withdraw it from: while a remote
 	// stage decided it (its verdict answers it), or before the request
@@ -131,20 +145,20 @@ type AcquireRequest struct {
 	gone error
 }
 
-// reset clears the facade's fields for the next use. The engine's own
-// fields (gen, queued, the queue links, the timer, enqueuedAt) are left to
-// the engine, which settles them before it answers: a stale timer message
-// may still read them, and only the engine's goroutine writes them.
+// reset clears the facade's fields (and the answer) for the next use. It
+// never writes a field of the engine's own (everything below done, from
+// answered on): the engine settles those itself, before it answers (see
+// state.answer) and as a new use arrives (state.acquire), and a timer
+// message still on its way for an earlier use reads the generation alone,
+// which only the engine writes, before it touches anything else.
 func (r *AcquireRequest) reset() {
 	r.Ctx, r.Request, r.Lease, r.Err = nil, nil, nil, nil
 	r.ctxDone, r.ended = nil, nil
 	r.Priority, r.Reservation, r.QueueTimeout = 0, admission.Reservation{}, 0
-	r.Start, r.answered = time.Time{}, false
+	r.Start = time.Time{}
 	r.Class, r.BorrowedDeadline, r.Shadow = classes.None, 0, 0
 	r.Follower, r.FollowerCause = admission.NoReason, nil
 	r.Model, r.Deadline, r.RateWait, r.Panic = "", time.Time{}, 0, nil
-	r.turned, r.parked, r.held, r.checking, r.set, r.setDone = false, false, false, false, nil, false
-	r.gone = nil
 }
 
 func (r *AcquireRequest) MailboxNode() *mpscNode { return &r.node }

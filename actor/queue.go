@@ -32,6 +32,26 @@ func (q *line) push(r *AcquireRequest) {
 	q.tail = r
 }
 
+// insertByArrival puts r in the line behind the requests that came before
+// it (a line kept in arrival order).
+func (q *line) insertByArrival(r *AcquireRequest) {
+	at := q.tail
+	for at != nil && at.arrival > r.arrival {
+		at = at.prev
+	}
+	if at == q.tail {
+		q.push(r)
+		return
+	}
+	r.prev = at
+	if at == nil {
+		r.next, q.head = q.head, r
+	} else {
+		r.next, at.next = at.next, r
+	}
+	r.next.prev = r
+}
+
 func (q *line) remove(r *AcquireRequest) {
 	if r.prev == nil {
 		q.head = r.next

@@ -290,6 +290,16 @@ func (s *rateSet) weighted(buf []float64, w TokenWeight, res *admission.Reservat
 	return out
 }
 
+// eachBooked calls f with the name of each member in which a paced call
+// reserving res, weighed by w, books a turn: those it weighs anything in.
+func (s *rateSet) eachBooked(w TokenWeight, res *admission.Reservation, f func(name string)) {
+	for _, m := range s.members {
+		if m.kind.weight(w, res) > 0 {
+			f(m.p.Name())
+		}
+	}
+}
+
 // detail describes the outcome's deciding member, with the call's weight
 // and its retry-after.
 func (s *rateSet) detail(out pacer.CompositeOutcome) *admission.RateDetail {

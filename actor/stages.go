@@ -17,8 +17,9 @@ import (
 //  2. a cool-down or the provider's headroom: a call that may not wait for
 //     it (ShedCooldown, or it outlasts the call's queue timeout or
 //     deadline) is turned away Cooldown; one that may is held back, in
-//     the queue after the capacity checks (or, paced, parked on a timer
-//     before its turn);
+//     the queue after the capacity checks (or, paced, in the cooling line
+//     before its turn, in the order the calls came, until the engine's
+//     hold timer says the cool-down is over);
 //  3. the token budget and the class limits, then the slot or the queue
 //     (fair across classes, waiting for capacity);
 //  4. a paced call's rate turn, booked before it takes a slot or a place
@@ -36,7 +37,10 @@ import (
 //     every refund, here.
 //
 // Feedback (a provider's answer) arrives as a message too: it starts
-// cool-downs, replaces headroom reports and moves the adaptive limit.
+// cool-downs, replaces headroom reports and moves the adaptive limit. A
+// cool-down that starts while paced calls of its model hold turns inside
+// it sends them back to stage 2 (see coolTurns): their turns are given
+// back, and they take new ones after it, in the order they came.
 
 // stageConfig is what the stages need from the engine's Config.
 type stageConfig struct {
@@ -47,17 +51,20 @@ type stageConfig struct {
 	fleet    *fleet.Pool
 }
 
-// parkReason is why a call waits on its own timer.
+// parkReason is why a paced call waits outside the queue.
 type parkReason uint8
 
 const (
-	parkCooldown parkReason = iota // a paced call waits a cool-down out before its turn
-	parkTurn                       // a paced call waits for its turn
+	// parkCooldown: it waits a cool-down out before its turn, in the
+	// cooling line, on the engine's hold timer.
+	parkCooldown parkReason = iota
+	// parkTurn: it waits for its turn, in the turns line, on its own timer.
+	parkTurn
 )
 
-// parkMsg is a parked call's timer firing for generation gen and its
-// park seq (a later park of the same call, or an earlier wake, makes it
-// stale).
+// parkMsg is a turn timer firing for generation gen and park seq seq of
+// its call (a later park of the same call, or an earlier end of its wait,
+// makes it stale).
 type parkMsg struct {
 	r   *AcquireRequest
 	gen uint64
@@ -132,9 +139,14 @@ func (s *state) rateSet(r *AcquireRequest) (*rateSet, error) {
 	return r.set, nil
 }
 
-// paced reports whether r takes a paced turn before its slot.
-func (s *state) paced(r *AcquireRequest) bool {
-	if s.rates == nil || !s.rates.cfg.Pace || r.turned {
+// paced reports whether r takes a paced turn before its slot, and has
+// not taken it yet.
+func (s *state) paced(r *AcquireRequest) bool { return !r.turned && s.pacedMode(r) }
+
+// pacedMode reports whether r is paced: it waits for a rate turn before
+// its slot.
+func (s *state) pacedMode(r *AcquireRequest) bool {
+	if s.rates == nil || !s.rates.cfg.Pace {
 		return false
 	}
 	set, err := s.rateSet(r)
@@ -150,12 +162,13 @@ func late(r *AcquireRequest, d time.Duration, now time.Time) bool {
 	return !r.Deadline.IsZero() && r.Deadline.Sub(now) < d
 }
 
-// cooldownStage is stage 2 for a new call: it turns r away or parks it
-// when its model is cooling down (or it does not fit the headroom), and
-// reports whether it did. A call that may wait in the queue goes on: the
-// queue holds it after the capacity checks (holdFor).
+// cooldownStage is stage 2 for a new call, and for a paced one whose turn
+// has come: it turns r away or parks it when its model is cooling down (or
+// it does not fit the headroom), and reports whether it did. A call that
+// may wait in the queue goes on: the queue holds it after the capacity
+// checks (holdFor).
 func (s *state) cooldownStage(r *AcquireRequest) bool {
-	if !s.cool.armed() || r.turned {
+	if !s.cool.armed() {
 		return false
 	}
 	now := s.fx.now()
@@ -166,11 +179,13 @@ func (s *state) cooldownStage(r *AcquireRequest) bool {
 	case s.cool.shed || late(r, d.RetryAfter, now):
 		s.rejectCooldown(r, d)
 		return true
-	case s.paced(r):
+	case s.pacedMode(r):
 		// Before its turn, not after it, so paced calls stay spaced when
-		// the cool-down ends.
-		s.markHeld(r)
-		s.park(r, d.RetryAfter, parkCooldown)
+		// the cool-down ends. A turn that came inside the cool-down (a
+		// store shared with others, which cannot take turns back; the
+		// provider's headroom) has passed unused: a new one follows it.
+		r.turned = false
+		s.parkCooling(r, d.RetryAfter)
 		return true
 	}
 	return false
@@ -241,77 +256,105 @@ func (s *state) turned(r *AcquireRequest, delay time.Duration, why admission.Rea
 	case why != admission.NoReason:
 		s.rejectStage(r, why, ext, cause)
 	case delay > 0:
-		s.park(r, delay, parkTurn)
+		s.parkTurn(r, delay)
 	default:
 		return false
 	}
 	return true
 }
 
-// park makes r wait d on its own timer, outside the queue (it holds no
-// place there, and nothing else).
-func (s *state) park(r *AcquireRequest, d time.Duration, why parkReason) {
-	r.parked, r.parkFor, r.parkedAt = true, why, s.fx.now()
+// parkTurn makes r wait d for its turn on its own timer, in the turns
+// line, outside the queue (it holds no place there, and nothing else).
+func (s *state) parkTurn(r *AcquireRequest, d time.Duration) {
+	s.park(r, parkTurn)
 	r.parkUntil = r.parkedAt.Add(d)
-	r.parkSeq++
-	s.parkedLine.push(r)
-	s.nparked++
+	s.turns.push(r)
 	s.fx.armPark(r, d)
 }
 
-// unparkRequest takes r off the parked line and stops its timer.
-func (s *state) unparkRequest(r *AcquireRequest) {
-	s.parkedLine.remove(r)
-	s.nparked--
-	r.parked = false
-	s.fx.stopTimer(r)
+// parkCooling makes paced r, held back by its model's cool-down, wait d
+// (until the cool-down is over) in the cooling line, where the calls stand
+// in the order they came, on the engine's one hold timer; it takes its
+// turn once the wait is over.
+func (s *state) parkCooling(r *AcquireRequest, d time.Duration) {
+	s.markHeld(r)
+	s.park(r, parkCooldown)
+	r.parkUntil = r.parkedAt.Add(d)
+	s.cooling.insertByArrival(r)
+	s.fx.armCooldown(r, d)
 }
 
-// unpark goes on with r once its timer has fired: what it waited comes off
-// its queue timeout (and, for a turn, is its rate wait), and its decision
-// timing starts again. A call whose context has ended stays parked: its
-// cancel message, with the context's cause, is on its way.
-//
-// Calls held back by a cool-down wait until the same moment, and timers
-// due together fire in no set order: when one of them wakes, every call
-// of the parked line whose cool-down wait is over goes on with it, in the
-// order they were parked, so that they take their turns in arrival order.
+// park marks r parked now for why.
+func (s *state) park(r *AcquireRequest, why parkReason) {
+	r.parked, r.parkFor, r.parkedAt = true, why, s.fx.now()
+	r.parkSeq++ // its turn timer's message, if one is on its way, is stale
+	s.nparked++
+}
+
+// endPark takes r off its line at now: what it waited comes off its queue
+// timeout (and, for its turn, is its rate wait), and its decision timing
+// starts again.
+func (s *state) endPark(r *AcquireRequest, now time.Time) {
+	if r.parkFor == parkTurn {
+		s.turns.remove(r)
+		s.fx.stopTimer(r)
+	} else {
+		s.cooling.remove(r)
+	}
+	s.nparked--
+	r.parked = false
+	waited := max(0, now.Sub(r.parkedAt))
+	if r.parkFor == parkTurn {
+		r.RateWait += waited
+		if !r.paced {
+			r.paced = true
+			s.rates.paced.Add(1)
+		}
+		s.rates.pacedNs.Add(int64(waited))
+	}
+	if r.QueueTimeout > 0 {
+		r.QueueTimeout = max(time.Microsecond, r.QueueTimeout-waited)
+	}
+	if !r.Start.IsZero() {
+		r.Start = now
+	}
+}
+
+// unpark goes on with r once its turn timer has fired. A call whose
+// context has ended stays parked: its cancel message, with the context's
+// cause, is on its way.
 func (s *state) unpark(m *parkMsg) {
 	r := m.r
-	if !r.parked || r.gen != m.gen || r.parkSeq != m.seq || r.ctxEnded() {
-		return // answered or woken before the timer's message arrived, or being cancelled
+	// The generation first: a message for an earlier use of r reads
+	// nothing else of it (its caller may be reusing it).
+	if r.gen != m.gen || r.parkSeq != m.seq || !r.parked || r.ctxEnded() {
+		return // answered, or its wait ended, before the timer's message arrived; or being cancelled
 	}
+	s.resume(r, s.fx.now())
+}
+
+// wakeCooling goes on, once the hold timer has fired, with the paced calls
+// of the cooling line whose cool-down is over, in the order they came, so
+// that they take their turns in that order; for the others it arms the
+// hold timer again.
+func (s *state) wakeCooling() {
 	now := s.fx.now()
-	if r.parkFor != parkCooldown {
-		s.resume(r, now)
-		return
-	}
-	var due []*AcquireRequest
-	for q := s.parkedLine.head; q != nil; q = q.next {
-		if q == r || (q.parkFor == parkCooldown && !q.parkUntil.After(now) && !q.ctxEnded()) {
-			due = append(due, q)
+	for r := s.cooling.head; r != nil; {
+		next := r.next // r may park again, but never behind next: it came first
+		if !r.ctxEnded() {
+			if d, _, ok := s.cool.left(r.Model, r.Reservation.Reserved, now, false); ok {
+				s.fx.armHold(d.RetryAfter)
+			} else {
+				s.resume(r, now)
+			}
 		}
-	}
-	for _, q := range due {
-		if q.parked { // what went before may have answered it (Close)
-			s.resume(q, now)
-		}
+		r = next
 	}
 }
 
 // resume goes on with parked r at now.
 func (s *state) resume(r *AcquireRequest, now time.Time) {
-	s.unparkRequest(r)
-	waited := s.waited(r, now)
-	if r.QueueTimeout > 0 {
-		r.QueueTimeout = max(time.Microsecond, r.QueueTimeout-waited)
-	}
-	if r.parkFor == parkTurn {
-		r.RateWait += waited
-	}
-	if !r.Start.IsZero() {
-		r.Start = now
-	}
+	s.endPark(r, now)
 	if s.closed {
 		s.reject(r, admission.Shutdown, true, nil, "")
 		return
@@ -319,15 +362,88 @@ func (s *state) resume(r *AcquireRequest, now time.Time) {
 	s.proceed(r)
 }
 
-// waited returns how long parked r has waited by now, and counts a paced
-// turn's wait.
-func (s *state) waited(r *AcquireRequest, now time.Time) time.Duration {
-	waited := max(0, now.Sub(r.parkedAt))
-	if r.parkFor == parkTurn {
-		s.rates.paced.Add(1)
-		s.rates.pacedNs.Add(int64(waited))
+// coolTurns is a cool-down of model, until the time until, starting (or
+// growing) while paced calls of the model wait for turns booked inside it,
+// which they may not take: the provider asked for a pause. With
+// HoldCooldown, every paced call of the model waiting for its turn gives
+// the turn back and waits the cool-down out in the cooling line, to take
+// a new turn after it in the order the calls came, spaced by the rate (the
+// calls whose turns fall after it too, so that none goes ahead of one that
+// came before it); one that may not wait that long is turned away
+// Cooldown, as a new call would be. With ShedCooldown, the calls whose
+// turns fall inside it are turned away Cooldown. The turns given back go
+// back to the rate where they can (giveBack).
+func (s *state) coolTurns(model string, until, now time.Time) {
+	if s.rates == nil || !s.rates.cfg.Pace || s.turns.head == nil {
+		return
 	}
-	return waited
+	inside := false
+	for r := s.turns.head; r != nil && !inside; r = r.next {
+		inside = r.Model == model && r.parkUntil.After(now) && r.parkUntil.Before(until)
+	}
+	if !inside {
+		return
+	}
+	var calls []*AcquireRequest
+	for r := s.turns.head; r != nil; r = r.next {
+		if r.Model == model && r.parkUntil.After(now) && (!s.cool.shed || r.parkUntil.Before(until)) {
+			calls = append(calls, r)
+		}
+	}
+	s.giveBack(calls, now)
+	for _, r := range calls {
+		if r.ctxEnded() {
+			continue // its cancel message is on its way; its turn is given back all the same
+		}
+		s.endPark(r, now)
+		r.turned = false
+		d, _, _ := s.cool.left(r.Model, r.Reservation.Reserved, now, false)
+		if s.cool.shed || late(r, d.RetryAfter, now) {
+			s.rejectCooldown(r, d)
+			continue
+		}
+		s.parkCooling(r, d.RetryAfter)
+	}
+	s.checkDrains()
+}
+
+// giveBack gives the turns of calls, which wait for them and are about to
+// give them up, back to the engine's own rate table: on each rate, from
+// the earliest of their turns on, unless a call that keeps its turn waits
+// for one there after it. Turns it cannot give back stay booked and go
+// unused: on a store shared with others (a pacer.Local given in the
+// config, Redis), which others book on too, and behind a turn kept.
+func (s *state) giveBack(calls []*AcquireRequest, now time.Time) {
+	rs := s.rates
+	if rs.remote || rs.table == nil || len(calls) == 0 {
+		return
+	}
+	from := map[string]time.Time{}
+	for _, r := range calls {
+		r.givingBack = true
+		r.set.eachBooked(rs.cfg.Weight, &r.Reservation, func(name string) {
+			if at, ok := from[name]; !ok || r.parkUntil.Before(at) {
+				from[name] = r.parkUntil
+			}
+		})
+	}
+	for q := s.turns.head; q != nil; q = q.next {
+		if q.givingBack {
+			continue
+		}
+		q.set.eachBooked(rs.cfg.Weight, &q.Reservation, func(name string) {
+			if at, ok := from[name]; ok && !q.parkUntil.Before(at) {
+				delete(from, name) // a turn kept after the ones given back
+			}
+		})
+	}
+	for _, r := range calls {
+		r.givingBack = false
+	}
+	rs.setTime(now)
+	for name, at := range from {
+		rs.table.Rewind(name, rs.cfg.Name, at)
+	}
 }
 
 // verdict takes in a remote job's verdict.
@@ -505,10 +621,11 @@ func (s *state) booked() {
 
 // closeStages rejects the parked calls Shutdown: Close ends their wait.
 func (s *state) closeStages() {
-	for r := s.parkedLine.head; r != nil; r = s.parkedLine.head {
-		s.unparkRequest(r)
-		s.waited(r, s.fx.now())
-		s.reject(r, admission.Shutdown, true, nil, "")
+	for _, l := range []*line{&s.cooling, &s.turns} {
+		for r := l.head; r != nil; r = l.head {
+			s.endPark(r, s.fx.now())
+			s.reject(r, admission.Shutdown, true, nil, "")
+		}
 	}
 }
 

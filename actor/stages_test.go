@@ -2,6 +2,7 @@ package actor
 
 import (
 	"errors"
+	"fmt"
 	"reflect"
 	"testing"
 	"time"
@@ -250,10 +251,9 @@ func TestStageRatePaced(t *testing.T) {
 	wantAnswers(t, rec)
 }
 
-// Paced calls held back by one cool-down all wait until its end, and
-// timers due together fire in no set order: whichever fires first, the
-// calls take their turns in the order they came, and the timer messages
-// that follow, now stale, change nothing.
+// Paced calls held back by one cool-down wait in the cooling line until
+// the engine's hold timer says it is over; then they take their turns in
+// the order they came, one turn apart.
 func TestStageCooldownParkedInOrder(t *testing.T) {
 	s, rec := newStageState(t, admission.Limits{MaxConcurrent: 4}, stageConfig{model: "m",
 		rates: &Rates{Name: "bh", Model: "m", Pace: true, PerModel: Rate{RequestsPerMinute: 60}}})
@@ -263,29 +263,224 @@ func TestStageCooldownParkedInOrder(t *testing.T) {
 		r := modelReq(name, "m", 0)
 		r.QueueTimeout = 30 * time.Second
 		s.acquire(r)
-		if !r.parked || rec.parks[r] != 10*time.Second {
-			t.Fatalf("%s: parked %v for %v, want the 10s cool-down", name, r.parked, rec.parks[r])
+		if !r.parked || rec.parks[r] != 10*time.Second || len(rec.armed) != 0 {
+			t.Fatalf("%s: parked %v for %v, timers %d; want the 10s cool-down on the hold timer", name, r.parked, rec.parks[r], len(rec.armed))
 		}
 		calls = append(calls, r)
 	}
-	a, b, c := calls[0], calls[1], calls[2]
-	stale := []*parkMsg{{r: a, gen: a.gen, seq: a.parkSeq}, {r: b, gen: b.gen, seq: b.parkSeq}}
-	rec.clock = rec.clock.Add(10 * time.Second)
-	s.unpark(&parkMsg{r: c, gen: c.gen, seq: c.parkSeq}) // the last one's timer fires first
+	b, c := calls[1], calls[2]
+	rec.clock = rec.clock.Add(5 * time.Second)
+	s.holdEnded() // too early: they wait on
+	wantAnswers(t, rec)
+	rec.clock = rec.clock.Add(5 * time.Second)
+	s.holdEnded()
 	wantAnswers(t, rec, "a", admitted)
 	if !b.parked || !c.parked || rec.parks[b] != time.Second || rec.parks[c] != 2*time.Second {
 		t.Fatalf("turns: b %v, c %v; want 1s and 2s", rec.parks[b], rec.parks[c])
 	}
-	for _, m := range stale {
-		s.unpark(m)
-	}
-	wantAnswers(t, rec)
 	rec.clock = rec.clock.Add(time.Second)
 	s.unpark(&parkMsg{r: b, gen: b.gen, seq: b.parkSeq})
 	wantAnswers(t, rec, "b", admitted)
 	rec.clock = rec.clock.Add(time.Second)
 	s.unpark(&parkMsg{r: c, gen: c.gen, seq: c.parkSeq})
 	wantAnswers(t, rec, "c", admitted)
+	if st := s.cool.stats(rec.clock); st.Held != 3 {
+		t.Fatalf("held %d, want 3", st.Held)
+	}
+}
+
+// pacedState is a state pacing model m at 600 calls a minute (a turn every
+// 100 ms, no burst), with cool-downs held or shed, and n calls of m made
+// at the start, the first admitted and the others waiting for turns 100 ms
+// apart.
+func pacedState(t *testing.T, shed bool, n int, rate Rate) (*state, *recorder, []*AcquireRequest) {
+	t.Helper()
+	s, rec := newStageState(t, admission.Limits{MaxConcurrent: 64}, stageConfig{model: "m", shed: shed,
+		rates: &Rates{Name: "bh", Model: "m", Pace: true, PerModel: rate}})
+	var calls []*AcquireRequest
+	for i := range n {
+		r := modelReq(fmt.Sprint(i), "m", 10)
+		s.acquire(r)
+		calls = append(calls, r)
+	}
+	wantAnswers(t, rec, "0", admitted)
+	return s, rec, calls
+}
+
+// ms is n milliseconds.
+func ms(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+
+// A cool-down that starts over booked turns: every call of the model
+// waiting for its turn gives it back and waits in the cooling line; when
+// the cool-down ends they take new turns in the order they came, 100 ms
+// apart from its end, the turns given back returned to the rate (without
+// them, the first new turn would come after the last one given back, at
+// 2 s).
+func TestStageCooldownGivesTurnsBack(t *testing.T) {
+	s, rec, calls := pacedState(t, false, 20, Rate{RequestsPerMinute: 600})
+	rec.clock = rec.clock.Add(ms(50))
+	s.feedback(&Feedback{Model: "m", Outcome: adaptive.RateLimited, RetryAfter: time.Second})
+	if len(rec.armed) != 0 || s.nparked != 19 || s.cooling.head != calls[1] || s.cooling.tail != calls[19] {
+		t.Fatalf("timers %d, parked %d: want the 19 waiting calls in the cooling line, in order", len(rec.armed), s.nparked)
+	}
+	rec.clock = rec.clock.Add(time.Second)
+	s.holdEnded()
+	wantAnswers(t, rec, "1", admitted)
+	for i, r := range calls[2:] {
+		if d := rec.parks[r]; d != ms(100*(i+1)) {
+			t.Fatalf("call %d: new turn in %v, want %v", i+2, d, ms(100*(i+1)))
+		}
+	}
+	if st := s.stats(external{}); st.Rate.Paced != 19 || st.Rate.PacedTime != 19*ms(50) || st.Cooldown.Held != 19 {
+		t.Fatalf("paced %d in %v, held %d: want 19 calls that waited 50ms each, 19 held", st.Rate.Paced, st.Rate.PacedTime, st.Cooldown.Held)
+	}
+}
+
+// ShedCooldown: the calls whose turns fall inside the cool-down are turned
+// away at once with the time left; those whose turns fall after it keep
+// them (and the turns given back stay booked before them).
+func TestStageCooldownShedsTurnsInside(t *testing.T) {
+	s, rec, calls := pacedState(t, true, 10, Rate{RequestsPerMinute: 600})
+	rec.clock = rec.clock.Add(ms(50))
+	s.feedback(&Feedback{Model: "m", Outcome: adaptive.RateLimited, RetryAfter: ms(500)})
+	wantAnswers(t, rec, "1", cooldown, "2", cooldown, "3", cooldown, "4", cooldown, "5", cooldown)
+	if d := detailOf(t, calls[3].Err).Cooldown; d == nil || d.RetryAfter != ms(500) || !d.Until.Equal(rec.clock.Add(ms(500))) {
+		t.Fatalf("cool-down detail %+v, want the 500ms left", d)
+	}
+	if s.nparked != 4 || !calls[6].parked || calls[6].parkFor != parkTurn || !calls[6].parkUntil.Equal(rec.clock.Add(ms(550))) {
+		t.Fatalf("parked %d: want calls 6-9 waiting for their turns, 6 at 600ms", s.nparked)
+	}
+	rec.clock = rec.clock.Add(ms(500))
+	late := modelReq("late", "m", 10)
+	s.acquire(late)
+	if rec.parks[late] != ms(450) {
+		t.Fatalf("a new call waits %v, want 450ms: behind the turns kept, to 1s", rec.parks[late])
+	}
+}
+
+// With shed turns at the end of the rate's queue, they go back to it: a
+// call made as the cool-down ends goes at once (the turns shed would have
+// kept it waiting until 2s).
+func TestStageCooldownShedGivesTailBack(t *testing.T) {
+	s, rec, _ := pacedState(t, true, 20, Rate{RequestsPerMinute: 600})
+	rec.clock = rec.clock.Add(ms(50))
+	s.feedback(&Feedback{Model: "m", Outcome: adaptive.RateLimited, RetryAfter: ms(1900)})
+	if got := len(rec.take()); got != 19 || s.nparked != 0 {
+		t.Fatalf("%d answers, %d parked: want the 19 waiting calls shed, all their turns before 1.95s", got, s.nparked)
+	}
+	rec.clock = rec.clock.Add(ms(1900))
+	now := modelReq("now", "m", 10)
+	s.acquire(now)
+	wantAnswers(t, rec, "now", admitted)
+}
+
+// A call that may not wait the cool-down out is turned away Cooldown as it
+// starts, as a new call would be; one that may wait it out but not until
+// its new turn is turned away RateLimit then, with the exact retry-after,
+// and books nothing: the call behind it takes that turn.
+func TestStageCooldownOutlastsTurns(t *testing.T) {
+	s, rec := newStageState(t, admission.Limits{MaxConcurrent: 64}, stageConfig{model: "m",
+		rates: &Rates{Name: "bh", Model: "m", Pace: true, PerModel: Rate{RequestsPerMinute: 600}}})
+	var calls []*AcquireRequest
+	for i := range 6 {
+		r := modelReq(fmt.Sprint(i), "m", 10)
+		switch i {
+		case 2:
+			r.Deadline = rec.clock.Add(ms(900)) // before the cool-down ends
+		case 4:
+			r.QueueTimeout = ms(1200) // 150ms left as it ends
+		}
+		s.acquire(r)
+		calls = append(calls, r)
+	}
+	wantAnswers(t, rec, "0", admitted)
+	rec.clock = rec.clock.Add(ms(50))
+	s.feedback(&Feedback{Model: "m", Outcome: adaptive.RateLimited, RetryAfter: time.Second})
+	wantAnswers(t, rec, "2", cooldown)
+	if d := detailOf(t, calls[2].Err).Cooldown; d == nil || d.RetryAfter != time.Second {
+		t.Fatalf("cool-down detail %+v", d)
+	}
+	rec.clock = rec.clock.Add(time.Second)
+	s.holdEnded() // 1 goes, 3 at +100ms, 4 would be at +200ms
+	wantAnswers(t, rec, "1", admitted, "4", rateLimit)
+	if d := detailOf(t, calls[4].Err).Rate; d == nil || d.RetryAfter != ms(200) {
+		t.Fatalf("rate detail %+v, want the 200ms until its turn", d)
+	}
+	if rec.parks[calls[3]] != ms(100) || rec.parks[calls[5]] != ms(200) {
+		t.Fatalf("new turns %v and %v, want 100 and 200ms", rec.parks[calls[3]], rec.parks[calls[5]])
+	}
+}
+
+// A class's rate is shared by the calls of every model: when another
+// model's call keeps a turn on it after the turns a cool-down gives back,
+// those stay booked (a call made then waits behind them all), so that no
+// new turn falls on the one kept.
+func TestStageCooldownKeptTurnOnSharedRate(t *testing.T) {
+	limits := admission.Limits{MaxConcurrent: 64, Classes: &admission.Classes{Default: "c", Limits: map[string]admission.ClassLimits{"c": {}}}}
+	s, rec := newStageState(t, limits, stageConfig{model: "m",
+		rates: &Rates{Name: "bh", Model: "m", Pace: true, PerClass: map[string]Rate{"c": {RequestsPerMinute: 600}}}})
+	c, _ := s.tab.Lookup("c")
+	call := func(name, model string) *AcquireRequest {
+		r := modelReq(name, model, 10)
+		r.Class = c
+		s.acquire(r)
+		return r
+	}
+	call("a", "m")
+	b, other, d := call("b", "m"), call("other", "n"), call("d", "m")
+	wantAnswers(t, rec, "a", admitted)
+	rec.clock = rec.clock.Add(ms(50))
+	s.feedback(&Feedback{Model: "m", Outcome: adaptive.RateLimited, RetryAfter: time.Second})
+	if b.parkFor != parkCooldown || d.parkFor != parkCooldown || other.parkFor != parkTurn || rec.parks[other] != ms(200) {
+		t.Fatalf("b %v, d %v, other %v (%v): want m's calls cooling and other keeping its turn", b.parkFor, d.parkFor, other.parkFor, rec.parks[other])
+	}
+	e := call("e", "n")
+	if rec.parks[e] != ms(350) {
+		t.Fatalf("a new call of n waits %v, want 350ms: behind the turns kept booked", rec.parks[e])
+	}
+}
+
+// A paced call whose turn came while it waited for a slot, held back in
+// the queue by a cool-down, goes to the cooling line and takes a new turn
+// after it, instead of going at its end with all the others held.
+func TestStageCooldownQueuedTurnTakesNewTurn(t *testing.T) {
+	s, rec := newStageState(t, admission.Limits{MaxConcurrent: 1, MaxQueue: 2}, stageConfig{model: "m",
+		rates: &Rates{Name: "bh", Model: "m", Pace: true, PerModel: Rate{RequestsPerMinute: 60}}})
+	a := modelReq("a", "m", 0)
+	s.acquire(a)
+	b := modelReq("b", "m", 0)
+	s.acquire(b)
+	rec.clock = rec.clock.Add(time.Second)
+	s.unpark(&parkMsg{r: b, gen: b.gen, seq: b.parkSeq}) // its turn: no slot, it queues
+	if !b.queued {
+		t.Fatal("b did not queue for a slot after its turn")
+	}
+	rec.clock = rec.clock.Add(ms(500))
+	s.feedback(&Feedback{Model: "m", Outcome: adaptive.RateLimited, RetryAfter: 2 * time.Second})
+	release(s, a)
+	wantAnswers(t, rec, "a", admitted)
+	if !b.parked || b.parkFor != parkCooldown || rec.parks[b] != 2*time.Second || s.pending != 0 {
+		t.Fatalf("b parked %v (%v) for %v, pending %d: want it in the cooling line for 2s", b.parked, b.parkFor, rec.parks[b], s.pending)
+	}
+	rec.clock = rec.clock.Add(2 * time.Second)
+	s.holdEnded()
+	wantAnswers(t, rec, "b", admitted)
+}
+
+// A turn booked after weight spent beyond a reservation (an overrun,
+// booked at release) is not given back below that weight: it stays
+// charged.
+func TestStageCooldownKeepsOverrunBooked(t *testing.T) {
+	s, rec, calls := pacedState(t, false, 5, Rate{TokensPerMinute: 6000}) // 10 tokens: 100ms
+	rec.clock = rec.clock.Add(ms(20))
+	s.release(&releaseMsg{l: calls[0].Lease, usage: admission.Usage{Input: 110}, hasUsage: true}) // 100 over: 1s at the end of the queue
+	rec.clock = rec.clock.Add(ms(30))
+	s.feedback(&Feedback{Model: "m", Outcome: adaptive.RateLimited, RetryAfter: time.Second})
+	rec.clock = rec.clock.Add(time.Second)
+	s.holdEnded()
+	if d := rec.parks[calls[1]]; d != ms(450) {
+		t.Fatalf("first new turn in %v, want 450ms: after the overrun, which ends at 1.5s", d)
+	}
 }
 
 // A paced call on a remote store: a worker books the turn, and the verdict

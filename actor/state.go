@@ -32,9 +32,12 @@ type effects interface {
 	// answer hands r's answer (r.Err, and r.Lease when admitted) to its
 	// caller, who may reuse r at once.
 	answer(r *AcquireRequest)
-	// armPark makes a parkMsg for r's current generation come back once
-	// d has passed (r.timer holds it).
+	// armPark makes a parkMsg for r's current generation and park seq
+	// come back once d has passed (r.timer holds it).
 	armPark(r *AcquireRequest, d time.Duration)
+	// armCooldown arms the hold timer (as armHold) for paced call r, which
+	// waits d in the cooling line.
+	armCooldown(r *AcquireRequest, d time.Duration)
 	// startRemote runs j's remote stages off the actor; j comes back as
 	// the message with its verdict.
 	startRemote(j *remoteJob)
@@ -115,17 +118,22 @@ type state struct {
 	// The stages beyond capacity (stages.go): model is the bulkhead's own
 	// model; cool the cool-downs and headroom reports; adapt the adaptive
 	// limit, rates the rate limits and fleet the fleet pool, nil when the
-	// bulkhead has none. parkedLine holds the calls waiting on their own
-	// timer (nparked of them), and checking counts the calls whose paced
-	// turn a remote store is deciding.
-	model      string
-	cool       cooling
-	adapt      *adapting
-	rates      *rateStage
-	fleet      *fleetStage
-	parkedLine line
-	nparked    int
-	checking   int
+	// bulkhead has none. The paced calls waiting outside the queue
+	// (nparked of them) stand in turns, each waiting for its turn on its
+	// own timer, or in cooling, in the order they came (arrivals numbers
+	// the calls), waiting for a cool-down to end before their turns, on
+	// the hold timer; checking counts the calls whose paced turn a remote
+	// store is deciding.
+	model    string
+	cool     cooling
+	adapt    *adapting
+	rates    *rateStage
+	fleet    *fleetStage
+	turns    line
+	cooling  line
+	nparked  int
+	arrivals uint64
+	checking int
 	// booking counts the overruns being booked on rates kept in Redis,
 	// after their release: Drain waits for them.
 	booking int
@@ -260,6 +268,9 @@ func (s *state) detail(p admission.Priority, reserved int64, c classes.Class, co
 
 // acquire decides a new request: admit, queue or reject.
 func (s *state) acquire(r *AcquireRequest) {
+	r.answered = false // a new use of a pooled request
+	s.arrivals++
+	r.arrival = s.arrivals
 	switch {
 	case r.Follower != admission.NoReason:
 		s.rejectFollower(r)
@@ -568,10 +579,12 @@ func (s *state) reject(r *AcquireRequest, why admission.Reason, atGate bool, cau
 
 // answer replies to r. It first settles the engine's own fields, since the
 // facade may reuse r as soon as the reply is sent: a new generation, so any
-// timer message still in flight for this use is ignored.
+// timer message still in flight for this use is ignored, and the stages'
+// marks cleared for the next use.
 func (s *state) answer(r *AcquireRequest) {
 	r.gen++
 	r.enqueuedAt = time.Time{}
+	r.turned, r.paced, r.held, r.set, r.setDone, r.gone = false, false, false, nil, false, nil
 	r.answered = true
 	s.fx.answer(r)
 }
@@ -651,6 +664,16 @@ func (s *state) pump() {
 // postchecked with the slot held, as it may have changed while w waited.
 func (s *state) serve(w *AcquireRequest) bool {
 	if d := s.holdFor(w); d > 0 {
+		if w.turned {
+			// A paced call whose turn passed as it waited for a slot: it
+			// waits the cool-down out in the cooling line and takes a new
+			// turn after it (the calls held here would all go at its end).
+			w.QueueTimeout = w.queueLeft(s.fx.now())
+			s.dequeue(w)
+			w.turned, w.enqueuedAt = false, time.Time{}
+			s.parkCooling(w, d)
+			return true
+		}
 		// Held back (a provider's cool-down): so is its class, until the
 		// time has passed (the other classes' waiters are looked at: those
 		// of the same model are held too).
@@ -691,8 +714,7 @@ func (s *state) serve(w *AcquireRequest) bool {
 func (s *state) cancel(m *cancelMsg) {
 	r := m.r
 	if r.parked {
-		s.unparkRequest(r)
-		s.waited(r, s.fx.now())
+		s.endPark(r, s.fx.now())
 		s.reject(r, admission.Aborted, true, m.cause, "")
 		s.checkDrains()
 		return
@@ -723,7 +745,7 @@ func (s *state) unblocked(r *AcquireRequest) {
 
 // timeout ends a waiter whose queue timeout fired.
 func (s *state) timeout(m *timeoutMsg) {
-	if !m.r.queued || m.r.gen != m.gen {
+	if m.r.gen != m.gen || !m.r.queued {
 		return // answered before the timer's message arrived
 	}
 	s.dequeue(m.r)
@@ -1039,8 +1061,13 @@ func (s *state) applyLimits(q *applyRequest) (admission.ApplyResult, error) {
 	return admission.ApplyResult{Applied: true, Previous: prev, Current: s.limits.Clone()}, nil
 }
 
-// holdEnded looks at the queue again once a hold's time has passed.
-func (s *state) holdEnded() { s.pump() }
+// holdEnded looks again, once a hold's time has passed, at the calls the
+// cool-downs hold back: the paced ones waiting before their turns, then
+// the queue.
+func (s *state) holdEnded() {
+	s.wakeCooling()
+	s.pump()
+}
 
 // rejectUnfittable rejects, after new limits, each waiter for capacity
 // that can never fit them, wherever it is in the queue.

@@ -32,8 +32,8 @@ type recorder struct {
 	drains  []admission.DrainResult
 	expired []*Lease
 	drifts  []string
-	// The stages' effects: parked calls' timers (by the generation they
-	// fire for, and for how long), remote jobs started, fleet holds ended
+	// The stages' effects: parked calls' waits (for their turns, or in the
+	// cooling line), remote jobs started, fleet holds ended
 	// and adjusted, overruns booked remotely, warnings.
 	parks    map[*AcquireRequest]time.Duration
 	remotes  []*remoteJob
@@ -53,6 +53,10 @@ func (r *recorder) armHold(d time.Duration)       { r.holds = append(r.holds, d)
 func (r *recorder) armPark(q *AcquireRequest, d time.Duration) {
 	r.armed[q] = q.gen
 	r.parks[q] = d
+}
+func (r *recorder) armCooldown(q *AcquireRequest, d time.Duration) {
+	r.parks[q] = d
+	r.armHold(d)
 }
 func (r *recorder) startRemote(j *remoteJob) { r.remotes = append(r.remotes, j) }
 func (r *recorder) fleetRelease(l *Lease)    { r.releases = append(r.releases, l) }

@@ -1,6 +1,8 @@
 package pacer
 
 import (
+	"math"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -85,4 +87,141 @@ func TestTableDropsExpiredState(t *testing.T) {
 	if table.Len() != 1 {
 		t.Fatalf("Len %d after the state expired, want 1", table.Len())
 	}
+}
+
+// TestTableRewind: turns given back from an instant on are booked again
+// from there, never before the table's time nor before weight Book
+// recorded in the queue.
+func TestTableRewind(t *testing.T) {
+	table := NewTable()
+	table.SetTime(startEpoch)
+	p := mustNew(t, table, Options{Name: "p", QPS: 10})
+	pace := func() time.Duration {
+		t.Helper()
+		out, err := p.Pace(bg, "k", 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out.Delay
+	}
+	for range 5 {
+		pace() // turns at 0, 100, ..., 400 ms
+	}
+	table.Rewind("p", "k", startEpoch.Add(200*time.Millisecond))
+	if d := pace(); d != 200*time.Millisecond {
+		t.Fatalf("after a rewind to 200ms: a turn in %v", d)
+	}
+	table.Rewind("p", "k", startEpoch.Add(time.Hour)) // later than the queue's end: nothing
+	table.Rewind("q", "k", startEpoch)                // no such pacer: nothing
+	if d := pace(); d != 300*time.Millisecond {
+		t.Fatalf("after rewinds that give nothing back: a turn in %v", d)
+	}
+	table.SetTime(startEpoch.Add(50 * time.Millisecond))
+	table.Rewind("p", "k", startEpoch) // never before the table's time
+	if d := pace(); d != 0 {
+		t.Fatalf("after a rewind to the past: a turn in %v", d)
+	}
+	// Weight spent beyond a reservation stays booked.
+	if _, err := p.Book(bg, "k", time.Minute, 3); err != nil { // 150ms to 450ms
+		t.Fatal(err)
+	}
+	pace() // 450ms
+	table.Rewind("p", "k", startEpoch.Add(100*time.Millisecond))
+	if d := pace(); d != 400*time.Millisecond {
+		t.Fatalf("after a rewind across weight booked: a turn in %v, want 400ms (450ms from the start)", d)
+	}
+}
+
+// TestTableRewindKeepsBound: an owner that gives back every turn from an
+// instant on (Rewind) and books those calls again later, in their order,
+// keeps the bound a rate keeps over the calls that go, as in
+// TestRateBound, alone and in a composite.
+func TestTableRewindKeepsBound(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		table := NewTable()
+		now := startEpoch
+		table.SetTime(now)
+		n := rapid.IntRange(1, 2).Draw(rt, "pacers")
+		var ps []*Pacer
+		for i := range n {
+			ps = append(ps, mustNew(t, table, Options{
+				Name:     "p" + strconv.Itoa(i),
+				QPS:      rapid.SampledFrom([]float64{1, 10, 1000.0 / 60}).Draw(rt, "qps"),
+				MaxBurst: rapid.SampledFrom([]float64{0, 1, 2.5, 4}).Draw(rt, "burst"),
+			}))
+		}
+		comp, err := NewComposite(ps...)
+		if err != nil {
+			rt.Fatal(err)
+		}
+		type call struct {
+			at time.Time
+			w  []float64
+		}
+		var waiting []call // turns booked, in the order they were booked
+		adm := make([][]went, n)
+		maxW := make([]float64, n)
+		goes := func(c call) {
+			for i, w := range c.w {
+				adm[i] = append(adm[i], went{c.at.UnixMicro(), w})
+				maxW[i] = math.Max(maxW[i], w)
+			}
+		}
+		book := func(w []float64) {
+			out, err := comp.Pace(bg, "k", w...)
+			if err != nil {
+				rt.Fatal(err)
+			}
+			waiting = append(waiting, call{now.Add(out.Delay), w})
+		}
+		for s := rapid.IntRange(1, 100).Draw(rt, "steps"); s > 0; s-- {
+			now = now.Add(time.Duration(rapid.Int64Range(0, 300_000).Draw(rt, "advanceUs")) * time.Microsecond)
+			table.SetTime(now)
+			kept := waiting[:0]
+			for _, c := range waiting {
+				if c.at.After(now) {
+					kept = append(kept, c)
+				} else {
+					goes(c)
+				}
+			}
+			waiting = kept
+			if len(waiting) > 0 && rapid.IntRange(0, 5).Draw(rt, "rewind") == 0 {
+				// Every turn from the i-th on is given back, and booked
+				// again now or later, in order.
+				i := rapid.IntRange(0, len(waiting)-1).Draw(rt, "from")
+				back := slices.Clone(waiting[i:])
+				waiting = waiting[:i]
+				for _, p := range ps {
+					table.Rewind(p.Name(), "k", back[0].at)
+				}
+				now = now.Add(time.Duration(rapid.Int64Range(0, 2_000_000).Draw(rt, "pauseUs")) * time.Microsecond)
+				table.SetTime(now)
+				for _, c := range waiting {
+					if !c.at.After(now) {
+						goes(c)
+					}
+				}
+				waiting = slices.DeleteFunc(waiting, func(c call) bool { return !c.at.After(now) })
+				for _, c := range back {
+					book(c.w)
+				}
+				continue
+			}
+			w := make([]float64, n)
+			for i := range w {
+				w[i] = rapid.SampledFrom([]float64{1, 1, 2, 0.5}).Draw(rt, "weight")
+			}
+			book(w)
+		}
+		for _, c := range waiting {
+			goes(c)
+		}
+		for i, p := range ps {
+			o := p.Options()
+			if err := checkBound(adm[i], o.QPS, o.MaxBurst, maxW[i]); err != nil {
+				rt.Fatalf("pacer %s (qps %v, burst %v): %v", o.Name, o.QPS, o.MaxBurst, err)
+			}
+		}
+	})
 }

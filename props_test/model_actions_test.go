@@ -81,6 +81,11 @@ func (m *machine) drawCall(t *rapid.T, kind callKind) call {
 		c.timeout = time.Duration(k) * unit
 		c.opts = append(c.opts, bulkhead.WithQueueTimeout(c.timeout))
 	}
+	if m.paced() && rapid.Bool().Draw(t, "timeoutNearTurn") {
+		// About when a turn comes (turns are 10 ms to 1 s apart).
+		c.timeout = time.Duration(rapid.IntRange(1, 1500).Draw(t, "timeoutMs")) * time.Millisecond
+		c.opts = append(c.opts, bulkhead.WithQueueTimeout(c.timeout))
+	}
 	if kind == kindRun && rapid.IntRange(0, 3).Draw(t, "deadlineKind") > 0 {
 		c.deadline = time.Duration(rapid.IntRange(1, 40).Draw(t, "deadlineMs")) * time.Millisecond
 		c.opts = append(c.opts, bulkhead.WithBorrowedDeadline(c.deadline))
@@ -106,6 +111,10 @@ func (m *machine) call(t *rapid.T, c call, run bool) *hold {
 	}
 	m.descr = fmt.Sprintf("%s%s #%d class=%q prio=%v reserved=%d timeout=%v deadline=%v ctxDone=%v", m.label, kind, w.id,
 		c.class, c.prio, c.res.Reserved, c.timeout, c.deadline, c.ctxDone)
+	if m.paced() {
+		m.pacedCall(t, w, c)
+		return nil
+	}
 	switch d, why, cons, atGate := m.decide(c); d {
 	case admitNow:
 		m.gate.Admitted++
@@ -450,6 +459,15 @@ func (m *machine) advance(t *rapid.T) {
 	default:
 		d = next.Sub(now)
 	}
+	if m.toPacedTimer {
+		// To the next turn, or the end of the cool-down the cooling line
+		// waits for.
+		if w := m.nextTurn(); w != nil && (!m.holdPending || w.turnAt.Before(m.holdAt)) {
+			d = max(d, w.turnAt.Sub(now))
+		} else if m.holdPending {
+			d = max(d, m.holdAt.Sub(now))
+		}
+	}
 	if target := now.Add(d); queued > 0 && !next.IsZero() && !next.After(target) && !qNext.IsZero() && !qNext.After(target) {
 		// Only the timeouts, then.
 		d = qNext.Sub(now)
@@ -465,6 +483,18 @@ func (m *machine) advance(t *rapid.T) {
 	if m.holdPending && !m.holdAt.After(target) {
 		// The engine's hold timer fires: the clock stops there.
 		target, d, holdFires = m.holdAt, m.holdAt.Sub(now), true
+	}
+	// A paced call's turn, one at a time: the clock stops there.
+	var turn *waiter
+	if w := m.nextTurn(); w != nil && !w.turnAt.After(target) {
+		switch {
+		case holdFires && m.holdAt.Equal(w.turnAt):
+			t.Skip("a turn and the hold timer at once")
+		case holdFires && m.holdAt.Before(w.turnAt):
+			// The hold timer first; the turn in a later step.
+		default:
+			turn, target, d, holdFires = w, w.turnAt, w.turnAt.Sub(now), false
+		}
 	}
 	var due []*hold
 	for _, h := range m.holds {
@@ -508,10 +538,11 @@ func (m *machine) advance(t *rapid.T) {
 	if len(expiring) > 0 && len(due)+len(timedOut) > 0 {
 		t.Skip("a follower's wait bound with a timeout or deadline")
 	}
-	if holdFires && len(due)+len(timedOut)+len(expiring) > 0 {
-		t.Skip("the hold timer with another timer at once")
+	if (holdFires || turn != nil) && len(due)+len(timedOut)+len(expiring) > 0 {
+		t.Skip("the hold timer or a turn with another timer at once")
 	}
-	m.descr = fmt.Sprintf("Advance %v past %d deadline(s), %d queue timeout(s) and %d follower wait(s), %d queued", d, len(due), len(timedOut), len(expiring), queued)
+	m.descr = fmt.Sprintf("Advance %v past %d deadline(s), %d queue timeout(s) and %d follower wait(s), %d queued, %d paced waiting (a turn: %v, the hold timer: %v)",
+		d, len(due), len(timedOut), len(expiring), queued, len(m.parked), turn != nil, holdFires)
 	m.waitTimers(t)
 	if len(due) == 0 {
 		m.tokensFrozen = true
@@ -531,9 +562,16 @@ func (m *machine) advance(t *rapid.T) {
 	if holdFires {
 		m.holdPending = false
 		m.seen["hold timer fired"]++
+		es = append(es, m.wakeCooling()...)
+	}
+	if turn != nil {
+		es = append(es, m.turnComes(turn)...)
 	}
 	if len(due) > 0 || holdFires || slices.ContainsFunc(timedOut, func(w *waiter) bool { return w.blocking }) {
 		es = append(es, m.pump()...)
+	}
+	if len(m.stepAdmits) > 0 {
+		m.tokensFrozen = false // a turn, or the end of a cool-down, let a paced call in
 	}
 	if (m.wait || holdFires) && len(due) == 0 && len(es) > len(timedOut) {
 		m.tokensFrozen = false // the timeout let a waiter for capacity through
@@ -553,6 +591,7 @@ func (m *machine) advance(t *rapid.T) {
 		}
 	}
 	m.awaitAll(t, es)
+	m.waitParked(t)
 	for _, f := range expiring {
 		m.followerEnds(t, f, bulkhead.Timeout)
 		m.seen["dedup follower timeout"]++
@@ -780,7 +819,7 @@ func (m *machine) wouldAdmit(t *rapid.T) {
 		}
 	}
 	var rd *bulkhead.RateDetail
-	if why == noReason {
+	if why == noReason && !m.paced() { // a paced call waits for its turn
 		if rd = m.rate.peek(m, c.res); rd != nil {
 			why = bulkhead.RateLimit
 		}
@@ -799,10 +838,20 @@ func (m *machine) wouldAdmit(t *rapid.T) {
 }
 
 func (m *machine) cancel(t *rapid.T) {
-	if len(m.queue) == 0 {
+	if len(m.queue)+len(m.parked) == 0 {
 		t.Skip("nobody queued")
 	}
-	i := rapid.IntRange(0, len(m.queue)-1).Draw(t, "waiter")
+	i := rapid.IntRange(0, len(m.queue)+len(m.parked)-1).Draw(t, "waiter")
+	if i >= len(m.queue) {
+		w := m.parked[i-len(m.queue)]
+		m.descr = fmt.Sprintf("Cancel %v waiting (%v)", w, w.park)
+		m.tokensFrozen = true
+		e := m.cancelParked(w)
+		w.cancel()
+		m.awaitAll(t, []expect{e})
+		m.waitParked(t)
+		return
+	}
 	w := m.queue[i]
 	m.descr = fmt.Sprintf("Cancel %v", w)
 	m.tokensFrozen = true
@@ -885,7 +934,7 @@ func (m *machine) drainDoneCtx(t *rapid.T) {
 	live := m.calls.Admitted - m.calls.Released
 	bypassed := int(m.observe.InFlight)
 	keys := int(m.activeKeys())
-	idle := live == 0 && len(m.queue) == 0 && bypassed == 0 && keys == 0
+	idle := live == 0 && len(m.queue)+len(m.parked) == 0 && bypassed == 0 && keys == 0
 	if idle && m.closed {
 		// A drained, closed bulkhead stops event delivery; that is the
 		// final Drain's job (see TestDrainDoneCtxOnClosedIdleKeepsEvents).
@@ -898,7 +947,7 @@ func (m *machine) drainDoneCtx(t *rapid.T) {
 	res, err := m.b.Drain(ctx)
 	want := bulkhead.DrainResult{Drained: idle}
 	if !idle {
-		want.InFlight, want.Pending, want.Bypassed, want.DedupActive = int(live), len(m.queue), bypassed, keys
+		want.InFlight, want.Pending, want.Bypassed, want.DedupActive = int(live), len(m.queue)+len(m.parked), bypassed, keys
 	}
 	if res != want || (idle && err != nil) || (!idle && !errors.Is(err, context.Canceled)) {
 		t.Fatalf("%s: = %+v, %v; want %+v", m.descr, res, err, want)
@@ -928,6 +977,7 @@ func (m *machine) close(t *rapid.T) {
 			m.queue = slices.DeleteFunc(m.queue, func(x *waiter) bool { return x == w })
 			es = append(es, m.reject(w, bulkhead.Shutdown, "", true))
 		}
+		es = append(es, m.closeParked()...)
 	}
 	m.closed = true
 	m.b.Close()
@@ -965,5 +1015,9 @@ func (m *machine) feedback(t *rapid.T) {
 			m.coolUntil = end
 		}
 		m.seen["feedback 429"]++
+		if m.paced() {
+			m.awaitAll(t, m.coolTurns())
+			m.waitParked(t)
+		}
 	}
 }

@@ -36,6 +36,7 @@ func (m *machine) wantStats() bulkhead.Stats {
 	}
 	if m.rate != nil {
 		rs := m.rateStats
+		rs.Waiting = len(m.parked)
 		st.Rate = &rs
 	}
 	if m.hasBudget {

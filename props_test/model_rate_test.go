@@ -2,6 +2,7 @@ package props_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"sync/atomic"
@@ -18,11 +19,14 @@ import (
 )
 
 // rateOracle predicts the bulkhead's rate limits: the same pacers on a
-// store of its own, on the same clock, asked at the moments the bulkhead
-// asks its own (a call that passes every capacity check, a WouldAdmit that
-// capacity admits, a release whose usage settles its token rates).
+// store of its own, told the model's time, asked at the moments the
+// bulkhead asks its own (a call that passes every capacity check, a
+// WouldAdmit that capacity admits, a release whose usage settles its token
+// rates; in pace mode, a call booking its turn, and a cool-down giving
+// turns back).
 type rateOracle struct {
 	cfg     *bulkhead.RateLimits
+	table   *pacer.Table
 	comp    *pacer.Composite
 	members []rateMember
 }
@@ -107,7 +111,7 @@ func newRateOracle(t *rapid.T, clk clock.Clock, tokens bool, rdb *redis.Client) 
 			r.RequestsPerMinute, r.RequestBurst = 0, 0
 		}
 	}
-	o := &rateOracle{cfg: &bulkhead.RateLimits{PerModel: r,
+	o := &rateOracle{cfg: &bulkhead.RateLimits{PerModel: r, Pace: rapid.Bool().Draw(t, "pace"),
 		TokenWeight: rapid.SampledFrom([]bulkhead.TokenWeight{bulkhead.WeightReservation, bulkhead.WeightLarger, bulkhead.WeightInput}).Draw(t, "TokenWeight")}}
 	if rdb != nil && rapid.Bool().Draw(t, "rateOnRedis") {
 		store, err := pacer.NewRedis(rdb, pacer.RedisOptions{Clock: clk, Prefix: fmt.Sprintf("model%d:", rateRuns.Add(1)), Timeout: 10 * time.Second})
@@ -116,7 +120,8 @@ func newRateOracle(t *rapid.T, clk clock.Clock, tokens bool, rdb *redis.Client) 
 		}
 		o.cfg.Store = store
 	}
-	store := pacer.NewLocal(pacer.LocalOptions{Clock: clk})
+	o.table = pacer.NewTable()
+	store := o.table
 	var ps []*pacer.Pacer
 	for _, l := range []struct {
 		limit            string
@@ -188,6 +193,9 @@ func (o *rateOracle) used(m *rateMember, u bulkhead.Usage) int64 {
 	return 0
 }
 
+// at tells the oracle's store the model's time.
+func (o *rateOracle) at(m *machine) { o.table.SetTime(m.clk.Now()) }
+
 func (o *rateOracle) weights(res bulkhead.Reservation) []float64 {
 	w := make([]float64, len(o.members))
 	for i := range o.members {
@@ -217,6 +225,7 @@ func (o *rateOracle) check(m *machine, res bulkhead.Reservation) *bulkhead.RateD
 		return nil
 	}
 	m.rateStats.Checked++
+	o.at(m)
 	out, err := o.comp.RateLimit(context.Background(), "bulkhead", o.weights(res)...)
 	if err != nil {
 		panic(err)
@@ -230,10 +239,11 @@ func (o *rateOracle) check(m *machine, res bulkhead.Reservation) *bulkhead.RateD
 }
 
 // peek is check for WouldAdmit: it records nothing.
-func (o *rateOracle) peek(_ *machine, res bulkhead.Reservation) *bulkhead.RateDetail {
+func (o *rateOracle) peek(m *machine, res bulkhead.Reservation) *bulkhead.RateDetail {
 	if o == nil {
 		return nil
 	}
+	o.at(m)
 	out, err := o.comp.Peek(context.Background(), "bulkhead", o.weights(res)...)
 	if err != nil {
 		panic(err)
@@ -262,6 +272,7 @@ func (o *rateOracle) settle(m *machine, res bulkhead.Reservation, u bulkhead.Usa
 	if o == nil {
 		return
 	}
+	o.at(m)
 	var over, back float64
 	var dropped float64
 	for i := range o.members {
@@ -316,4 +327,35 @@ func (o *rateOracle) settledIn(got *bulkhead.RateStats, want bulkhead.RateStats)
 		return true
 	}
 	return got != nil && got.Overruns == want.Overruns && got.Refunds == want.Refunds && got.OverrunErrors == want.OverrunErrors
+}
+
+// turn books, in pace mode, the turn of a call reserving res that may wait
+// at most maxWait: its delay, or, when the turn comes later, the rate
+// detail of its rejection (it books nothing then). It counts the check in
+// m's rate statistics.
+func (o *rateOracle) turn(m *machine, res bulkhead.Reservation, maxWait time.Duration) (time.Duration, *bulkhead.RateDetail) {
+	m.rateStats.Checked++
+	o.at(m)
+	out, err := o.comp.PaceWithin(context.Background(), "bulkhead", maxWait, o.weights(res)...)
+	switch {
+	case errors.Is(err, pacer.ErrTooLong):
+		m.seen["paced: turn too late"]++
+		return 0, o.detail(out)
+	case err != nil:
+		panic(err)
+	}
+	return out.Delay, nil
+}
+
+// giveBack gives back, as the bulkhead does on its own store, the turns
+// booked from at on (a store in Redis takes none back).
+func (o *rateOracle) giveBack(m *machine, at time.Time) {
+	if o.cfg.Store != nil {
+		return
+	}
+	m.seen["paced: turns given back"]++
+	o.at(m)
+	for _, p := range o.comp.Members() {
+		o.table.Rewind(p.Name(), "bulkhead", at)
+	}
 }

@@ -45,7 +45,16 @@ import (
 // with a Retry-After, and the model predicts, while it lasts, every call
 // shed with the time left and every queued call turned away at its grant
 // (ShedCooldown), or held in the queue until the engine's hold timer fires
-// at its end (HoldCooldown) (X2).
+// at its end (HoldCooldown) (X2). In a third of the runs rate limits apply
+// (P6, P7), in half of those paced: a call over the rate waits for its turn
+// outside the queue (its queue timeout, drawn near the turns, bounding it),
+// may be cancelled while it waits, and, with cool-downs, waits them out
+// before its turn; a cool-down that begins over booked turns gives them
+// back (the oracle gives them back to its own pacers the same way) and the
+// calls take new turns after it in the order they came (HoldCooldown), or
+// are turned away (ShedCooldown). Paced runs leave out observe mode and
+// deduplication; on Redis they have no cool-downs (the calls a cool-down's
+// end sends on book their turns on workers, in no set order).
 //
 // Everything that blocks runs on its own goroutine and is tracked as a
 // waiter; every step waits until the outcomes it causes have arrived, so
@@ -107,6 +116,7 @@ func (m *machine) actions() map[string]func(*rapid.T) {
 		{"DedupFollow", 5, 5, m.dedupFollow},
 		{"DedupCancel", 2, 2, m.dedupCancel},
 		{"Feedback", 2, 2, m.feedback},
+		{"Turn", 3, 3, m.turnStep},
 	}
 	actions := map[string]func(*rapid.T){"": m.check}
 	for _, a := range weighted {
@@ -121,10 +131,20 @@ func (m *machine) actions() map[string]func(*rapid.T) {
 		case "Feedback":
 			if !m.cooling {
 				n = 0
+			} else if m.paced() {
+				n *= 2 // cool-downs over booked turns
 			}
 		case "ApplyLimits", "SetBudget":
 			if m.cooling {
 				n = 0 // the limits stay pinned (see machine.cooling)
+			}
+		case "Observe", "Bypassed":
+			if m.paced() {
+				n = 0 // observe mode is left out of paced runs
+			}
+		case "Turn":
+			if !m.paced() {
+				n = 0
 			}
 		}
 		for range n {
@@ -171,6 +191,16 @@ type waiter struct {
 	// the last time the pump looked at it: only its leaving re-pumps.
 	blocking bool
 	held     bool // held for a cool-down at least once
+	// Pace mode: where it waits outside the queue (since parkedAt; until
+	// turnAt, for its turn), whether it holds a turn, whether it counted
+	// as paced, and what is left of its queue timeout (the engine takes
+	// each wait off it; 0 for none).
+	park      parkKind
+	parkedAt  time.Time
+	turnAt    time.Time
+	turned    bool
+	pacedOnce bool
+	left      time.Duration
 }
 
 type outcome struct {
@@ -320,6 +350,11 @@ type machine struct {
 	// makes, in a known order.
 	rate      *rateOracle
 	rateStats bulkhead.RateStats
+	// parked is, in pace mode, the calls waiting outside the queue: for
+	// their turns, or for a cool-down to end (in the order they came).
+	parked []*waiter
+	// toPacedTimer makes the step Advance to the next paced timer (Turn).
+	toPacedTimer bool
 
 	// What the events must show.
 	ev         *eventLog
@@ -402,18 +437,34 @@ func newMachine(t *rapid.T, classes bool, seen map[string]int, rdb *redis.Client
 		m.cls[name] = &classModel{}
 	}
 	m.drawQueuePolicy(t, &cfg)
+	// Cool-downs in a third of the runs, and in half the paced ones kept in
+	// process; none in the paced runs on Redis, where the calls a
+	// cool-down's end sends on book their turns on workers, in no set
+	// order.
 	if m.cooling = rapid.IntRange(0, 2).Draw(t, "cooldowns") == 0; m.cooling {
-		mode := bulkhead.ShedCooldown
-		if m.hold = rapid.Bool().Draw(t, "holdCooldown"); m.hold {
-			mode = bulkhead.HoldCooldown
-		}
-		cfg.Adaptive = &bulkhead.Adaptive{Cooldown: mode, MinConcurrent: cfg.MaxConcurrent, MaxConcurrent: cfg.MaxConcurrent}
-		m.seen[fmt.Sprintf("cool-down %v", mode)]++
+		m.hold = rapid.Bool().Draw(t, "holdCooldown")
 	}
 	if rapid.IntRange(0, 2).Draw(t, "rateLimits") == 0 {
 		cfg.MaxQueue, m.limits.MaxQueue = 0, 0
 		m.rate = newRateOracle(t, m.clk, m.hasBudget && budget > 0, rdb)
 		cfg.RateLimits = m.rate.cfg
+		m.seen[fmt.Sprintf("rates pace=%v redis=%v", m.rate.cfg.Pace, m.rate.cfg.Store != nil)]++
+		switch {
+		case m.paced() && m.rate.cfg.Store != nil:
+			m.cooling = false
+		case m.paced() && !m.cooling:
+			if m.cooling = rapid.IntRange(0, 2).Draw(t, "pacedCooldowns") > 0; m.cooling {
+				m.hold = rapid.Bool().Draw(t, "holdCooldown")
+			}
+		}
+	}
+	if m.cooling {
+		mode := bulkhead.ShedCooldown
+		if m.hold {
+			mode = bulkhead.HoldCooldown
+		}
+		cfg.Adaptive = &bulkhead.Adaptive{Cooldown: mode, MinConcurrent: cfg.MaxConcurrent, MaxConcurrent: cfg.MaxConcurrent}
+		m.seen[fmt.Sprintf("cool-down %v", mode)]++
 	}
 	if rdb != nil && rapid.IntRange(0, 3).Draw(t, "fleet") == 0 {
 		// A fleet pool whose limits this one replica never reaches: every
@@ -431,7 +482,7 @@ func newMachine(t *rapid.T, classes bool, seen map[string]int, rdb *redis.Client
 		m.seen["fleet"]++
 	}
 	m.exactUsage = rapid.Bool().Draw(t, "exactUsage")
-	if m.hasDedup = rapid.Bool().Draw(t, "dedup"); m.hasDedup {
+	if m.hasDedup = !m.paced() && rapid.Bool().Draw(t, "dedup"); m.hasDedup {
 		cfg.Dedup = &bulkhead.DedupConfig{KeyFunc: m.keys.keyFunc}
 	}
 	b, err := bulkhead.New(cfg)
