@@ -468,3 +468,30 @@ func ExampleQueuePolicy_waitForCapacity() {
 	// waiting: 1
 	// admitted: true 5000
 }
+
+// TestWaitForCapacityWaiterLeavingDuringCooldownHoldsTheNext checks that a
+// waiter for capacity holds back its class from the moment it queues: when
+// it leaves, the call queued behind it is looked at again, and during a
+// cool-down it is counted held, as it would be had a slot been freed.
+func TestWaitForCapacityWaiterLeavingDuringCooldownHoldsTheNext(t *testing.T) {
+	b := newBulkhead(t, waitConfig(clock.NewMock()))
+	p := mustAcquire(t, b, req("a", 0), override(60, 0))
+	defer p.Release(nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	w1 := b.AcquireAsync(ctx, req("a", 0), override(50, 0), bulkhead.WithClass("y")) // fails the budget: waits
+	if err := b.Feedback(bulkhead.Feedback{Outcome: bulkhead.OutcomeRateLimited, RetryAfter: 500 * time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	w2 := enqueue(t, b, "y", 45) // fails the budget too: waits behind w1
+	if st := b.Stats(); st.Cooldown.Held != 0 || st.Gate.Pending != 2 {
+		t.Fatalf("before w1 leaves: held %d, pending %d", st.Cooldown.Held, st.Gate.Pending)
+	}
+	cancel()
+	if _, err := w1.Result(); !errors.Is(err, bulkhead.ErrAborted) {
+		t.Fatalf("cancelled waiter: %v", err)
+	}
+	if st := b.Stats(); st.Cooldown.Held != 1 || st.Gate.Pending != 1 {
+		t.Fatalf("after w1 left: held %d, pending %d; want w2 looked at again, and held for the cool-down", st.Cooldown.Held, st.Gate.Pending)
+	}
+	stillQueued(t, w2)
+}

@@ -305,6 +305,9 @@ func (s *state) proceed(r *AcquireRequest) {
 				return
 			}
 			s.enqueue(r)
+			// It holds back its class (or the queue) from now on: its
+			// leaving must let the queue be looked at again.
+			r.blocking = true
 			return
 		}
 		s.refuse(r, why, false, cons)
