@@ -114,10 +114,6 @@ type AcquireRequest struct {
 	// Owned by the engine while the request is queued.
 	prev, next *AcquireRequest
 	queued     bool
-	// blocking marks a waiter for capacity that held back its class (or
-	// the whole queue) the last time the pump looked at it: only its
-	// leaving can let others through.
-	blocking   bool
 	enqueuedAt time.Time
 	// queuedAt is when a request with a queue timeout was queued.
 	queuedAt time.Time

@@ -305,9 +305,6 @@ func (s *state) proceed(r *AcquireRequest) {
 				return
 			}
 			s.enqueue(r)
-			// It holds back its class (or the queue) from now on: its
-			// leaving must let the queue be looked at again.
-			r.blocking = true
 			return
 		}
 		s.refuse(r, why, false, cons)
@@ -323,7 +320,6 @@ func (s *state) proceed(r *AcquireRequest) {
 		}
 		s.markHeld(r)
 		s.enqueue(r)
-		r.blocking = true
 		s.fx.armHold(d)
 		return
 	}
@@ -681,7 +677,6 @@ func (s *state) serve(w *AcquireRequest) bool {
 		// time has passed (the other classes' waiters are looked at: those
 		// of the same model are held too).
 		s.markHeld(w)
-		w.blocking = true
 		s.fx.armHold(d)
 		s.q.block(w.Class)
 		return true
@@ -689,7 +684,6 @@ func (s *state) serve(w *AcquireRequest) bool {
 	if s.q.wait {
 		if why, cons := s.checkCapacity(w.Priority, w.Reservation.Reserved, w.Class, false); why != admission.NoReason {
 			if !s.unfittable(w.Priority, w.Reservation.Reserved, w.Class) {
-				w.blocking = true
 				if cons == "" || cons == admission.ConstraintGlobal {
 					return false
 				}
@@ -736,15 +730,13 @@ func (s *state) cancel(m *cancelMsg) {
 	s.unblocked(r)
 }
 
-// unblocked runs after waiter r left the queue other than by admission: a
-// waiter for capacity may have held back the ones behind it.
-func (s *state) unblocked(r *AcquireRequest) {
-	if r.blocking {
-		s.pump()
-		return
-	}
-	s.checkDrains()
-}
+// unblocked runs after waiter r left the queue other than by admission:
+// the queue is looked at again, as r may have held back the calls behind
+// it (a waiter for capacity, or one held by a cool-down, holds back its
+// class), and those it held back may be due an answer now (a cool-down
+// extended past what is left of their queue timeout turns them away). With
+// every slot taken, that is one comparison.
+func (s *state) unblocked(*AcquireRequest) { s.pump() }
 
 // timeout ends a waiter whose queue timeout fired.
 func (s *state) timeout(m *timeoutMsg) {

@@ -153,7 +153,6 @@ func (m *machine) call(t *rapid.T, c call, run bool) *hold {
 		}
 		m.enqueue(w)
 		if d == queueHeld {
-			w.blocking = true
 			m.holdCall(w)
 			m.armHold()
 			m.seen["held for the cool-down"]++
@@ -567,7 +566,7 @@ func (m *machine) advance(t *rapid.T) {
 	if turn != nil {
 		es = append(es, m.turnComes(turn)...)
 	}
-	if len(due) > 0 || holdFires || slices.ContainsFunc(timedOut, func(w *waiter) bool { return w.blocking }) {
+	if len(due) > 0 || holdFires || len(timedOut) > 0 { // a waiter that leaves has the queue looked at again
 		es = append(es, m.pump()...)
 	}
 	if len(m.stepAdmits) > 0 {
@@ -857,10 +856,7 @@ func (m *machine) cancel(t *rapid.T) {
 	m.tokensFrozen = true
 	m.queue = slices.Delete(m.queue, i, i+1)
 	e := m.reject(w, bulkhead.Aborted, "", true)
-	es := []expect{e}
-	if w.blocking {
-		es = append(es, m.pump()...) // w held others back
-	}
+	es := append([]expect{e}, m.pump()...) // the queue is looked at again
 	m.tokensFrozen = len(es) == 1
 	w.cancel()
 	m.awaitAll(t, es)

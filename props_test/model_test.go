@@ -187,9 +187,6 @@ type waiter struct {
 	enqueued time.Time
 	expires  time.Time // when its queue timeout fires; zero: none
 	cancel   context.CancelFunc
-	// blocking mirrors the engine's mark of a waiter that held others back
-	// the last time the pump looked at it: only its leaving re-pumps.
-	blocking bool
 	held     bool // held for a cool-down at least once
 	// Pace mode: where it waits outside the queue (since parkedAt; until
 	// turnAt, for its turn), whether it holds a turn, whether it counted
@@ -554,7 +551,6 @@ func (m *machine) enqueue(w *waiter) {
 	if m.fair && m.waiting(w.class) == 0 {
 		m.vtc[w.class] = max(m.vtc[w.class], m.last)
 	}
-	w.blocking = false
 	m.queue = append(m.queue, w)
 }
 
@@ -1107,7 +1103,6 @@ func (m *machine) pump() []expect {
 		}
 		w := m.queue[i]
 		if m.hold && m.coolingNow() && !m.late(m.queueLeft(w)) {
-			w.blocking = true
 			m.holdCall(w)
 			m.armHold()
 			m.seen["waiter held for the cool-down"]++
@@ -1117,7 +1112,6 @@ func (m *machine) pump() []expect {
 		if m.wait {
 			if why, cons := m.capacity(w.class, w.prio, w.res.Reserved); why != noReason {
 				if !m.neverFits(w.class, w.prio, w.res.Reserved) {
-					w.blocking = true
 					if globalBlock(cons) {
 						break // holds back the whole queue
 					}
