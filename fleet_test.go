@@ -325,3 +325,27 @@ func TestFleetRollbackRefundsHeadroom(t *testing.T) {
 		t.Fatalf("headroom %+v after an admission", hr)
 	}
 }
+
+// TestFleetRefusalBypassedInObserveModeHoldsNothing checks an observe-mode
+// Run that the fleet pool turns away after its local admission: it is
+// bypassed after the rejection (a race bypass), and, like every bypassed
+// call, holds nothing: its RunContext reports no borrowed resources, though
+// its class had lent it a slot before the fleet's verdict.
+func TestFleetRefusalBypassedInObserveModeHoldsNothing(t *testing.T) {
+	_, client := fleetRedis(t)
+	cfg := fleetConfig(newFleetPool(t, client, "observe", 0, -1, fleet.FailClosed), 4)
+	cfg.Classes = &bulkhead.Classes{Default: "batch", Limits: map[string]bulkhead.ClassLimits{"batch": {}}}
+	b := newBulkhead(t, cfg)
+	var by *bulkhead.Bypass
+	var res bulkhead.Resources
+	_, err := bulkhead.Run(context.Background(), b, req("a", 9), func(_ context.Context, rc *bulkhead.RunContext) (int, error) {
+		by, res = rc.Bypass(), rc.Resources()
+		return 0, nil
+	}, bulkhead.WithMode(bulkhead.Observe))
+	if err != nil || by == nil || by.Reason != bulkhead.ConcurrencyLimit || !by.Race || by.Detail.Constraint != bulkhead.ConstraintFleet {
+		t.Fatalf("Run: %v, bypass %+v; want a race bypass for the fleet's concurrency limit", err, by)
+	}
+	if res != (bulkhead.Resources{}) {
+		t.Fatalf("the bypassed call holds %+v, want nothing", res)
+	}
+}
