@@ -30,6 +30,7 @@ func (s *state) bypassLease(l *Lease, why admission.Reason, race bool, d *admiss
 	l.ID = s.newBypassID()
 	l.Revision = s.limits.Revision
 	l.Class = s.tab.Name(l.classID)
+	l.Resources = admission.Resources{} // a bypass holds nothing, even after a rolled-back admission
 	l.Bypass = &Bypass{Reason: why, Race: race, Detail: d}
 	if s.listeners[KindBypass] > 0 {
 		s.fx.emit(&admission.BypassEvent{

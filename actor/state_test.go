@@ -1,6 +1,7 @@
 package actor
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -842,4 +843,25 @@ func TestStateStopDeadline(t *testing.T) {
 	}
 	release(s, ended)
 	release(s, expired)
+}
+
+// TestCancelArrivingBeforeItsRequestAborts: AcquireAsync's cancel message can
+// reach the engine before its request (the context ended as the request was
+// sent): the engine ignored it, then queued the request, which the pump
+// passes over as one whose cancel message is on its way. It was never
+// answered.
+func TestCancelArrivingBeforeItsRequestAborts(t *testing.T) {
+	s, rec := newTestState(t, admission.Limits{MaxConcurrent: 1, MaxQueue: 4})
+	first := newReq("first", 0)
+	s.acquire(first)
+	wantAnswers(t, rec, "first", admitted)
+	a := newReq("a", 0)
+	endedCtx(a)
+	s.cancel(&cancelMsg{r: a, cause: context.Canceled})
+	s.acquire(a)
+	release(s, first)
+	wantAnswers(t, rec, "a", aborted)
+	if !s.idle() {
+		t.Fatalf("not idle: pending %d", s.pending)
+	}
 }

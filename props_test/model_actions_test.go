@@ -118,19 +118,14 @@ func (m *machine) call(t *rapid.T, c call, run bool) *hold {
 	switch d, why, cons, atGate := m.decide(c); d {
 	case admitNow:
 		m.gate.Admitted++
-		if rd := m.rate.check(m, c.res); rd != nil {
-			// Held, then turned down by the rate limit: the slot goes back
-			// and no token counter moves (I4).
-			m.gate.Released++
+		e := m.grant(w, true)
+		if e.h == nil {
+			// Held, then turned down by the fleet pool or the rate limit:
+			// the slot goes back and no token counter moves (I4).
 			m.tokensFrozen = true
-			e := m.reject(w, bulkhead.RateLimit, "", false)
-			e.reject.ev.Detail.Rate = rd
-			m.awaitAll(t, []expect{e})
-			return nil
 		}
-		h := m.admit(w)
-		m.awaitAll(t, []expect{{w: w, h: h}})
-		return h
+		m.awaitAll(t, []expect{e})
+		return e.h
 	case rejectNow:
 		m.tokensFrozen = true
 		if w.observe && w.shadow.has(why) {
@@ -152,6 +147,12 @@ func (m *machine) call(t *rapid.T, c call, run bool) *hold {
 			m.timers++
 		}
 		m.enqueue(w)
+		if why, _ := m.capacity(c.class, c.prio, c.res.Reserved); d == queueUp && why != noReason {
+			// It waits for capacity: it holds back its class (or the
+			// queue) from now on, so its leaving has the queue looked at
+			// again.
+			w.blocking = true
+		}
 		if d == queueHeld {
 			m.holdCall(w)
 			m.armHold()
@@ -212,6 +213,9 @@ func (m *machine) floorProbe(t *rapid.T) {
 	}
 	if m.coolingNow() {
 		t.Skip("the model is cooling down")
+	}
+	if m.fleet != nil && m.fleet.tight {
+		t.Skip("the fleet pool may turn the probe away")
 	}
 	if m.wait && m.ahead(name, bulkhead.High) {
 		// First in, first out within the class: the probe would wait
@@ -371,6 +375,9 @@ func (m *machine) finishRun(t *rapid.T, h *hold, fail bool, usage *bulkhead.Usag
 // borrowed or not) or from a running callback: it is effective at most once,
 // and only for a borrowed, unreleased admission (F19).
 func (m *machine) abandon(t *rapid.T) {
+	if m.fleet.tightWithWaiters() {
+		t.Skip("the abandon's fleet adjustment would race the reserve of the call it lets in")
+	}
 	// Mostly an admission that can abandon; else any token or running
 	// callback, where abandoning must do nothing.
 	var pool, effective []*hold
@@ -504,9 +511,10 @@ func (m *machine) advance(t *rapid.T) {
 	if len(due) > 1 && queued > 0 {
 		t.Skip("simultaneous deadlines with waiters queued")
 	}
-	if m.wait && queued > 0 && len(due) > 0 {
+	if (m.wait || m.fleet.tightWithWaiters()) && queued > 0 && len(due) > 0 {
 		// A deadline's abandon and a timeout both pump, in an order the
-		// test cannot know.
+		// test cannot know; in a tight fleet run, the abandon's fleet
+		// adjustment would race the reserve of the call it lets in.
 		d = min(d, next.Sub(now)-time.Millisecond)
 		if d <= 0 {
 			t.Skip("a deadline with waiters for capacity queued")
@@ -599,9 +607,13 @@ func (m *machine) advance(t *rapid.T) {
 
 // drawLimits draws a valid limits snapshot at revision rev.
 func (m *machine) drawLimits(t *rapid.T, rev int64) bulkhead.Limits {
+	maxConc := 5
+	if m.fleet.tightWithWaiters() {
+		maxConc = min(maxConc, m.inFlight+1) // one call let in at a time (see model_fleet_test.go)
+	}
 	l := bulkhead.Limits{
 		Revision:      rev,
-		MaxConcurrent: rapid.IntRange(0, 5).Draw(t, "nextMaxConcurrent"), // 0: a kill switch (F24)
+		MaxConcurrent: rapid.IntRange(0, maxConc).Draw(t, "nextMaxConcurrent"), // 0: a kill switch (F24)
 		MaxQueue:      rapid.IntRange(0, 5).Draw(t, "nextMaxQueue"),
 	}
 	if m.rate != nil {
