@@ -147,12 +147,6 @@ func (m *machine) call(t *rapid.T, c call, run bool) *hold {
 			m.timers++
 		}
 		m.enqueue(w)
-		if why, _ := m.capacity(c.class, c.prio, c.res.Reserved); d == queueUp && why != noReason {
-			// It waits for capacity: it holds back its class (or the
-			// queue) from now on, so its leaving has the queue looked at
-			// again.
-			w.blocking = true
-		}
 		if d == queueHeld {
 			m.holdCall(w)
 			m.armHold()
