@@ -305,3 +305,11 @@ func (c *cooling) refund(model string, reserved int64, gen uint64) {
 		h.reqs.spent = max(0, h.reqs.spent-1)
 	}
 }
+
+// holdEnded looks again, once a hold's time has passed, at the calls the
+// cool-downs hold back: the paced ones waiting before their turns, then
+// the queue.
+func (s *state) holdEnded() {
+	s.wakeCooling()
+	s.pump()
+}

@@ -137,3 +137,18 @@ func kindOf(ev any) (Kind, bool) {
 	}
 	return 0, false
 }
+
+// listen adds delta to the listener count of each kind in kinds, so that
+// events are built only for kinds someone listens for, and reports whether
+// anyone listens for admit or reject events (which carry decision timing).
+func (s *state) listen(kinds Kinds, delta int) (timing bool) {
+	for kind, set := range kinds {
+		if set {
+			s.listeners[kind] += delta
+		}
+	}
+	return s.listeners[KindAdmit]+s.listeners[KindReject] > 0
+}
+
+// silence stops the emission of events for good: event delivery is over.
+func (s *state) silence() { s.listeners = [NumKinds]int{} }
