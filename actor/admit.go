@@ -41,12 +41,12 @@ func (s *state) acquire(r *AcquireRequest) {
 // proceed runs r's stages from where it stands: a new call from the
 // start, a parked one from after its wait.
 func (s *state) proceed(r *AcquireRequest) {
-	if s.cooldownStage(r) {
+	if s.checkCooldown(r) {
 		return
 	}
 	if why, cons := s.checkCapacity(r.Priority, r.Reservation.Reserved, r.Class, false); why != admission.NoReason {
 		if s.mayWait(r.Priority, r.Reservation.Reserved, r.Class) {
-			if s.turnStage(r) {
+			if s.bookTurn(r) {
 				return
 			}
 			s.enqueue(r)
@@ -77,7 +77,7 @@ func (s *state) proceed(r *AcquireRequest) {
 			return
 		}
 	}
-	if s.turnStage(r) {
+	if s.bookTurn(r) {
 		return
 	}
 	if s.q.ahead(r.Class, r.Priority) && (s.q.wait || s.inFlight < s.limits.MaxConcurrent) {
@@ -227,7 +227,7 @@ func (s *state) rollback(l *Lease, why admission.Reason, ext *admission.External
 		s.bypassLease(l, why, true, err.(*admission.RejectedError).Detail)
 		err = nil
 	} else {
-		s.cool.refund(l.model, l.Reservation.Reserved, l.headGen)
+		s.cool.head.refund(l.model, l.Reservation.Reserved, l.headGen)
 	}
 	l.headGen = 0
 	s.pump()

@@ -162,12 +162,12 @@ func late(r *AcquireRequest, d time.Duration, now time.Time) bool {
 	return !r.Deadline.IsZero() && r.Deadline.Sub(now) < d
 }
 
-// cooldownStage is stage 2 for a new call, and for a paced one whose turn
+// checkCooldown is stage 2 for a new call, and for a paced one whose turn
 // has come: it turns r away or parks it when its model is cooling down (or
 // it does not fit the headroom), and reports whether it did. A call that
 // may wait in the queue goes on: the queue holds it after the capacity
 // checks (holdFor).
-func (s *state) cooldownStage(r *AcquireRequest) bool {
+func (s *state) checkCooldown(r *AcquireRequest) bool {
 	if !s.cool.armed() {
 		return false
 	}
@@ -219,10 +219,10 @@ func (s *state) markHeld(r *AcquireRequest) {
 	}
 }
 
-// turnStage is stage 4: a paced call books its turn, no later than its
+// bookTurn is stage 4: a paced call books its turn, no later than its
 // queue timeout and deadline allow. It reports whether r is done with for
 // now: turned away, parked until its turn, or waiting for a remote store.
-func (s *state) turnStage(r *AcquireRequest) bool {
+func (s *state) bookTurn(r *AcquireRequest) bool {
 	if !s.paced(r) {
 		return false
 	}
@@ -528,7 +528,7 @@ func (s *state) grantStages(r *AcquireRequest) bool {
 		return true // the rates come after the fleet pool (verdict)
 	}
 	if why, ext, cause := s.localRate(r); why != admission.NoReason {
-		s.cool.refund(r.Model, r.Reservation.Reserved, gen)
+		s.cool.head.refund(r.Model, r.Reservation.Reserved, gen)
 		r.Lease.headGen = 0
 		s.returnSlot()
 		s.rejectStage(r, why, ext, cause)

@@ -114,18 +114,18 @@ type state struct {
 	// tab is the admission class table, nil without classes.
 	tab *classes.Table
 
-	// The stages beyond capacity (stages.go): model is the bulkhead's own
-	// model; cool the cool-downs and headroom reports; adapt the adaptive
-	// limit, rates the rate limits and fleet the fleet pool, nil when the
-	// bulkhead has none. The paced calls waiting outside the queue
+	// The stages beyond capacity (stages.go, and a file for each stage's
+	// holder): model is the bulkhead's own model; cool the cool-downs and
+	// the provider's headroom; adapt the adaptive limit, rates the rate
+	// limits and fleet the fleet pool, nil when the bulkhead has none. The paced calls waiting outside the queue
 	// (nparked of them) stand in turns, each waiting for its turn on its
 	// own timer, or in cooling, in the order they came (arrivals numbers
 	// the calls), waiting for a cool-down to end before their turns, on
 	// the hold timer; checking counts the calls whose paced turn a remote
 	// store is deciding.
 	model    string
-	cool     cooling
-	adapt    *adapting
+	cool     cooldownStage
+	adapt    *adaptiveStage
 	rates    *rateStage
 	fleet    *fleetStage
 	turns    line
@@ -149,8 +149,8 @@ func newState(limits admission.Limits, qp QueuePolicy, sc stageConfig, fx effect
 		limits:    limits.Clone(),
 		hasBudget: limits.TokenBudget != nil,
 		model:     sc.model,
-		cool:      newCooling(sc.shed),
-		adapt:     newAdapting(sc.adaptive),
+		cool:      newCooldownStage(sc.shed),
+		adapt:     newAdaptiveStage(sc.adaptive),
 		rates:     newRateStage(sc.rates),
 	}
 	if sc.fleet != nil {
