@@ -82,7 +82,7 @@ func New(cfg Config) (*Bulkhead, error) {
 	}
 	eng, err := actor.Start(actor.Config{Limits: engineLimits(limits), Clock: cfg.Clock, Logger: cfg.Logger, Dedup: cfg.Dedup != nil,
 		Queue: actor.QueuePolicy{Fair: cfg.Queue.Fair, Weights: cfg.Queue.Weights, WaitForCapacity: cfg.Queue.WaitForCapacity},
-		Model: cfg.Model, ShedCooldown: shed, Adaptive: adapt, Rates: rates, Fleet: cfg.Fleet, OnPark: onPark})
+		Model: cfg.Model, ShedCooldown: shed, Adaptive: adapt, Rates: rates, Fleet: cfg.Fleet})
 	if err != nil {
 		return nil, publicError(err)
 	}
@@ -91,18 +91,6 @@ func New(cfg Config) (*Bulkhead, error) {
 		b.dedup = newDeduper(*cfg.Dedup)
 	}
 	return b, nil
-}
-
-// testHookRateWait, when set by a test, is called on the engine each time a
-// call starts to wait on its own timer (a paced turn, or a cool-down before
-// it), so the test can move a mock clock.
-var testHookRateWait func(time.Duration)
-
-// onPark calls testHookRateWait, when a test has set it.
-func onPark(d time.Duration) {
-	if h := testHookRateWait; h != nil {
-		h(d)
-	}
 }
 
 // reserve validates req and computes its reservation, exactly once per

@@ -58,11 +58,6 @@ type Config struct {
 	Adaptive *Adaptive
 	Rates    *Rates
 	Fleet    *fleet.Pool
-	// OnPark, when set, is called on the admission actor each time a paced
-	// call starts to wait outside the queue, once its timer is armed (its
-	// own for its turn, the hold timer for a cool-down before it), with
-	// the time it will wait: for tests that move a mock clock.
-	OnPark func(time.Duration)
 }
 
 // ErrInternal wraps a panic recovered inside the admission actor.
@@ -136,7 +131,7 @@ func Start(cfg Config) (*Engine, error) {
 	ev := &eventsActor{engine: e}
 	e.events = e.root.Spawn(actor.PropsFromProducer(func() actor.Actor { return ev },
 		actor.WithMailbox(newMailbox)))
-	adm := &admissionActor{engine: e, withDedup: cfg.Dedup, onPark: cfg.OnPark}
+	adm := &admissionActor{engine: e, withDedup: cfg.Dedup}
 	var seed [32]byte
 	_, _ = rand.Read(seed[:])
 	sc := stageConfig{model: cfg.Model, shed: cfg.ShedCooldown, adaptive: cfg.Adaptive, rates: cfg.Rates, fleet: cfg.Fleet}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"reflect"
 	"runtime"
 	"slices"
 	"sync"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/llmbulkhead/bulkhead/actor/admission"
 	"github.com/llmbulkhead/bulkhead/clock"
+	"github.com/llmbulkhead/bulkhead/internal/seam"
 )
 
 func startEngine(t *testing.T, limits admission.Limits) *Engine {
@@ -206,9 +208,10 @@ func (c *heldClock) take(t *testing.T, n int) []func() {
 func startPaced(t *testing.T, clk clock.Clock) (*Engine, chan time.Duration) {
 	t.Helper()
 	parks := make(chan time.Duration, 16)
+	seam.SetPark(func(d time.Duration) { parks <- d })
+	t.Cleanup(func() { seam.SetPark(nil) }) // after the engine's shutdown
 	e := startConfig(t, Config{Limits: admission.Limits{MaxConcurrent: 4}, Clock: clk, Model: "m",
-		Rates:  &Rates{Name: "bh", Model: "m", Pace: true, PerModel: Rate{RequestsPerMinute: 60}},
-		OnPark: func(d time.Duration) { parks <- d }})
+		Rates: &Rates{Name: "bh", Model: "m", Pace: true, PerModel: Rate{RequestsPerMinute: 60}}})
 	return e, parks
 }
 
@@ -253,4 +256,16 @@ func TestStaleTurnTimerLeavesReusedRequestAlone(t *testing.T) {
 	}
 	<-sent
 	e.Stats() // behind the stale message
+}
+
+// The engine's Config is public: it carries what a caller configures and
+// no test hook, which would run on the admission actor in production. A
+// test reaches the engine through package internal/seam instead.
+func TestConfigCarriesNoHooks(t *testing.T) {
+	typ := reflect.TypeFor[Config]()
+	for i := range typ.NumField() {
+		if f := typ.Field(i); f.Type.Kind() == reflect.Func {
+			t.Errorf("Config.%s is a func: a hook in the public configuration", f.Name)
+		}
+	}
 }

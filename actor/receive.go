@@ -13,6 +13,7 @@ import (
 	"github.com/llmbulkhead/bulkhead/classes"
 	"github.com/llmbulkhead/bulkhead/clock"
 	"github.com/llmbulkhead/bulkhead/dedup"
+	"github.com/llmbulkhead/bulkhead/internal/seam"
 )
 
 // The admission actor: the protoactor actor around the state machine. It
@@ -40,8 +41,6 @@ type admissionActor struct {
 	holdTimer clock.Timer
 	holdAt    time.Time
 	holdGen   uint64
-	// onPark is Config.OnPark.
-	onPark func(time.Duration)
 }
 
 func (a *admissionActor) now() time.Time { return a.engine.clk.Now() }
@@ -68,18 +67,14 @@ func (a *admissionActor) armPark(r *AcquireRequest, d time.Duration) {
 	msg := &parkMsg{r: r, gen: r.gen, seq: r.parkSeq}
 	e := a.engine
 	r.timer = e.clk.AfterFunc(d, func() { e.send(msg) })
-	if a.onPark != nil {
-		a.onPark(d)
-	}
+	seam.Parked(d)
 }
 
 // armCooldown arms the hold timer for a paced call that waits d for a
 // cool-down to end, in the cooling line.
 func (a *admissionActor) armCooldown(_ *AcquireRequest, d time.Duration) {
 	a.armHold(d)
-	if a.onPark != nil {
-		a.onPark(d)
-	}
+	seam.Parked(d)
 }
 
 // startRemote runs a remote job on a goroutine of its own; its verdict
