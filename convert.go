@@ -25,24 +25,6 @@ func publicError(err error) error {
 	return err
 }
 
-func engineLimits(l Limits) admission.Limits {
-	out := admission.Limits{Revision: l.Revision, MaxConcurrent: l.MaxConcurrent, MaxQueue: l.MaxQueue}
-	if l.TokenBudget != nil {
-		out.TokenBudget = &admission.BudgetLimits{Budget: l.TokenBudget.Budget, HighPriorityReserve: l.TokenBudget.HighPriorityReserve}
-	}
-	if l.Classes != nil {
-		c := admission.Classes{Default: l.Classes.Default}
-		if l.Classes.Limits != nil {
-			c.Limits = make(map[string]admission.ClassLimits, len(l.Classes.Limits))
-			for k, v := range l.Classes.Limits {
-				c.Limits[k] = admission.ClassLimits(v.clone())
-			}
-		}
-		out.Classes = &c
-	}
-	return out
-}
-
 // clone returns l with its own copies of the ceilings.
 func (l ClassLimits) clone() ClassLimits {
 	if l.MaxConcurrent != nil {
