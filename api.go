@@ -206,6 +206,23 @@ func (b *Bulkhead) prepare(ctx context.Context, req *Request, o *callOptions, me
 	return r, p, nil
 }
 
+// modelOf is the model of a call naming model m: m, or Config.Model for
+// "".
+func (b *Bulkhead) modelOf(m string) string {
+	if m != "" {
+		return m
+	}
+	return b.model
+}
+
+// model is r's model, "" for none (or a nil r).
+func (r *Request) model() string {
+	if r == nil {
+		return ""
+	}
+	return r.Model
+}
+
 // check validates a call's options and request, then resolves its class
 // and computes its reservation, once.
 func (b *Bulkhead) check(req *Request, o *callOptions, method string, queueing bool) (classes.Class, Reservation, error) {

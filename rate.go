@@ -246,14 +246,6 @@ type RateStats struct {
 	Waiting int
 }
 
-// model is r's model, "" for none (or a nil r).
-func (r *Request) model() string {
-	if r == nil {
-		return ""
-	}
-	return r.Model
-}
-
 // explain says, with numbers, why the rate limit rejected a call for why.
 func (d *RateDetail) explain(why Reason) string {
 	if errors.Is(d.Fallback, ErrInvalid) {
