@@ -133,13 +133,18 @@ func (b *Bulkhead) acquire(ctx context.Context, req *Request, o *callOptions, me
 	if err != nil {
 		return nil, err
 	}
-	return b.admit(ctx, r, p, o)
+	return b.send(r, p, o.tag)
 }
 
-// send sends r, prepared with its permit p, to the engine and returns the
-// admission, the panic of code run for its remote checks (if any) and the
-// rejection, tagged with tag. r goes back to the pool.
-func (b *Bulkhead) send(r *actor.AcquireRequest, p *Permit, tag string) (*Permit, any, error) {
+// send sends r, prepared with its permit p, for admission and returns the
+// admission or the rejection, tagged with tag; r goes back to the pool.
+// Every stage is the engine's: the cool-down, the capacity checks and the
+// slot, a paced turn, and the remote stages (a fleet pool, rates in Redis),
+// which a worker of the engine's runs while the admission is provisional.
+// A panic in code those run for the call (its context, a Redis hook) is
+// raised again here, on the caller's goroutine, once everything the call
+// held is given back.
+func (b *Bulkhead) send(r *actor.AcquireRequest, p *Permit, tag string) (*Permit, error) {
 	err := b.eng.Acquire(r)
 	pv := r.Panic
 	switch {
@@ -161,7 +166,10 @@ func (b *Bulkhead) send(r *actor.AcquireRequest, p *Permit, tag string) (*Permit
 		err = withTag(publicError(err), tag)
 	}
 	b.eng.PutRequest(r)
-	return p, pv, err
+	if pv != nil {
+		panic(pv)
+	}
+	return p, err
 }
 
 // prepare validates a call and fills a request for it, from newRequest,
