@@ -271,8 +271,8 @@ func (b *Bulkhead) WouldAdmit(req *Request, opts ...Option) (Decision, error) {
 	if err != nil {
 		return Decision{}, err
 	}
-	d := b.eng.WouldAdmit(class, admission.Priority(o.priority), admission.Reservation(res), b.modelOf(req.model()), b.timeout, o.detail)
-	return Decision{Admit: d.Admit, Reason: Reason(d.Reason), Detail: rejectDetailFor(d.Detail, Reason(d.Reason))}, nil
+	why, d := b.eng.WouldAdmit(class, admission.Priority(o.priority), admission.Reservation(res), b.modelOf(req.model()), b.timeout, o.detail)
+	return Decision{Admit: why == admission.NoReason, Reason: Reason(why), Detail: rejectDetailFor(d, Reason(why))}, nil
 }
 
 // Estimate returns the reservation the bulkhead would take for req, through
@@ -334,18 +334,18 @@ func (b *Bulkhead) SetBudget(budget int64) (ApplyResult, error) {
 // returns, in order, on the bulkhead's event goroutine.
 func (b *Bulkhead) Subscribe(h Hooks) (unsubscribe func()) {
 	kinds := actor.Kinds{
-		actor.KindAdmit:         h.Admit != nil,
-		actor.KindReject:        h.Reject != nil,
-		actor.KindRelease:       h.Release != nil,
-		actor.KindReconfigure:   h.Reconfigure != nil,
-		actor.KindUsage:         h.Usage != nil,
-		actor.KindAbandon:       h.Abandon != nil,
-		actor.KindBypass:        h.Bypass != nil,
-		actor.KindBypassUsage:   h.BypassUsage != nil,
-		actor.KindBypassRelease: h.BypassRelease != nil,
-		actor.KindDedup:         h.Dedup != nil,
+		admission.EventAdmit:         h.Admit != nil,
+		admission.EventReject:        h.Reject != nil,
+		admission.EventRelease:       h.Release != nil,
+		admission.EventReconfigure:   h.Reconfigure != nil,
+		admission.EventUsage:         h.Usage != nil,
+		admission.EventAbandon:       h.Abandon != nil,
+		admission.EventBypass:        h.Bypass != nil,
+		admission.EventBypassUsage:   h.BypassUsage != nil,
+		admission.EventBypassRelease: h.BypassRelease != nil,
+		admission.EventDedup:         h.Dedup != nil,
 	}
-	return b.eng.Subscribe(kinds, func(ev any) { deliver(&h, ev) })
+	return b.eng.Subscribe(kinds, func(ev *admission.Event) { b.deliver(&h, ev) })
 }
 
 // Close stops admitting: queued calls and every later call are rejected
@@ -372,8 +372,7 @@ func (b *Bulkhead) Drain(ctx context.Context) (DrainResult, error) {
 	if ctx == nil {
 		return DrainResult{}, invalidf("ctx", "must not be nil")
 	}
-	d := b.eng.Drain(ctx)
-	res := DrainResult{Drained: d.Drained, InFlight: d.InFlight, Pending: d.Pending, Bypassed: d.Bypassed, DedupActive: d.DedupActive}
+	res := DrainResult(b.eng.Drain(ctx))
 	if !res.Drained {
 		return res, context.Cause(ctx)
 	}

@@ -88,11 +88,11 @@ func (s *state) adaptiveStats() *admission.AdaptiveStats {
 	}
 	p := a.ctl.Params()
 	st := &admission.AdaptiveStats{
-		Rule: uint8(p.Rule), MaxConcurrent: s.limits.MaxConcurrent, MinConcurrent: p.Min, MaxConcurrentBound: p.Max,
+		Rule: uint8(p.Rule), MinConcurrent: p.Min, MaxConcurrentBound: p.Max,
 		Samples: a.samples, Increases: a.increases, Decreases: a.decreases, LastChange: a.lastChange,
 	}
 	if s.limits.TokenBudget != nil && a.cfg.HasBudget {
-		st.Budget, st.MinBudget, st.MaxBudget = s.limits.TokenBudget.Budget, a.cfg.MinBudget, a.cfg.MaxBudget
+		st.MinBudget, st.MaxBudget = a.cfg.MinBudget, a.cfg.MaxBudget
 	}
 	return st
 }

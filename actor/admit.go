@@ -163,9 +163,9 @@ func (s *state) admit(r *AcquireRequest) {
 // deadline.
 func (s *state) count(l *Lease) {
 	s.calls++
-	s.callStats.Admitted++
+	s.admissions.Admitted++
 	if s.hasBudget {
-		s.budget.TotalReserved = admission.AddSat(s.budget.TotalReserved, l.held)
+		s.ledger.Reserved = admission.AddSat(s.ledger.Reserved, l.held)
 	}
 	s.tab.Count(l.classID, l.held, l.Resources)
 	if l.deadline > 0 {
@@ -173,17 +173,10 @@ func (s *state) count(l *Lease) {
 		// fires before the admission ends.
 		s.fx.tell(l.classID, &classes.StartDeadline[*Lease]{Lease: l, At: s.fx.now().Add(l.deadline)})
 	}
-	if s.listeners[KindAdmit] > 0 {
-		s.fx.emit(&admission.AdmitEvent{
-			Request:        l.Request,
-			AdmissionID:    l.ID,
-			LimitRevision:  l.Revision,
-			Priority:       l.Priority,
-			Class:          l.Class,
-			ReservedTokens: l.held,
-			Resources:      l.Resources,
-			Timing:         l.timing,
-		})
+	if s.listeners[admission.EventAdmit] > 0 {
+		ev := leaseEvent(admission.EventAdmit, l)
+		ev.Timing = l.timing
+		s.fx.emit(ev)
 	}
 }
 
@@ -217,7 +210,7 @@ func (s *state) rollback(l *Lease, why admission.Reason, ext *admission.External
 	}
 	s.tab.Unhold(l.classID, held)
 	l.held = 0
-	err := s.rejectOutside(l.Request, l.Priority, l.Reservation.Reserved, l.classID, why, ext, cause, l.timing)
+	err := s.rejectOutside(l.Request, l.Priority, l.Reservation, l.classID, why, ext, cause, l.timing)
 	if l.shadow.Has(why) {
 		// Observe mode: refused after admission's own checks passed, so a
 		// race bypass, as for a queued call refused by its postcheck.
@@ -236,27 +229,26 @@ func (s *state) rollback(l *Lease, why admission.Reason, ext *admission.External
 
 // rejectOutside counts and announces the rejection of a call for a check
 // made outside the engine, and returns it.
-func (s *state) rejectOutside(req any, p admission.Priority, reserved int64, c classes.Class, why admission.Reason, ext *admission.External, cause error, t admission.Timing) error {
-	s.callStats.Rejected++
-	s.callsByWhy[why]++
-	s.tab.Reject(c, why)
-	d := s.detail(p, reserved, c, "")
+func (s *state) rejectOutside(req any, p admission.Priority, res admission.Reservation, c classes.Class, why admission.Reason, ext *admission.External, cause error, t admission.Timing) error {
+	d := s.detail(p, res.Reserved, c, "")
 	if ext != nil {
 		d.Constraint, d.Rate, d.Fleet, d.NeverFits = ext.Constraint, ext.Rate, ext.Fleet, ext.NeverFits
 		d.Cooldown = ext.Cooldown
 	}
-	if s.listeners[KindReject] > 0 {
-		s.fx.emit(&admission.RejectEvent{
-			Request:       req,
-			Reason:        why,
-			LimitRevision: d.LimitRevision,
-			Detail:        d,
-			Priority:      p,
-			Class:         s.tab.Name(c),
-			Timing:        t,
-		})
-	}
+	s.rejected(req, p, res, c, why, d, t)
 	return &admission.RejectedError{Reason: why, Detail: d, Cause: cause}
+}
+
+// rejected counts the rejection of a call for why, in class c, and
+// announces it with d, the capacity snapshot it was decided on (nil for a
+// dedup follower, which never reached the gate).
+func (s *state) rejected(req any, p admission.Priority, res admission.Reservation, c classes.Class, why admission.Reason, d *admission.RejectDetail, t admission.Timing) {
+	s.admissions.Rejected[why]++
+	s.tab.Reject(c, why)
+	if s.listeners[admission.EventReject] > 0 {
+		s.fx.emit(&admission.Event{Kind: admission.EventReject, Request: req, Revision: s.limits.Revision, Priority: p,
+			Class: s.tab.Name(c), Reservation: res, Reason: why, Detail: d, Timing: t})
+	}
 }
 
 // reject answers r with a rejection. atGate counts it as a gate-level one;
@@ -265,30 +257,10 @@ func (s *state) rejectOutside(req any, p admission.Priority, reserved int64, c c
 // unless its context has ended.
 func (s *state) reject(r *AcquireRequest, why admission.Reason, atGate bool, cause error, constraint admission.Constraint) {
 	if atGate {
-		s.gate.Rejected++
-		s.gateByWhy[why]++
-		switch why {
-		case admission.Aborted:
-			s.gate.Aborted++
-		case admission.Timeout:
-			s.gate.TimedOut++
-		}
+		s.gate.Rejected[why]++
 	}
-	s.callStats.Rejected++
-	s.callsByWhy[why]++
-	s.tab.Reject(r.Class, why)
 	d := s.detail(r.Priority, r.Reservation.Reserved, r.Class, constraint)
-	if s.listeners[KindReject] > 0 {
-		s.fx.emit(&admission.RejectEvent{
-			Request:       r.Request,
-			Reason:        why,
-			LimitRevision: d.LimitRevision,
-			Detail:        d,
-			Priority:      r.Priority,
-			Class:         s.tab.Name(r.Class),
-			Timing:        s.timing(r),
-		})
-	}
+	s.rejected(r.Request, r.Priority, r.Reservation, r.Class, why, d, s.timing(r))
 	if r.Shadow.Has(why) && !r.ctxEnded() {
 		s.bypass(r, why, true, d)
 		return
@@ -325,10 +297,11 @@ func (s *state) timing(r *AcquireRequest) admission.Timing {
 	return admission.Timing{DecisionDuration: r.enqueuedAt.Sub(r.Start), QueueWait: wait, RateWait: r.RateWait}
 }
 
-// wouldAdmit answers an advisory question without changing anything: the
-// decision for a call of class c and priority p reserving res, with the
-// detail when asked for.
-func (s *state) wouldAdmit(c classes.Class, p admission.Priority, res admission.Reservation, detail bool) admission.Decision {
+// wouldAdmit answers an advisory question without changing anything: why
+// a call of class c and priority p reserving res would be turned away
+// (NoReason: it would be admitted, or would queue), with the capacity
+// snapshot when asked for.
+func (s *state) wouldAdmit(c classes.Class, p admission.Priority, res admission.Reservation, detail bool) (admission.Reason, *admission.RejectDetail) {
 	why, cons := admission.NoReason, admission.Constraint("")
 	switch {
 	case s.closed:
@@ -346,9 +319,8 @@ func (s *state) wouldAdmit(c classes.Class, p admission.Priority, res admission.
 			}
 		}
 	}
-	d := admission.Decision{Admit: why == admission.NoReason, Reason: why}
-	if detail {
-		d.Detail = s.detail(p, res.Reserved, c, cons)
+	if !detail {
+		return why, nil
 	}
-	return d
+	return why, s.detail(p, res.Reserved, c, cons)
 }

@@ -77,17 +77,11 @@ func (s *state) detail(p admission.Priority, reserved int64, c classes.Class, co
 		MaxQueue:      s.limits.MaxQueue,
 	}
 	if s.hasBudget {
-		eff := s.effectiveBudget(p)
-		d.TokenBudget = &admission.BudgetDetail{
-			Budget:          s.limits.TokenBudget.Budget,
-			InFlightTokens:  s.tokens,
-			EffectiveBudget: eff,
-			Available:       max(0, eff-s.tokens),
-			Requested:       reserved,
-		}
+		d.TokenBudget = &admission.BudgetDetail{Budget: s.limits.TokenBudget.Budget, EffectiveBudget: s.effectiveBudget(p),
+			InFlightTokens: s.tokens, Reserved: reserved}
 	}
 	if s.tab != nil {
-		d.SharedCapacity, d.Class = s.tab.Detail(c, s.capacity(p, false), reserved)
+		d.Shared, d.Class, d.WouldBorrow = s.tab.Detail(c, s.capacity(p, false), reserved)
 	}
 	return d
 }

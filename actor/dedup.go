@@ -14,8 +14,8 @@ import (
 
 // dedupJoined emits the event of a follower that joined its leader.
 func (s *state) dedupJoined(m *dedup.Joined) {
-	if s.listeners[KindDedup] > 0 {
-		s.fx.emit(&admission.DedupEvent{Request: m.Call, Class: m.Class, Scope: m.Scope})
+	if s.listeners[admission.EventDedup] > 0 {
+		s.fx.emit(&admission.Event{Kind: admission.EventDedup, Request: m.Call, Class: m.Class, Scope: m.Scope})
 	}
 }
 
@@ -28,18 +28,9 @@ func (s *state) dedupJoined(m *dedup.Joined) {
 // closed bulkhead is never bypassed.
 func (s *state) rejectFollower(r *AcquireRequest) {
 	why := r.Follower
-	s.callStats.Rejected++
-	s.callsByWhy[why]++
-	s.tab.Reject(r.Class, why)
-	if s.listeners[KindReject] > 0 {
-		s.fx.emit(&admission.RejectEvent{
-			Request:       r.Request,
-			Reason:        why,
-			LimitRevision: s.limits.Revision,
-			Priority:      r.Priority,
-			Class:         s.tab.Name(r.Class),
-		})
-	}
+	// It never reached the gate: its event carries no reservation, detail
+	// or timing.
+	s.rejected(r.Request, r.Priority, admission.Reservation{}, r.Class, why, nil, admission.Timing{})
 	if r.Shadow.Has(why) && !r.ctxEnded() && !s.closed {
 		s.bypass(r, why, true, nil)
 		return

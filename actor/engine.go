@@ -321,28 +321,29 @@ func (e *Engine) call(msg any, done chan struct{}) {
 
 // WouldAdmit returns the advisory decision for a call of model, with the
 // bulkhead's queue timeout (a cool-down that outlasts it turns the call
-// away). A rate
+// away): why it would be turned away (NoReason: it would be admitted, or
+// would queue), with the capacity snapshot when detail asks for it. A rate
 // kept in Redis is asked here, on the caller's goroutine, once the engine
 // has answered for everything else; like the rest, it books nothing.
-func (e *Engine) WouldAdmit(c classes.Class, p admission.Priority, res admission.Reservation, model string, timeout time.Duration, detail bool) admission.Decision {
+func (e *Engine) WouldAdmit(c classes.Class, p admission.Priority, res admission.Reservation, model string, timeout time.Duration, detail bool) (admission.Reason, *admission.RejectDetail) {
 	q := e.wouldAdmitRequests.Get().(*wouldAdmitRequest)
 	q.class, q.priority, q.reservation, q.model, q.timeout, q.detail = c, p, res, model, timeout, detail
 	e.call(q, q.done)
-	d, set, rs := q.result, q.remote, q.rates
-	q.result, q.detail, q.remote, q.rates = admission.Decision{}, false, nil, nil
+	why, d, set, rs := q.why, q.snapshot, q.remote, q.rates
+	q.why, q.snapshot, q.detail, q.remote, q.rates = admission.NoReason, nil, false, nil, nil
 	e.wouldAdmitRequests.Put(q)
 	if set != nil {
-		if why, rd := rs.peek(background, set, &res); why != admission.NoReason {
-			d.Admit, d.Reason = false, why
-			if d.Detail != nil {
-				d.Detail.Rate = rd
+		if rwhy, rd := rs.peek(background, set, &res); rwhy != admission.NoReason {
+			why = rwhy
+			if d != nil {
+				d.Rate = rd
 			}
 		}
 	}
 	if !detail {
-		d.Detail = nil
+		d = nil
 	}
-	return d
+	return why, d
 }
 
 // Stats returns a copy of the statistics. With deduplication on, the
@@ -392,12 +393,12 @@ func (e *Engine) SetBudget(budget int64) (admission.ApplyResult, error) {
 // the hold that results; p, when not nil, makes the hold progressive. u and
 // p are assumed valid (non-negative); RemainingOutput is checked here
 // against the reservation.
-func (e *Engine) ReportUsage(l *Lease, u admission.Usage, p *admission.Progressive) (admission.UsageReport, error) {
+func (e *Engine) ReportUsage(l *Lease, u admission.Usage, p *admission.Progressive) (admission.UsageResult, error) {
 	q := e.usageRequests.Get().(*usageRequest)
 	q.l, q.usage, q.progressive = l, u, p
 	e.call(q, q.done)
 	rep, err := q.result, q.err
-	q.l, q.progressive, q.result, q.err = nil, nil, admission.UsageReport{}, nil
+	q.l, q.progressive, q.result, q.err = nil, nil, admission.UsageResult{}, nil
 	e.usageRequests.Put(q)
 	return rep, err
 }

@@ -61,7 +61,7 @@ func TestPanicInHandlerKeepsState(t *testing.T) {
 		t.Fatalf("ReportUsage(nil) = %v, want ErrInternal", err)
 	}
 	st := e.Stats()
-	if st.Calls.Admitted != 1 || st.Gate.InFlight != 1 {
+	if st.Admissions.Admitted != 1 || st.InFlight != 1 {
 		t.Fatalf("state after the panic: %+v", st)
 	}
 	// The actor still decides: one more slot, then full.
@@ -74,7 +74,7 @@ func TestPanicInHandlerKeepsState(t *testing.T) {
 	e.PutRequest(r)
 	held.Release(nil)
 	second.Release(nil)
-	if st := e.Stats(); st.Gate.InFlight != 0 || st.Calls.Released != 2 {
+	if st := e.Stats(); st.InFlight != 0 || st.Admissions.Released != 2 {
 		t.Fatalf("final stats: %+v", st)
 	}
 }
@@ -94,7 +94,7 @@ func TestPumpPassesOverEndedWaiters(t *testing.T) {
 	live.Ctx, live.Lease = context.Background(), &Lease{}
 	got := make(chan error, 1)
 	go func() { got <- e.Acquire(live) }()
-	for e.Stats().Gate.Pending != 2 {
+	for e.Stats().Pending != 2 {
 		runtime.Gosched()
 	}
 	close(ended)
@@ -102,7 +102,7 @@ func TestPumpPassesOverEndedWaiters(t *testing.T) {
 	if err := <-got; err != nil {
 		t.Fatalf("the live waiter: %v", err)
 	}
-	if st := e.Stats(); st.Gate.Pending != 1 || st.Gate.InFlight != 1 || len(dead.done) != 0 {
+	if st := e.Stats(); st.Pending != 1 || st.InFlight != 1 || len(dead.done) != 0 {
 		t.Fatalf("the ended waiter was answered or dropped: %+v", st.Gate)
 	}
 	cause := errors.New("the caller gave up")
@@ -115,7 +115,7 @@ func TestPumpPassesOverEndedWaiters(t *testing.T) {
 	}
 	live.Lease.Release(nil)
 	e.PutRequest(live)
-	if st := e.Stats(); st.Gate.Pending != 0 || st.Gate.InFlight != 0 || st.Gate.Aborted != 1 {
+	if st := e.Stats(); st.Pending != 0 || st.InFlight != 0 || st.Gate.Rejected[admission.Aborted] != 1 {
 		t.Fatalf("final: %+v", st.Gate)
 	}
 }

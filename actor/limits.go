@@ -82,8 +82,8 @@ func (s *state) applyLimits(q *applyRequest) (admission.ApplyResult, error) {
 		c := s.tab.Classes()
 		s.limits.Classes = &c
 	}
-	if s.listeners[KindReconfigure] > 0 {
-		s.fx.emit(&admission.ReconfigureEvent{Previous: prev, Current: s.limits.Clone()})
+	if s.listeners[admission.EventReconfigure] > 0 {
+		s.fx.emit(&admission.Event{Kind: admission.EventReconfigure, Limits: &[2]admission.Limits{prev, s.limits.Clone()}})
 	}
 	s.rejectUnfittable()
 	s.pump()
@@ -110,65 +110,23 @@ func (s *state) rejectUnfittable() {
 
 // stats copies the counters, with those kept outside the state from ext.
 func (s *state) stats(ext external) admission.Stats {
-	st := admission.Stats{Limits: s.limits.Clone(), Gate: s.gate, Calls: s.callStats}
-	st.Gate.InFlight = s.inFlight
-	st.Gate.Pending = s.pending
-	st.Gate.MaxConcurrent = s.limits.MaxConcurrent
-	st.Gate.MaxQueue = s.limits.MaxQueue
-	st.Gate.Closed = s.closed
-	st.Gate.DoubleReleases = ext.doubleReleases
-	st.Gate.RejectedByReason = byReason(&s.gateByWhy)
-	st.Calls.InFlight = s.calls
-	st.Calls.RejectedByReason = byReason(&s.callsByWhy)
-	st.Calls.AbandonedByCause = map[admission.AbandonCause]int64{}
-	for c, n := range s.abandoned {
-		if n > 0 {
-			st.Calls.AbandonedByCause[admission.AbandonCause(c)] = n
-		}
+	st := admission.Stats{
+		Limits: s.limits.Clone(), InFlight: s.inFlight, Pending: s.pending, Closed: s.closed, Gate: s.gate,
+		Admissions: s.admissions, Tokens: s.tokens, Ledger: s.ledger, Observe: s.observe,
+		DoubleReleases: ext.doubleReleases, ListenerPanics: ext.listenerPanics, LedgerDrift: s.drift + s.tab.Drift(),
+		Cooldown: s.cool.stats(s.fx.now()), Adaptive: s.adaptiveStats(), Fleet: s.fleet.stats(),
 	}
 	if s.tab != nil {
-		g := s.capacity(admission.High, false) // High: the whole budget
-		st.Classes = s.tab.Stats(g)
+		st.Classes = s.tab.Stats(s.capacity(admission.High, false)) // High: the whole budget
 		for i, dl := range ext.deadlines {
-			name := s.tab.Name(classes.Class(i + 1))
-			cs := st.Classes.Classes[name]
-			cs.Deadlines = dl
-			st.Classes.Classes[name] = cs
+			st.Classes.Classes[i].Deadlines = dl
 		}
 		for c := 1; c < len(s.q.waiting); c++ {
-			name := s.tab.Name(classes.Class(c))
-			cs := st.Classes.Classes[name]
-			cs.Pending = s.q.waiting[c]
-			st.Classes.Classes[name] = cs
+			st.Classes.Classes[c-1].Pending = s.q.waiting[c]
 		}
 	}
-	if s.hasBudget {
-		b := s.budget
-		b.Budget = s.limits.TokenBudget.Budget
-		b.HighPriorityReserve = s.limits.TokenBudget.HighPriorityReserve
-		b.InFlightTokens = s.tokens
-		b.Available = max(0, b.Budget-s.tokens)
-		st.TokenBudget = &b
-	}
-	st.Observe = s.observe
-	st.Observe.BypassedByReason = byReason(&s.bypassByWhy)
-	st.ListenerPanics = ext.listenerPanics
-	st.LedgerDrift = s.drift + s.tab.Drift()
-	st.Cooldown = s.cool.stats(s.fx.now())
-	st.Adaptive = s.adaptiveStats()
-	st.Fleet = s.fleet.stats()
 	if st.Rate = s.rates.stats(); st.Rate != nil {
 		st.Rate.Waiting = s.nparked + s.checking
 	}
 	return st
-}
-
-func byReason(counts *[admission.NumReasons]int64) map[admission.Reason]int64 {
-	m := make(map[admission.Reason]int64)
-	for r, n := range counts {
-		if n > 0 {
-			m[admission.Reason(r)] = n
-		}
-	}
-	return m
 }

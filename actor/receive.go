@@ -45,7 +45,7 @@ type admissionActor struct {
 
 func (a *admissionActor) now() time.Time { return a.engine.clk.Now() }
 
-func (a *admissionActor) emit(ev any) {
+func (a *admissionActor) emit(ev *admission.Event) {
 	a.engine.backlog.Add(1)
 	a.ctx.Send(a.engine.events, ev)
 }

@@ -29,17 +29,17 @@ func (s *state) release(m *releaseMsg) {
 		s.endDeadline(l)
 	}
 	s.calls--
-	s.callStats.Released++
+	s.admissions.Released++
 	held, refunded := l.held, int64(0)
 	m.settleUsage()
 	settled := classes.Settlement{Held: held, SlotAbandoned: l.abandoned}
 	if s.hasBudget {
 		if m.hasUsage {
 			actual := m.usage.Total()
-			s.budget.TotalConsumed = admission.AddSat(s.budget.TotalConsumed, actual)
+			s.ledger.Consumed = admission.AddSat(s.ledger.Consumed, actual)
 			if actual < held {
 				refunded = held - actual
-				s.budget.TotalRefunded = admission.AddSat(s.budget.TotalRefunded, refunded)
+				s.ledger.Refunded = admission.AddSat(s.ledger.Refunded, refunded)
 			}
 			settled.Consumed, settled.Refunded = actual, refunded
 		}
@@ -54,30 +54,23 @@ func (s *state) release(m *releaseMsg) {
 	s.tab.Release(l.classID, settled)
 	l.held = 0
 	s.releaseStages(l, m)
-	if s.listeners[KindRelease] > 0 {
-		s.fx.emit(&admission.ReleaseEvent{
-			Request:        l.Request,
-			AdmissionID:    l.ID,
-			LimitRevision:  l.Revision,
-			Priority:       l.Priority,
-			Class:          l.Class,
-			ReservedTokens: l.Reservation.Reserved,
-			Resources:      l.Resources,
-			HeldTokens:     held,
-			RefundedTokens: refunded,
-			UsageSequence:  l.sequence,
-			Usage:          m.usageCopy(),
-		})
+	if s.listeners[admission.EventRelease] > 0 {
+		ev := leaseEvent(admission.EventRelease, l)
+		ev.Held, ev.Refunded, ev.Sequence = held, refunded, l.sequence
+		ev.Usage, ev.HasUsage = m.usage, m.hasUsage
+		s.fx.emit(ev)
 	}
 	s.pump() // and answers any Drain this release completed
 }
 
-// applyUsage applies a cumulative usage report to a lease and returns the
-// report, or why the report is invalid (then nothing changed).
-func (s *state) applyUsage(l *Lease, u admission.Usage, p *admission.Progressive) (admission.UsageReport, error) {
+// applyUsage applies a cumulative usage report to a lease and returns
+// what it left the lease with, or why the report is invalid (then nothing
+// changed).
+func (s *state) applyUsage(l *Lease, u admission.Usage, p *admission.Progressive) (admission.UsageResult, error) {
+	var none admission.UsageResult
 	res := l.Reservation
 	if p != nil && s.hasBudget && p.RemainingOutput > res.MaxOutput {
-		return admission.UsageReport{}, admission.Invalidf("Progressive.RemainingOutput",
+		return none, admission.Invalidf("Progressive.RemainingOutput",
 			"must not exceed the reserved max output %d, got %d", res.MaxOutput, p.RemainingOutput)
 	}
 	// Usage is cumulative: no field ever goes down. Clamping the breakdown
@@ -89,22 +82,10 @@ func (s *state) applyUsage(l *Lease, u admission.Usage, p *admission.Progressive
 	u.CacheCreation = max(u.CacheCreation, l.last.CacheCreation)
 	u.Reasoning = max(u.Reasoning, l.last.Reasoning)
 	if !u.Valid() {
-		return admission.UsageReport{}, admission.Invalidf("Usage",
+		return none, admission.Invalidf("Usage",
 			"cumulative Input + Output overflows int64 (%d + %d, each the larger of this report and the ones before)", u.Input, u.Output)
 	}
-	rep := admission.UsageReport{
-		AdmissionID:   l.ID,
-		LimitRevision: l.Revision,
-		Class:         l.Class,
-		Sequence:      l.sequence,
-		Reserved:      res.Reserved,
-		Consumed:      u.Total(),
-	}
-	if s.hasBudget {
-		rep.OverReservation = max(0, u.Total()-res.Reserved)
-		outputCap, remaining := res.MaxOutput, max(0, res.MaxOutput-u.Output)
-		rep.OutputCap, rep.OutputRemaining = &outputCap, &remaining
-	}
+	rep := admission.UsageResult{Usage: u, Sequence: l.sequence}
 	if l.released {
 		return rep, nil
 	}
@@ -115,11 +96,11 @@ func (s *state) applyUsage(l *Lease, u admission.Usage, p *admission.Progressive
 	if s.hasBudget {
 		var err error
 		if hold, err = newHold(res, u, p); err != nil {
-			return admission.UsageReport{}, err
+			return none, err
 		}
 		// The other admissions' holds plus this one must fit too.
 		if admission.Exceeds(s.tokens-l.held, hold, math.MaxInt64) {
-			return admission.UsageReport{}, admission.Invalidf(usageField(p),
+			return none, admission.Invalidf(usageField(p),
 				"the new hold %d would take the in-flight tokens past int64 (%d held by other admissions)", hold, s.tokens-l.held)
 		}
 	}
@@ -130,9 +111,9 @@ func (s *state) applyUsage(l *Lease, u admission.Usage, p *admission.Progressive
 	prev := l.held
 	delta := hold - prev
 	if delta > 0 {
-		s.budget.TotalOverrun = admission.AddSat(s.budget.TotalOverrun, delta)
+		s.ledger.Overrun = admission.AddSat(s.ledger.Overrun, delta)
 	} else {
-		s.budget.TotalRefunded = admission.AddSat(s.budget.TotalRefunded, -delta)
+		s.ledger.Refunded = admission.AddSat(s.ledger.Refunded, -delta)
 	}
 	s.tokens += delta
 	s.tab.AdjustHold(l.classID, delta)
@@ -142,25 +123,10 @@ func (s *state) applyUsage(l *Lease, u admission.Usage, p *admission.Progressive
 	if s.fleet != nil {
 		s.fx.fleetAdjust(l, hold, l.sequence, l.abandoned)
 	}
-	if s.listeners[KindUsage] > 0 {
-		ev := &admission.UsageEvent{
-			Request:         l.Request,
-			AdmissionID:     l.ID,
-			LimitRevision:   l.Revision,
-			Priority:        l.Priority,
-			Class:           l.Class,
-			Sequence:        l.sequence,
-			ReservedTokens:  res.Reserved,
-			Resources:       l.Resources,
-			PreviousHeld:    prev,
-			Held:            hold,
-			Delta:           delta,
-			Usage:           u,
-			OutputCap:       rep.OutputCap,
-			OutputRemaining: rep.OutputRemaining,
-			OverReservation: rep.OverReservation,
-		}
-		ev.Progressive = copyProgressive(p)
+	if s.listeners[admission.EventUsage] > 0 {
+		ev := leaseEvent(admission.EventUsage, l)
+		ev.Sequence, ev.PreviousHeld, ev.Held = l.sequence, prev, hold
+		ev.Usage, ev.Progressive = u, copyProgressive(p)
 		s.fx.emit(ev)
 	}
 	if delta < 0 && s.q.wait {
@@ -225,25 +191,16 @@ func (s *state) abandon(l *Lease, cause admission.AbandonCause) bool {
 		s.fx.fleetAdjust(l, l.held, l.sequence, true)
 	}
 	s.tab.Abandon(l.classID, cause)
-	s.abandoned[cause]++
-	s.callStats.Abandoned++
+	s.admissions.Abandoned[cause]++
 	if cause == admission.AbandonDeadline {
 		s.fx.expire(l)
 	} else {
 		s.endDeadline(l)
 	}
-	if s.listeners[KindAbandon] > 0 {
-		s.fx.emit(&admission.AbandonEvent{
-			Request:       l.Request,
-			AdmissionID:   l.ID,
-			LimitRevision: l.Revision,
-			Priority:      l.Priority,
-			Class:         l.Class,
-			Resources:     l.Resources,
-			Reserved:      l.Reservation.Reserved,
-			Cause:         cause,
-			HeldTokens:    l.held,
-		})
+	if s.listeners[admission.EventAbandon] > 0 {
+		ev := leaseEvent(admission.EventAbandon, l)
+		ev.Cause, ev.Held = cause, l.held
+		s.fx.emit(ev)
 	}
 	s.pump()
 	return true

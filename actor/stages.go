@@ -499,7 +499,7 @@ func (s *state) rejectCooldown(r *AcquireRequest, d admission.CooldownDetail) {
 // rejectStage rejects r for a stage's verdict (a cool-down, a rate): it is
 // counted and announced with the capacity snapshot, ext completing it.
 func (s *state) rejectStage(r *AcquireRequest, why admission.Reason, ext *admission.External, cause error) {
-	r.Err = s.rejectOutside(r.Request, r.Priority, r.Reservation.Reserved, r.Class, why, ext, cause, s.timing(r))
+	r.Err = s.rejectOutside(r.Request, r.Priority, r.Reservation, r.Class, why, ext, cause, s.timing(r))
 	s.answer(r)
 }
 
@@ -637,24 +637,24 @@ func (s *state) wouldAdmitRequest(q *wouldAdmitRequest) {
 	cooling := s.cool.armed()
 	// While a cool-down may run, the detail says whether the queue has
 	// room to hold the call.
-	d := s.wouldAdmit(q.class, q.priority, q.reservation, q.detail || cooling)
+	why, d := s.wouldAdmit(q.class, q.priority, q.reservation, q.detail || cooling)
 	model := q.model
 	if model == "" {
 		model = s.model
 	}
-	if d.Admit && cooling {
+	if why == admission.NoReason && cooling {
 		now := s.fx.now()
 		if cd, _, ok := s.cool.left(model, q.reservation.Reserved, now, false); ok {
 			held := !s.cool.shed && (q.timeout == 0 || cd.RetryAfter < q.timeout)
-			if g := d.Detail; !held || g.MaxConcurrent == 0 || g.MaxQueue == 0 || g.Pending >= g.MaxQueue {
-				d.Admit, d.Reason = false, admission.Cooldown
-				d.Detail.Cooldown = &cd
+			if !held || d.MaxConcurrent == 0 || d.MaxQueue == 0 || d.Pending >= d.MaxQueue {
+				why = admission.Cooldown
+				d.Cooldown = &cd
 			}
 		}
 	}
-	q.result = d
+	q.why, q.snapshot = why, d
 	rs := s.rates
-	if !d.Admit || rs == nil || rs.cfg.Pace {
+	if why != admission.NoReason || rs == nil || rs.cfg.Pace {
 		return
 	}
 	set, err := rs.set(model, s.tab.Name(q.class))
@@ -666,10 +666,10 @@ func (s *state) wouldAdmitRequest(q *wouldAdmitRequest) {
 		return
 	}
 	rs.setTime(s.fx.now())
-	if why, rd := rs.peek(background, set, &q.reservation); why != admission.NoReason {
-		q.result.Admit, q.result.Reason = false, why
-		if q.result.Detail != nil {
-			q.result.Detail.Rate = rd
+	if rwhy, rd := rs.peek(background, set, &q.reservation); rwhy != admission.NoReason {
+		q.why = rwhy
+		if d != nil {
+			d.Rate = rd
 		}
 	}
 }

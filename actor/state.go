@@ -16,7 +16,7 @@ type effects interface {
 	// now reads the clock.
 	now() time.Time
 	// emit hands an event to the listeners.
-	emit(ev any)
+	emit(ev *admission.Event)
 	// tell sends msg to the child actor of class c.
 	tell(c classes.Class, msg any)
 	// armTimer starts r's queue timeout: once r.QueueTimeout has passed,
@@ -93,18 +93,17 @@ type state struct {
 	// (AcquireRequest.Confirm): Drain waits for them too.
 	provisional int64
 
-	gate       admission.GateStats
-	gateByWhy  [admission.NumReasons]int64
-	callStats  admission.CallStats
-	callsByWhy [admission.NumReasons]int64
-	abandoned  [2]int64
-	budget     admission.BudgetStats
+	// gate counts the slots and the gate-level rejections, admissions
+	// every admission, rejection and abandoned slot; ledger is the token
+	// budget's totals.
+	gate       admission.Counts
+	admissions admission.Counts
+	ledger     admission.Ledger
 
 	// Observe mode: calls run without admission.
-	observe     admission.ObserveStats
-	bypassByWhy [admission.NumReasons]int64
+	observe admission.ObserveStats
 
-	listeners [NumKinds]int
+	listeners [admission.NumEventKinds]int
 	drains    []*drainRequest
 
 	// drift counts the global gauges found out of balance; the class

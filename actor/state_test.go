@@ -25,7 +25,7 @@ type answered struct {
 // recorder implements effects by writing them down.
 type recorder struct {
 	clock   time.Time
-	events  []any
+	events  []*admission.Event
 	tells   []any
 	armed   map[*AcquireRequest]uint64 // running queue timers, by the generation they fire for
 	answers []answered
@@ -45,7 +45,7 @@ type recorder struct {
 }
 
 func (r *recorder) now() time.Time                { return r.clock }
-func (r *recorder) emit(ev any)                   { r.events = append(r.events, ev) }
+func (r *recorder) emit(ev *admission.Event)      { r.events = append(r.events, ev) }
 func (r *recorder) tell(_ classes.Class, msg any) { r.tells = append(r.tells, msg) }
 func (r *recorder) armTimer(q *AcquireRequest)    { r.armed[q] = q.gen }
 func (r *recorder) stopTimer(q *AcquireRequest)   { delete(r.armed, q) }
@@ -84,15 +84,32 @@ func (r *recorder) take() []answered {
 	return a
 }
 
+// kindNames names the kinds of event, as the tests list them.
+var kindNames = [admission.NumEventKinds]string{
+	admission.EventAdmit: "Admit", admission.EventReject: "Reject", admission.EventRelease: "Release",
+	admission.EventReconfigure: "Reconfigure", admission.EventUsage: "Usage", admission.EventAbandon: "Abandon",
+	admission.EventBypass: "Bypass", admission.EventBypassUsage: "BypassUsage", admission.EventBypassRelease: "BypassRelease",
+	admission.EventDedup: "Dedup",
+}
+
 // kinds lists the kinds of the events emitted since the last call, and
 // forgets them.
 func (r *recorder) kinds() []string {
 	var out []string
 	for _, ev := range r.events {
-		out = append(out, strings.TrimSuffix(strings.TrimPrefix(fmt.Sprintf("%T", ev), "*admission."), "Event"))
+		out = append(out, kindNames[ev.Kind])
 	}
 	r.events = nil
 	return out
+}
+
+// total sums counts.
+func total(counts []int64) int64 {
+	var n int64
+	for _, c := range counts {
+		n += c
+	}
+	return n
 }
 
 var allKinds = func() (k Kinds) {
@@ -212,7 +229,7 @@ func TestStateDecisionOrder(t *testing.T) {
 			st := s.stats(external{})
 			if tt.queued {
 				wantAnswers(t, rec)
-				if st.Gate.Pending != before.Gate.Pending+1 || !r.queued {
+				if st.Pending != before.Pending+1 || !r.queued {
 					t.Fatalf("not queued: %+v", st.Gate)
 				}
 				return
@@ -221,16 +238,16 @@ func TestStateDecisionOrder(t *testing.T) {
 			if tt.want == admitted {
 				return
 			}
-			if got := st.Gate.Rejected - before.Gate.Rejected; got != map[bool]int64{true: 1}[tt.atGate] {
+			if got := st.Gate.Rejections() - before.Gate.Rejections(); got != map[bool]int64{true: 1}[tt.atGate] {
 				t.Fatalf("gate rejections +%d, at gate %v", got, tt.atGate)
 			}
-			if st.Calls.RejectedByReason[tt.want] != before.Calls.RejectedByReason[tt.want]+1 {
-				t.Fatalf("rejections by reason %v", st.Calls.RejectedByReason)
+			if st.Admissions.Rejected[tt.want] != before.Admissions.Rejected[tt.want]+1 {
+				t.Fatalf("rejections by reason %v", st.Admissions.Rejected)
 			}
 			if tt.ended && !errors.Is(r.Err, r.ended) {
 				t.Fatalf("the rejection %v lost the context's cause", r.Err)
 			}
-			if st.TokenBudget != nil && st.TokenBudget.InFlightTokens != before.TokenBudget.InFlightTokens {
+			if st.Tokens != before.Tokens {
 				t.Fatal("a rejection changed the tokens held")
 			}
 		})
@@ -256,17 +273,17 @@ func TestStatePumpIsFIFO(t *testing.T) {
 		rec.clock = rec.clock.Add(time.Second)
 		release(s, prev)
 		wantAnswers(t, rec, w.Request, admitted)
-		ev := rec.events[1].(*admission.AdmitEvent)
+		ev := rec.events[1]
 		if !reflect.DeepEqual(rec.kinds(), []string{"Release", "Admit"}) || ev.Request != w.Request {
 			t.Fatalf("events after releasing %v", prev.Request)
 		}
-		if ev.DecisionDuration != time.Millisecond || ev.QueueWait < time.Second {
+		if ev.Timing.DecisionDuration != time.Millisecond || ev.Timing.QueueWait < time.Second {
 			t.Fatalf("%v: timing %+v", w.Request, ev.Timing)
 		}
 		prev = w
 	}
 	release(s, prev)
-	if st := s.stats(external{}); st.Gate.InFlight != 0 || st.Gate.Pending != 0 || st.Gate.Admitted != 4 || st.Gate.Released != 4 {
+	if st := s.stats(external{}); st.InFlight != 0 || st.Pending != 0 || st.Gate.Admitted != 4 || st.Gate.Released != 4 {
 		t.Fatalf("gate %+v", st.Gate)
 	}
 }
@@ -303,8 +320,8 @@ func TestStateCancel(t *testing.T) {
 	s.cancel(&cancelMsg{r: c, cause: cause})
 	wantAnswers(t, rec, "c", aborted)
 	release(s, d)
-	if st := s.stats(external{}); st.Gate.Aborted != 2 || st.Gate.Pending != 0 || st.Gate.InFlight != 0 || st.Calls.Admitted != 2 {
-		t.Fatalf("gate %+v calls %+v", st.Gate, st.Calls)
+	if st := s.stats(external{}); st.Gate.Rejected[admission.Aborted] != 2 || st.Pending != 0 || st.InFlight != 0 || st.Admissions.Admitted != 2 {
+		t.Fatalf("gate %+v calls %+v", st.Gate, st.Admissions)
 	}
 }
 
@@ -343,7 +360,7 @@ func TestStateTimeout(t *testing.T) {
 	s.timeout(&timeoutMsg{r: b, gen: second}) // delivered twice
 	wantAnswers(t, rec)
 	s.release(&releaseMsg{l: held})
-	if st := s.stats(external{}); st.Gate.TimedOut != 1 || st.Gate.Pending != 0 || len(rec.armed) != 0 {
+	if st := s.stats(external{}); st.Gate.Rejected[admission.Timeout] != 1 || st.Pending != 0 || len(rec.armed) != 0 {
 		t.Fatalf("gate %+v, timers %v", st.Gate, rec.armed)
 	}
 }
@@ -367,18 +384,18 @@ func TestStateReleaseLedger(t *testing.T) {
 	s.release(&releaseMsg{l: a.Lease, usage: admission.Usage{Input: 1}, hasUsage: true})
 	var refunds []int64
 	for _, ev := range rec.events {
-		refunds = append(refunds, ev.(*admission.ReleaseEvent).RefundedTokens)
+		refunds = append(refunds, ev.Refunded)
 	}
 	if !reflect.DeepEqual(refunds, []int64{50, 0, 0}) {
 		t.Fatalf("refunds %v", refunds)
 	}
 	st := s.stats(external{})
-	want := admission.BudgetStats{Budget: 1000, Available: 1000, TotalReserved: 600, TotalConsumed: 315, TotalRefunded: 85}
-	if *st.TokenBudget != want || st.Calls.Released != 3 || st.LedgerDrift != 0 {
-		t.Fatalf("ledger %+v calls %+v", *st.TokenBudget, st.Calls)
+	want := admission.Ledger{Reserved: 600, Consumed: 315, Refunded: 85}
+	if st.Ledger != want || st.Tokens != 0 || st.Admissions.Released != 3 || st.LedgerDrift != 0 {
+		t.Fatalf("ledger %+v, tokens %d, calls %+v", st.Ledger, st.Tokens, st.Admissions)
 	}
 	// reserved + overrun - early refunds == holds at release + in flight
-	if want.TotalReserved+want.TotalOverrun-35 != 300+200+65+st.TokenBudget.InFlightTokens {
+	if want.Reserved+want.Overrun-35 != 300+200+65+st.Tokens {
 		t.Fatal("ledger identity")
 	}
 	// A hold the books do not have is drift: counted and reported.
@@ -386,7 +403,7 @@ func TestStateReleaseLedger(t *testing.T) {
 	s.acquire(d)
 	d.Lease.held = 25
 	release(s, d)
-	if st := s.stats(external{}); st.LedgerDrift != 1 || st.TokenBudget.InFlightTokens != 0 || len(rec.drifts) != 1 {
+	if st := s.stats(external{}); st.LedgerDrift != 1 || st.Tokens != 0 || len(rec.drifts) != 1 {
 		t.Fatalf("drift %d, reported %q", st.LedgerDrift, rec.drifts)
 	}
 }
@@ -424,42 +441,41 @@ func TestStateUsageReports(t *testing.T) {
 		{u: admission.Usage{Output: math.MaxInt64 - 10}, p: &admission.Progressive{}, field: "Usage"}, // with input 60, cumulative
 	}
 	for i, st := range steps {
-		ledger := *s.stats(external{}).TokenBudget
+		ledger := s.stats(external{}).Ledger
 		rep, err := s.applyUsage(l, st.u, st.p)
 		if st.field != "" {
 			var ce *admission.ConfigError
 			if !errors.As(err, &ce) || ce.Field != st.field {
 				t.Fatalf("step %d: %v, want an error for %s", i, err, st.field)
 			}
-			if after := *s.stats(external{}).TokenBudget; after != ledger || l.sequence != 4 {
+			if after := s.stats(external{}).Ledger; after != ledger || l.sequence != 4 {
 				t.Fatalf("step %d: a failed report changed the ledger: %+v", i, after)
 			}
 			continue
 		}
-		if err != nil || rep.Sequence != st.seq || rep.Held != st.held || rep.Consumed != st.consumed {
+		if err != nil || rep.Sequence != st.seq || rep.Held != st.held || rep.Usage.Total() != st.consumed {
 			t.Fatalf("step %d: %+v, %v", i, rep, err)
 		}
 	}
 	var seqs, deltas []int64
 	for _, ev := range rec.events {
-		u := ev.(*admission.UsageEvent)
-		seqs, deltas = append(seqs, u.Sequence), append(deltas, u.Delta)
+		seqs, deltas = append(seqs, ev.Sequence), append(deltas, ev.Held-ev.PreviousHeld)
 	}
 	if !reflect.DeepEqual(seqs, []int64{1, 2, 3, 4}) || !reflect.DeepEqual(deltas, []int64{-40, 50, -250, 5}) {
 		t.Fatalf("usage events: sequences %v, deltas %v", seqs, deltas)
 	}
 	rec.events = nil
 	release(s, r)
-	if ev := rec.events[0].(*admission.ReleaseEvent); ev.UsageSequence != 4 || ev.HeldTokens != 65 {
+	if ev := rec.events[0]; ev.Kind != admission.EventRelease || ev.Sequence != 4 || ev.Held != 65 {
 		t.Fatalf("release event %+v", ev)
 	}
 	rep, err := s.applyUsage(l, admission.Usage{Input: 70, Output: 260}, nil)
-	if err != nil || rep.Held != 0 || rep.Sequence != 4 || rep.Consumed != 330 || len(rec.events) != 1 {
+	if err != nil || rep.Held != 0 || rep.Sequence != 4 || rep.Usage.Total() != 330 || len(rec.events) != 1 {
 		t.Fatalf("report after release = %+v, %v", rep, err)
 	}
-	st := *s.stats(external{}).TokenBudget
-	if st.InFlightTokens != 0 || st.TotalOverrun != 55 || st.TotalRefunded != 290 || st.TotalReserved+st.TotalOverrun-290 != 65 {
-		t.Fatalf("ledger %+v", st)
+	st := s.stats(external{})
+	if g := st.Ledger; st.Tokens != 0 || g.Overrun != 55 || g.Refunded != 290 || g.Reserved+g.Overrun-290 != 65 {
+		t.Fatalf("ledger %+v, tokens %d", g, st.Tokens)
 	}
 
 	// A hold past int64, with a valid cumulative usage.
@@ -476,7 +492,7 @@ func TestStateUsageReports(t *testing.T) {
 	r = newReq("b", 0)
 	s.acquire(r)
 	rep, err = s.applyUsage(r.Lease, admission.Usage{Input: 5, Output: 7}, nil)
-	if err != nil || rep.Held != 0 || rep.OverReservation != 0 || rep.Sequence != 1 || rep.OutputCap != nil {
+	if err != nil || rep.Held != 0 || rep.Sequence != 1 || rep.Usage.Total() != 12 {
 		t.Fatalf("report without a budget = %+v, %v", rep, err)
 	}
 }
@@ -507,7 +523,7 @@ func TestStateUsageBreakdown(t *testing.T) {
 	}
 	for i, st := range steps {
 		rep, err := s.applyUsage(l, st.u, nil)
-		if err != nil || rep.Sequence != st.seq || rep.Held != st.held || rep.Consumed != st.want.Total() {
+		if err != nil || rep.Sequence != st.seq || rep.Held != st.held || rep.Usage != st.want {
 			t.Fatalf("step %d: %+v, %v", i, rep, err)
 		}
 		if l.last != st.want {
@@ -516,7 +532,7 @@ func TestStateUsageBreakdown(t *testing.T) {
 	}
 	var got []admission.Usage
 	for _, ev := range rec.events {
-		got = append(got, ev.(*admission.UsageEvent).Usage)
+		got = append(got, ev.Usage)
 	}
 	want := []admission.Usage{steps[0].want, steps[1].want, steps[3].want, steps[4].want, steps[5].want}
 	if !reflect.DeepEqual(got, want) {
@@ -524,8 +540,8 @@ func TestStateUsageBreakdown(t *testing.T) {
 	}
 	rec.events = nil
 	release(s, r) // the last report is the final usage
-	ev := rec.events[0].(*admission.ReleaseEvent)
-	if ev.Usage == nil || *ev.Usage != steps[5].want || ev.HeldTokens != 260 || ev.RefundedTokens != 160 {
+	ev := rec.events[0]
+	if !ev.HasUsage || ev.Usage != steps[5].want || ev.Held != 260 || ev.Refunded != 160 {
 		t.Fatalf("release event %+v", ev)
 	}
 
@@ -537,13 +553,13 @@ func TestStateUsageBreakdown(t *testing.T) {
 	rec.events = nil
 	final := admission.Usage{Input: 90, Output: 10, CachedInput: 80, CacheCreation: 10, Reasoning: 10}
 	s.release(&releaseMsg{l: r.Lease, usage: final, hasUsage: true})
-	ev = rec.events[0].(*admission.ReleaseEvent)
-	if ev.Usage == nil || *ev.Usage != final || ev.RefundedTokens != 200 {
+	ev = rec.events[0]
+	if !ev.HasUsage || ev.Usage != final || ev.Refunded != 200 {
 		t.Fatalf("release event %+v", ev)
 	}
-	st := *s.stats(external{}).TokenBudget
-	if st.TotalConsumed != 100+100 || st.TotalRefunded != 40+160+200 || st.InFlightTokens != 0 || st.TotalOverrun != 0 {
-		t.Fatalf("ledger %+v", st)
+	st := s.stats(external{})
+	if g := st.Ledger; g.Consumed != 100+100 || g.Refunded != 40+160+200 || st.Tokens != 0 || g.Overrun != 0 {
+		t.Fatalf("ledger %+v, tokens %d", g, st.Tokens)
 	}
 }
 
@@ -582,13 +598,13 @@ func TestStateAbandon(t *testing.T) {
 		t.Fatalf("events %v, expired %v", k, rec.expired)
 	}
 	st := s.stats(external{})
-	if st.Gate.InFlight != 1 || st.Calls.InFlight != 2 || st.TokenBudget.InFlightTokens != 30 || st.Calls.AbandonedByCause[admission.AbandonDeadline] != 1 {
-		t.Fatalf("after abandon: gate %+v calls %+v", st.Gate, st.Calls)
+	if st.InFlight != 1 || s.calls != 2 || st.Tokens != 30 || st.Admissions.Abandoned[admission.AbandonDeadline] != 1 {
+		t.Fatalf("after abandon: gate %+v calls %+v", st.Gate, st.Admissions)
 	}
 	release(s, borrowed) // its slot is already back, its deadline over
 	st = s.stats(external{})
-	if st.Gate.InFlight != 1 || st.Calls.InFlight != 1 || st.TokenBudget.InFlightTokens != 10 || len(rec.tells) != 2 {
-		t.Fatalf("after release: gate %+v calls %+v tells %d", st.Gate, st.Calls, len(rec.tells))
+	if st.InFlight != 1 || s.calls != 1 || st.Tokens != 10 || len(rec.tells) != 2 {
+		t.Fatalf("after release: gate %+v calls %+v tells %d", st.Gate, st.Admissions, len(rec.tells))
 	}
 	if s.abandon(borrowed.Lease, admission.AbandonManual) {
 		t.Fatal("a released admission was abandoned")
@@ -722,7 +738,7 @@ func TestStateExternalStats(t *testing.T) {
 	s, _ := newTestState(t, limits)
 	ext := external{doubleReleases: 3, listenerPanics: 2, deadlines: []admission.DeadlineStats{{Started: 5, Expired: 1}}}
 	st := s.stats(ext)
-	if st.Gate.DoubleReleases != 3 || st.ListenerPanics != 2 || st.Classes.Classes["a"].Deadlines != ext.deadlines[0] {
+	if st.DoubleReleases != 3 || st.ListenerPanics != 2 || st.Classes.Classes[0].Name != "a" || st.Classes.Classes[0].Deadlines != ext.deadlines[0] {
 		t.Fatalf("stats %+v", st)
 	}
 }
@@ -774,8 +790,8 @@ func TestObserveBypass(t *testing.T) {
 		t.Fatalf("events %v, want %v", got, want)
 	}
 	st := s.stats(external{})
-	if st.Gate.InFlight != 1 || st.TokenBudget.InFlightTokens != 5 || st.Observe.Bypassed != 2 || st.Observe.RaceBypassed != 1 ||
-		st.Observe.InFlight != 2 || st.Calls.Rejected != 2 {
+	if st.InFlight != 1 || st.Tokens != 5 || total(st.Observe.Bypassed[:]) != 2 || st.Observe.RaceBypassed != 1 ||
+		st.Observe.InFlight != 2 || st.Admissions.Rejections() != 2 {
 		t.Fatalf("stats %+v", st)
 	}
 	release(s, held)
@@ -788,7 +804,7 @@ func TestObserveBypass(t *testing.T) {
 	if want := []admission.DrainResult{{Drained: true}}; !reflect.DeepEqual(rec.drains, want) {
 		t.Fatalf("drains %v, want %v", rec.drains, want)
 	}
-	if o := s.stats(external{}).Observe; o.InFlight != 0 || o.UsageReported != 1 || o.InputTokens != 2 || o.OutputTokens != 3 {
+	if o := s.stats(external{}).Observe; o.InFlight != 0 || o.UsageReported != 1 || o.Input != 2 || o.Output != 3 {
 		t.Fatalf("observe %+v", o)
 	}
 	if got, want := rec.kinds(), []string{"Release", "BypassRelease", "BypassRelease"}; !reflect.DeepEqual(got, want) {
@@ -837,8 +853,8 @@ func TestStateStopDeadline(t *testing.T) {
 		t.Fatal("manual abandon after the deadline ended refused")
 	}
 	st := s.stats(external{})
-	if st.Calls.AbandonedByCause[admission.AbandonDeadline] != 1 || st.Calls.AbandonedByCause[admission.AbandonManual] != 1 {
-		t.Fatalf("abandoned %+v", st.Calls.AbandonedByCause)
+	if st.Admissions.Abandoned != [admission.NumCauses]int64{admission.AbandonDeadline: 1, admission.AbandonManual: 1} {
+		t.Fatalf("abandoned %+v", st.Admissions.Abandoned)
 	}
 	release(s, ended)
 	release(s, expired)
