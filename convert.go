@@ -151,6 +151,8 @@ func tally[K Reason | AbandonCause](counts []int64) (int64, map[K]int64) {
 	return total, m
 }
 
+// stats is the public view of the engine's statistics; Bulkhead.Stats adds
+// the facade's own counts.
 func stats(s admission.Stats) Stats {
 	out := Stats{Limits: publicLimits(s.Limits), Events: EventStats{ListenerPanics: s.ListenerPanics}, LedgerDrift: s.LedgerDrift}
 	g := &s.Gate
