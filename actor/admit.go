@@ -246,8 +246,8 @@ func (s *state) rejected(req any, p admission.Priority, res admission.Reservatio
 	s.admissions.Rejected[why]++
 	s.tab.Reject(c, why)
 	if s.listeners[admission.EventReject] > 0 {
-		s.fx.emit(&admission.Event{Kind: admission.EventReject, Request: req, Revision: s.limits.Revision, Priority: p,
-			Class: s.tab.Name(c), Reservation: res, Reason: why, Detail: d, Timing: t})
+		s.fx.emit(newEvent(admission.Event{Kind: admission.EventReject, Request: req, Revision: s.limits.Revision, Priority: p,
+			Class: s.tab.Name(c), Reservation: res, Reason: why, Detail: d, Timing: t}))
 	}
 }
 

@@ -15,7 +15,7 @@ import (
 // dedupJoined emits the event of a follower that joined its leader.
 func (s *state) dedupJoined(m *dedup.Joined) {
 	if s.listeners[admission.EventDedup] > 0 {
-		s.fx.emit(&admission.Event{Kind: admission.EventDedup, Request: m.Call, Class: m.Class, Scope: m.Scope})
+		s.fx.emit(newEvent(admission.Event{Kind: admission.EventDedup, Request: m.Call, Class: m.Class, Scope: m.Scope}))
 	}
 }
 

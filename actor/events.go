@@ -2,6 +2,7 @@ package actor
 
 import (
 	"log/slog"
+	"sync"
 	"sync/atomic"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -55,6 +56,8 @@ func (a *eventsActor) Receive(ctx actor.Context) {
 			}
 		}
 		a.engine.backlog.Add(-1)
+		*m = admission.Event{}
+		eventPool.Put(m)
 	}
 }
 
@@ -73,7 +76,8 @@ func (a *eventsActor) call(s *subscription, ev *admission.Event) {
 
 // Subscribe adds a listener for the kinds of event in kinds and returns the
 // function that removes it. The listener sees every event of a change made
-// after Subscribe returns.
+// after Subscribe returns. An event is valid only during the call: the
+// engine reuses it.
 func (e *Engine) Subscribe(kinds Kinds, deliver func(ev *admission.Event)) (unsubscribe func()) {
 	sub := &subscription{kinds: kinds, deliver: deliver}
 	q := &subscribeRequest{sub: sub, done: make(chan struct{}, 1)}
@@ -88,11 +92,22 @@ func (e *Engine) Subscribe(kinds Kinds, deliver func(ev *admission.Event)) (unsu
 	}
 }
 
-// leaseEvent returns a new event of kind k about admission (or bypass) l,
-// its header filled from l.
+// eventPool recycles event records: the events actor puts each back once
+// every listener has seen it, so a listener must not keep one.
+var eventPool = sync.Pool{New: func() any { return new(admission.Event) }}
+
+// newEvent returns an event record, from the pool, set to e.
+func newEvent(e admission.Event) *admission.Event {
+	ev := eventPool.Get().(*admission.Event)
+	*ev = e
+	return ev
+}
+
+// leaseEvent returns an event of kind k about admission (or bypass) l, its
+// header filled from l.
 func leaseEvent(k admission.EventKind, l *Lease) *admission.Event {
-	return &admission.Event{Kind: k, Request: l.Request, ID: l.ID, Revision: l.Revision, Priority: l.Priority,
-		Class: l.Class, Reservation: l.Reservation, Resources: l.Resources}
+	return newEvent(admission.Event{Kind: k, Request: l.Request, ID: l.ID, Revision: l.Revision, Priority: l.Priority,
+		Class: l.Class, Reservation: l.Reservation, Resources: l.Resources})
 }
 
 // listen adds delta to the listener count of each kind in kinds, so that

@@ -83,7 +83,7 @@ func (s *state) applyLimits(q *applyRequest) (admission.ApplyResult, error) {
 		s.limits.Classes = &c
 	}
 	if s.listeners[admission.EventReconfigure] > 0 {
-		s.fx.emit(&admission.Event{Kind: admission.EventReconfigure, Limits: &[2]admission.Limits{prev, s.limits.Clone()}})
+		s.fx.emit(newEvent(admission.Event{Kind: admission.EventReconfigure, Limits: &[2]admission.Limits{prev, s.limits.Clone()}}))
 	}
 	s.rejectUnfittable()
 	s.pump()
