@@ -233,17 +233,22 @@ func (s *state) cancel(m *cancelMsg) {
 		return // else answered
 	}
 	s.dequeue(r)
+	s.unblocked()
 	s.reject(r, admission.Aborted, true, m.cause, "")
-	s.unblocked(r)
 }
 
-// unblocked runs after waiter r left the queue other than by admission:
-// the queue is looked at again, as r may have held back the calls behind
-// it (a waiter for capacity, or one held by a cool-down, holds back its
-// class), and those it held back may be due an answer now (a cool-down
-// extended past what is left of their queue timeout turns them away). With
-// every slot taken, that is one comparison.
-func (s *state) unblocked(*AcquireRequest) { s.pump() }
+// unblocked runs when a waiter leaves the queue other than by admission:
+// the queue is to be looked at again, as the waiter may have held back the
+// calls behind it (a waiter for capacity, or one held by a cool-down,
+// holds back its class), and those it held back may be due an answer now
+// (a cool-down extended past what is left of their queue timeout turns
+// them away). The look is a message of its own, asked for before the
+// leaving waiter is answered (so that whatever its caller asks next finds
+// it done) and once for all the waiters that leave together: waiters whose
+// context ended at once (a client gone, a common deadline) are passed
+// over by every look until their own cancel messages arrive, so a look
+// per leaving would cost the square of their number.
+func (s *state) unblocked() { s.fx.repump() }
 
 // timeout ends a waiter whose queue timeout fired.
 func (s *state) timeout(m *timeoutMsg) {
@@ -251,6 +256,6 @@ func (s *state) timeout(m *timeoutMsg) {
 		return // answered before the timer's message arrived
 	}
 	s.dequeue(m.r)
+	s.unblocked()
 	s.reject(m.r, admission.Timeout, true, nil, s.globalConstraint())
-	s.unblocked(m.r)
 }

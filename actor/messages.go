@@ -381,6 +381,10 @@ func (r *AcquireRequest) queueLeft(now time.Time) time.Duration {
 // holdMsg tells the state that a hold's time has passed.
 type holdMsg struct{ gen uint64 }
 
+// pumpMsg tells the state to look at the queue again (see
+// state.unblocked).
+type pumpMsg struct{}
+
 // wouldAdmitRequest asks for an advisory decision.
 type wouldAdmitRequest struct {
 	node        mpscNode

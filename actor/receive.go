@@ -41,6 +41,8 @@ type admissionActor struct {
 	holdTimer clock.Timer
 	holdAt    time.Time
 	holdGen   uint64
+	// pumpSent is set while a pumpMsg is on its way.
+	pumpSent bool
 }
 
 func (a *admissionActor) now() time.Time { return a.engine.clk.Now() }
@@ -147,6 +149,14 @@ func (a *admissionActor) armHold(d time.Duration) {
 	msg := &holdMsg{gen: a.holdGen}
 	a.holdAt = at
 	a.holdTimer = e.clk.AfterFunc(d, func() { e.send(msg) })
+}
+
+// repump sends the actor a pumpMsg, unless one is on its way.
+func (a *admissionActor) repump() {
+	if !a.pumpSent {
+		a.pumpSent = true
+		a.engine.send(pumpMsg{})
+	}
 }
 
 // stopHold stops the hold timer, if one runs.
@@ -263,6 +273,9 @@ func (a *admissionActor) Receive(ctx actor.Context) {
 		s.timeout(m)
 	case *holdMsg:
 		a.holdFired(m)
+	case pumpMsg:
+		a.pumpSent = false
+		s.pump()
 	case *wouldAdmitRequest:
 		s.wouldAdmitRequest(m)
 		m.done <- struct{}{}

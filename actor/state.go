@@ -28,6 +28,10 @@ type effects interface {
 	// unless one is due sooner; stopHold stops that.
 	armHold(d time.Duration)
 	stopHold()
+	// repump makes a pumpMsg come back to the state, unless one is on its
+	// way already: the state then looks at the queue again (see
+	// state.unblocked).
+	repump()
 	// answer hands r's answer (r.Err, and r.Lease when admitted) to its
 	// caller, who may reuse r at once.
 	answer(r *AcquireRequest)

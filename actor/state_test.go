@@ -41,6 +41,7 @@ type recorder struct {
 	booked   [][]float64
 	warnings []string
 	holds    []time.Duration
+	repumps  int
 }
 
 func (r *recorder) now() time.Time                { return r.clock }
@@ -67,6 +68,7 @@ func (r *recorder) bookRemote(_ *rateStage, _ *rateSet, deltas []float64, _ *Lea
 }
 func (r *recorder) warn(msg string, _ ...any)   { r.warnings = append(r.warnings, msg) }
 func (r *recorder) stopHold()                   {}
+func (r *recorder) repump()                     { r.repumps++ }
 func (r *recorder) answerDrain(d *drainRequest) { r.drains = append(r.drains, d.result) }
 func (r *recorder) expire(l *Lease)             { r.expired = append(r.expired, l) }
 func (r *recorder) answer(q *AcquireRequest) {
