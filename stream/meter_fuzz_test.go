@@ -132,8 +132,26 @@ func TestMeterChunkingProperty(t *testing.T) {
 	})
 }
 
-// FuzzMeter: on any body, cut anyhow, metering does not panic or hang, the
-// bytes pass unchanged (or, when stripping, only lose some) and the
+// readInPieces reads r to its end into buffers of sizes drawn from rng,
+// as callers with buffers of any size read a body.
+func readInPieces(r io.Reader, rng *rand.Rand) ([]byte, error) {
+	var out []byte
+	for {
+		buf := make([]byte, 1+rng.Intn(96))
+		n, err := r.Read(buf)
+		out = append(out, buf[:n]...)
+		if err == io.EOF {
+			return out, nil
+		}
+		if err != nil {
+			return out, err
+		}
+	}
+}
+
+// FuzzMeter: on any body, cut anyhow and read into buffers of any size,
+// metering does not panic or hang, the bytes pass unchanged (or, when
+// stripping, only lose some, the same as when the body is read whole) and the
 // admission settles exactly once. The bulkhead admits one call at a time:
 // an input whose permit was not released fails the next Acquire, and a
 // second release shows as a double release at once.
@@ -169,7 +187,7 @@ func FuzzMeter(f *testing.F) {
 			t.Fatal(err)
 		}
 		m.sc.max = 1 << 12
-		out, err := io.ReadAll(m)
+		out, err := readInPieces(m, rng)
 		if err != nil && m.Err() == nil {
 			t.Fatalf("read error %v without a provider error", err)
 		}
@@ -179,6 +197,22 @@ func FuzzMeter(f *testing.F) {
 		if strip {
 			if len(out) > len(body) {
 				t.Fatalf("stripping grew the body from %d to %d bytes", len(body), len(out))
+			}
+			// A body no longer than what the meter keeps of a block is
+			// stripped alike however it is cut and read: as when it is
+			// read whole, in one read.
+			if len(body) <= m.sc.max {
+				whole, err := NewMeter(io.NopCloser(bytes.NewReader(body)), nil, opts)
+				if err != nil {
+					t.Fatal(err)
+				}
+				whole.sc.max = m.sc.max
+				want := make([]byte, len(body)+1)
+				n, _ := whole.Read(want)
+				rest, _ := io.ReadAll(whole)
+				if want = append(want[:n], rest...); !bytes.Equal(out, want) {
+					t.Fatalf("read in pieces %q, whole %q", out, want)
+				}
 			}
 		} else if !bytes.Equal(out, body) {
 			t.Fatalf("read %q, want %q", out, body)

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -1123,4 +1124,129 @@ func TestMeterTruncatedJSON(t *testing.T) {
 	if u := releases[0].Usage; u == nil || u.Output < 400*5/4 {
 		t.Errorf("released with %v, want an output estimate of at least the 2000 characters that arrived", u)
 	}
+}
+
+// strippedStream is an OpenAI chat stream of n text deltas of varied
+// lengths, with comments, a two-line event and line ends of every kind,
+// then the usage chunk include_usage adds and [DONE]; want is what a
+// caller reads of it with the usage chunk stripped.
+func strippedStream(n int) (in, want []byte) {
+	var b bytes.Buffer
+	for i := range n {
+		text := strings.Repeat("wörd ", 1+i%37)
+		end := [...]string{"\n", "\r\n", "\r"}[i%3]
+		switch {
+		case i%50 == 7:
+			b.WriteString(": keep-alive" + end + end)
+		case i%50 == 23: // one event in two data lines
+			fmt.Fprintf(&b, `data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,`+end+`data: "delta":{"content":%q},"finish_reason":null}]}`+end+end, text)
+			continue
+		}
+		fmt.Fprintf(&b, `data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":%q},"finish_reason":null}],"obfuscation":"%s"}`+end+end,
+			text, strings.Repeat("x", i%11))
+	}
+	b.WriteString(`data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}` + "\n\n")
+	want = append([]byte(nil), b.Bytes()...)
+	b.WriteString(`data: {"id":"c","object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":12,"completion_tokens":900,"total_tokens":912}}` + "\n\n")
+	b.WriteString("data: [DONE]\n\n")
+	want = append(want, "data: [DONE]\n\n"...)
+	return b.Bytes(), want
+}
+
+// TestStrippedStreamKeepsEveryByteInAnyCallerBuffer: a stream whose usage
+// chunk is stripped, read into caller buffers of any size (smaller than an
+// event, one byte, larger than the body) and cut anyhow by its body, loses
+// no byte, reorders none, and removes only the usage chunk.
+func TestStrippedStreamKeepsEveryByteInAnyCallerBuffer(t *testing.T) {
+	in, want := strippedStream(600)
+	for _, size := range []int{1, 2, 7, 64, 301, 1024, 4096, 1 << 20} {
+		for _, c := range chunkings {
+			t.Run(fmt.Sprintf("buffer-%d/%s", size, c.name), func(t *testing.T) {
+				m, err := NewMeter(io.NopCloser(c.r(in)), nil, MeterOptions{Format: OpenAIChat, SSE: true, StripUsageChunk: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				var out []byte
+				buf := make([]byte, size)
+				for {
+					n, err := m.Read(buf)
+					out = append(out, buf[:n]...)
+					if err == io.EOF {
+						break
+					}
+					if err != nil {
+						t.Fatal(err)
+					}
+				}
+				if !bytes.Equal(out, want) {
+					i := 0
+					for i < min(len(out), len(want)) && out[i] == want[i] {
+						i++
+					}
+					t.Fatalf("read %d bytes, want %d; first difference at byte %d: %q, want %q", len(out), len(want), i,
+						out[i:min(len(out), i+40)], want[i:min(len(want), i+40)])
+				}
+				if u, exact := m.Usage(); !exact || u.Output != 900 {
+					t.Fatalf("Usage() = %+v, %v; want the usage chunk's", u, exact)
+				}
+			})
+		}
+	}
+}
+
+// pausedBody returns its data, then has nothing more to give for now
+// (0, nil), as a stream waiting for its next event.
+type pausedBody struct{ data []byte }
+
+func (b *pausedBody) Read(p []byte) (int, error) {
+	n := copy(p, b.data)
+	b.data = b.data[n:]
+	return n, nil
+}
+
+// TestWaitingStrippedStreamHoldsNoReadBuffer: a stream whose usage chunk
+// is stripped holds no buffer of its own while it waits for its next
+// event: the bytes it read went to the caller's buffer, and only what it
+// must keep of the stream (a split event, the scanner's state) stays.
+func TestWaitingStrippedStreamHoldsNoReadBuffer(t *testing.T) {
+	in, _ := strippedStream(40)
+	first := in[:bytes.Index(in, []byte("wörd wörd wörd wörd wörd wörd wörd wörd wörd wörd "))]
+	const streams = 256
+	heap := func() uint64 {
+		runtime.GC()
+		runtime.GC() // and what sync.Pool kept past the first
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return ms.HeapAlloc
+	}
+	buf := make([]byte, 32<<10) // the caller's, as a proxy copies with
+	meters := make([]*Meter, streams)
+	before := heap()
+	for i := range meters {
+		m, err := NewMeter(io.NopCloser(&pausedBody{data: first}), nil, MeterOptions{Format: OpenAIChat, SSE: true, StripUsageChunk: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		read := 0
+		for {
+			n, err := m.Read(buf)
+			if err != nil {
+				t.Fatalf("Read: %v", err)
+			}
+			if n == 0 {
+				break
+			}
+			read += n
+		}
+		if read == 0 {
+			t.Fatal("no event read")
+		}
+		meters[i] = m
+	}
+	per := float64(heap()-before) / streams
+	runtime.KeepAlive(meters)
+	if per > 8<<10 {
+		t.Fatalf("a waiting stream holds %.0f bytes; want at most 8 KiB", per)
+	}
+	t.Logf("a waiting stream holds %.0f bytes", per)
 }
