@@ -169,7 +169,6 @@ type Meter struct {
 
 	sc  sseScanner
 	js  jsonSplitter
-	doc jsondom.Doc
 	tpl template
 
 	stripping bool   // still removing the usage chunk
@@ -465,11 +464,13 @@ func (m *Meter) event(name, data []byte) (drop bool) {
 		m.applyText(chars, m.tpl.started)
 		return false
 	}
-	if jsondom.Parse(&m.doc, data) != nil {
+	doc := getDoc() // the tree goes back to the pool: a waiting stream keeps none
+	defer putDoc(doc)
+	if jsondom.Parse(doc, data) != nil {
 		return false // not JSON: nothing to meter
 	}
 	var e eventInfo
-	root := m.doc.Root()
+	root := doc.Root()
 	parseEvent(m.format, name, root, true, &e)
 	if m.record {
 		describe(m.format, name, root, &m.resp)
@@ -506,13 +507,15 @@ var fastPathCheck func(f Format, block, name, data []byte, got eventInfo)
 // value is the jsonSink's: one JSON document, or one element of a
 // top-level array. mu is held.
 func (m *Meter) value(doc []byte) {
-	if jsondom.Parse(&m.doc, doc) != nil {
+	d := getDoc()
+	defer putDoc(d)
+	if jsondom.Parse(d, doc) != nil {
 		return
 	}
 	var e eventInfo
-	parseEvent(m.format, nil, m.doc.Root(), false, &e)
+	parseEvent(m.format, nil, d.Root(), false, &e)
 	if m.record {
-		describe(m.format, nil, m.doc.Root(), &m.resp)
+		describe(m.format, nil, d.Root(), &m.resp)
 	}
 	if m.js.base > 0 {
 		e.terminal = false // one response of an array: the array's end settles

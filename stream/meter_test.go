@@ -1250,3 +1250,36 @@ func TestWaitingStrippedStreamHoldsNoReadBuffer(t *testing.T) {
 	}
 	t.Logf("a waiting stream holds %.0f bytes", per)
 }
+
+// TestMeterParsesIntoPooledTrees: the tree a meter parses an event or a
+// plain response into comes from a pool and goes back to it, so metering
+// a response grows no new tree (a growing tree is several allocations per
+// response), and a stream keeps none between its events.
+func TestMeterParsesIntoPooledTrees(t *testing.T) {
+	check := fastPathCheck // the check parses into a new Doc
+	fastPathCheck = nil
+	defer func() { fastPathCheck = check }()
+	body := []byte(`{"id":"chatcmpl-1","object":"chat.completion","created":1755137933,"model":"gpt-4o-mini","choices":[{"index":0,"message":{"role":"assistant","content":"Hello! How can I help you today?","refusal":null},"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":9,"total_tokens":21}}`)
+	buf := make([]byte, 32<<10)
+	meter := func() {
+		r := bytes.NewReader(body) // 1 allocation, and 1 for its NopCloser
+		m, err := NewMeter(io.NopCloser(r), nil, MeterOptions{Format: OpenAIChat}) // 1
+		if err != nil {
+			t.Fatal(err)
+		}
+		for { // 1: the document, kept until it is complete
+			if _, err := m.Read(buf); err == io.EOF {
+				break
+			} else if err != nil {
+				t.Fatal(err)
+			}
+		}
+		if u, exact := m.Usage(); !exact || u.Output != 9 {
+			t.Fatalf("Usage() = %+v, %v", u, exact)
+		}
+	}
+	meter()
+	if n := testing.AllocsPerRun(100, meter); n > 4 {
+		t.Errorf("metering a plain response allocates %v times; want at most 4", n)
+	}
+}
