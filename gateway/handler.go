@@ -255,6 +255,10 @@ func proxy(r Route, index int, g *gate) *routeProxy {
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(upstream)
 			pr.SetXForwarded()
+			// The transport asks for compression itself and decompresses,
+			// so that the meter reads the answer; the request it is given
+			// then needs no copy to drop the client's choice.
+			pr.Out.Header.Del("Accept-Encoding")
 			if key != "" {
 				setKey(pr.Out, format, key)
 			}

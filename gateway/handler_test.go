@@ -2,6 +2,7 @@ package gateway_test
 
 import (
 	"bufio"
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"errors"
@@ -561,4 +562,43 @@ routes: [{api: openai-chat, upstream: up, bulkhead: main}]
 			t.Errorf("base_url %s: %d, upstream saw %q; want %q", tc.base, res.StatusCode, got, tc.want)
 		}
 	}
+}
+
+// TestCompressionLeftToTheUpstreamTransport: a client's Accept-Encoding
+// does not go upstream; the gateway's transport asks for gzip itself and
+// decompresses, so the meter reads the answer (and settles its usage) and
+// the client gets it plain.
+func TestCompressionLeftToTheUpstreamTransport(t *testing.T) {
+	const answer = `{"id":"c1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hello"},"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":2,"total_tokens":11}}`
+	asked := make(chan string, 1)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		asked <- r.Header.Get("Accept-Encoding")
+		w.Header().Set("Content-Type", "application/json")
+		if r.Header.Get("Accept-Encoding") != "gzip" {
+			io.WriteString(w, answer)
+			return
+		}
+		w.Header().Set("Content-Encoding", "gzip")
+		zw := gzip.NewWriter(w)
+		io.WriteString(zw, answer)
+		zw.Close()
+	}))
+	defer up.Close()
+	gw, b := newGateway(t, up.URL, budgetConfig(4))
+	req, _ := http.NewRequest("POST", gw.URL+"/v1/chat/completions", strings.NewReader(`{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}],"max_tokens":50}`))
+	req.Header.Set("Accept-Encoding", "br")
+	res, err := http.DefaultTransport.RoundTrip(req) // the client's header as it is, no gzip of its own
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if got := <-asked; got != "gzip" {
+		t.Errorf("the upstream was asked for Accept-Encoding %q; want the transport's own gzip", got)
+	}
+	if string(body) != answer || res.Header.Get("Content-Encoding") != "" {
+		t.Errorf("the client got %q (Content-Encoding %q); want the answer plain", body, res.Header.Get("Content-Encoding"))
+	}
+	wantSettled(t, b, 1, 11)
 }

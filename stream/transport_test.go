@@ -338,3 +338,73 @@ func TestTransportAdmitsThroughItsAcquire(t *testing.T) {
 		t.Errorf("Acquire called %d times, release %v; want once, tag t-2", calls, releases[0])
 	}
 }
+
+// TestTransportChangesOnlyItsOwnCopy: a call whose request the transport
+// must change (an Accept-Encoding to drop, include_usage to add) goes out
+// as a copy and leaves the caller's request as it was; one it has nothing
+// to change in (a proxy that read the body already, with WithCall, and
+// left compression to the base transport) goes out as it is, without a
+// copy of the request and its headers, which a streamed call holds for as
+// long as it lasts.
+func TestTransportChangesOnlyItsOwnCopy(t *testing.T) {
+	b := newBudgetBulkhead(t, nil)
+	streamed := `{"model":"gpt-4o","max_tokens":200,"stream":true,"messages":[{"role":"user","content":"hi"}]}`
+	cases := []struct {
+		name, body, encoding string
+		same                 bool
+	}{
+		{"nothing to change", chatBody, "", true},
+		{"accept-encoding", chatBody, "gzip", false},
+		{"include_usage", streamed, "", false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			up := &fakeUpstream{answer: respond(200, "application/json",
+				`{"id":"c","object":"chat.completion","choices":[],"usage":{"prompt_tokens":12,"completion_tokens":3}}`)}
+			tr := &Transport{Bulkhead: b, Base: up}
+			req, err := http.NewRequest(http.MethodPost, "http://provider.test/v1/chat/completions", strings.NewReader(tc.body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.encoding != "" {
+				req.Header.Set("Accept-Encoding", tc.encoding)
+			}
+			call, err := ReadRequest(req, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			req = req.WithContext(WithCall(req.Context(), call))
+			header, body := req.Header.Clone(), req.Body
+			resp, err := tr.RoundTrip(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if sent := up.sent[0]; (sent == req) != tc.same {
+				t.Errorf("sent the caller's request itself: %v, want %v", sent == req, tc.same)
+			}
+			if !equalHeaders(req.Header, header) || req.Body != body {
+				t.Errorf("the caller's request changed: %v", req.Header)
+			}
+			if ae := up.sent[0].Header.Get("Accept-Encoding"); ae != "" {
+				t.Errorf("sent Accept-Encoding %q", ae)
+			}
+			if want := tc.body != streamed; strings.Contains(string(up.bodies[0]), "include_usage") == want {
+				t.Errorf("sent %s", up.bodies[0])
+			}
+		})
+	}
+}
+
+func equalHeaders(a, b http.Header) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if strings.Join(v, "\x00") != strings.Join(b[k], "\x00") {
+			return false
+		}
+	}
+	return true
+}
