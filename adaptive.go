@@ -1,7 +1,6 @@
 package bulkhead
 
 import (
-	"math"
 	"time"
 
 	"github.com/llmbulkhead/bulkhead/actor"
@@ -263,85 +262,4 @@ type AdaptiveStats struct {
 	// LastChange is when it last changed the limits; zero before the
 	// first change.
 	LastChange time.Time
-}
-
-// adaptiveConfig validates cfg.Adaptive and returns the engine's form of
-// it, with its defaults filled in; nil without one.
-func adaptiveConfig(cfg *Config) (*actor.Adaptive, error) {
-	a := cfg.Adaptive
-	if a == nil {
-		return nil, nil
-	}
-	const f = "Config.Adaptive."
-	p := adaptive.Params{Rule: adaptive.Rule(a.Rule), Min: a.MinConcurrent, Max: a.MaxConcurrent,
-		Backoff: a.Backoff, Step: a.Increase, Tolerance: a.Tolerance, Smoothing: a.Smoothing, Window: a.Window}
-	switch {
-	case a.Rule > Gradient:
-		return nil, invalidf(f+"Rule", "must be AIMD or Gradient, got %d", a.Rule)
-	case a.Cooldown > ShedCooldown:
-		return nil, invalidf(f+"Cooldown", "must be HoldCooldown or ShedCooldown, got %d", a.Cooldown)
-	case p.Min < 0:
-		return nil, invalidf(f+"MinConcurrent", "must be >= 0, got %d", p.Min)
-	case p.Max < 0:
-		return nil, invalidf(f+"MaxConcurrent", "must be >= 0, got %d", p.Max)
-	}
-	p.Min = max(p.Min, 1)
-	if p.Max == 0 {
-		p.Max = cfg.MaxConcurrent
-	}
-	if p.Max < p.Min {
-		return nil, invalidf(f+"MaxConcurrent", "must be >= MinConcurrent (%d), got %d (zero means Config.MaxConcurrent)", p.Min, p.Max)
-	}
-	for _, t := range []struct {
-		field    string
-		v        *float64
-		zero     float64
-		ok       bool
-		interval string
-	}{
-		{"Backoff", &p.Backoff, 0.75, p.Backoff >= 0.5 && p.Backoff < 1, "[0.5, 1)"},
-		{"Tolerance", &p.Tolerance, 1.5, p.Tolerance >= 1 && p.Tolerance <= math.MaxFloat64, "[1, +Inf)"},
-		{"Smoothing", &p.Smoothing, 0.2, p.Smoothing > 0 && p.Smoothing <= 1, "(0, 1]"},
-	} {
-		if *t.v == 0 {
-			*t.v = t.zero
-		} else if !t.ok {
-			return nil, invalidf(f+t.field, "must be in %s, got %v", t.interval, *t.v)
-		}
-	}
-	switch {
-	case p.Step < 0:
-		return nil, invalidf(f+"Increase", "must be >= 0, got %d", p.Step)
-	case p.Window < 0:
-		return nil, invalidf(f+"Window", "must be >= 0, got %v", p.Window)
-	}
-	p.Step = max(p.Step, 1)
-	if p.Window == 0 {
-		p.Window = time.Second
-	}
-	ac := &actor.Adaptive{Params: p}
-	tb := cfg.TokenBudget
-	if tb == nil {
-		if a.MinBudget != 0 || a.MaxBudget != 0 {
-			return nil, invalidf(f+"MinBudget", "applies only with Config.TokenBudget")
-		}
-		return ac, nil
-	}
-	if err := checkNonNegative(f+"MinBudget", a.MinBudget); err != nil {
-		return nil, err
-	}
-	if err := checkNonNegative(f+"MaxBudget", a.MaxBudget); err != nil {
-		return nil, err
-	}
-	ac.HasBudget, ac.MaxBudget, ac.MinBudget = true, a.MaxBudget, a.MinBudget
-	if ac.MaxBudget == 0 {
-		ac.MaxBudget = tb.Budget
-	}
-	if ac.MinBudget == 0 {
-		ac.MinBudget = adaptive.Scale(ac.MaxBudget, p.Min, p.Max)
-	}
-	if ac.MinBudget > ac.MaxBudget {
-		return nil, invalidf(f+"MinBudget", "must not exceed MaxBudget (%d), got %d", ac.MaxBudget, ac.MinBudget)
-	}
-	return ac, nil
 }

@@ -794,3 +794,321 @@ func TestPacedTurnsInsideCooldownShed(t *testing.T) {
 		t.Fatalf("after: waiting %d, rejected %v", st.Rate.Waiting, st.Calls.RejectedByReason)
 	}
 }
+
+// Feedback on one permit from many goroutines, before and after Release.
+func TestPermitFeedbackFromManyGoroutines(t *testing.T) {
+	clk := clock.NewMock()
+	b := newBulkhead(t, adaptiveConfig(clk, bulkhead.Adaptive{Cooldown: bulkhead.ShedCooldown}))
+	for i := 0; i < 20; i++ {
+		p := mustAcquire(t, b, req("hi", 9))
+		done := make(chan struct{})
+		for g := 0; g < 4; g++ {
+			go func() {
+				defer func() { done <- struct{}{} }()
+				_ = p.FeedbackHeadroom(bulkhead.OutcomeSuccess, 0, &bulkhead.Headroom{Tokens: 100000, TokensLimit: 100000, TokensReset: time.Minute, Requests: -1})
+				_ = p.Release(nil)
+				_ = p.Feedback(bulkhead.OutcomeRateLimited, time.Second)
+			}()
+		}
+		for g := 0; g < 4; g++ {
+			<-done
+		}
+	}
+	if st := b.Stats(); st.Cooldown.HeadroomReports != 20 || st.Cooldown.Started != 0 || st.Gate.InFlight != 0 {
+		t.Fatalf("stats %+v gate %+v", st.Cooldown, st.Gate)
+	}
+}
+
+// Permit.Feedback measures latency from the admission, also for an
+// AcquireAsync future whose Result is read late (it measured from the first
+// Result, ~0, and the Gradient rule saw a 10x latency jump as none).
+func TestFeedbackMeasuresLatencyFromAdmission(t *testing.T) {
+	run := func(async bool) []int {
+		clk := clock.NewMock()
+		b := newBulkhead(t, adaptiveConfig(clk, bulkhead.Adaptive{Rule: bulkhead.Gradient, MaxConcurrent: 16}))
+		round := func(lat time.Duration) int {
+			n := b.Limits().MaxConcurrent
+			var ps []*bulkhead.Permit
+			if async {
+				fs := make([]*bulkhead.AcquireFuture, n)
+				for i := range fs {
+					fs[i] = b.AcquireAsync(context.Background(), req("hi", 1))
+					if !isDone(fs[i]) {
+						t.Fatal("not decided inline")
+					}
+				}
+				clk.Add(lat) // the call runs; the loop reads Result on its answer
+				for _, f := range fs {
+					p, err := f.Result()
+					if err != nil {
+						t.Fatal(err)
+					}
+					ps = append(ps, p)
+				}
+			} else {
+				for range n {
+					ps = append(ps, mustAcquire(t, b, req("hi", 1)))
+				}
+				clk.Add(lat)
+			}
+			for _, p := range ps {
+				if err := p.Feedback(bulkhead.OutcomeSuccess, 0); err != nil {
+					t.Fatal(err)
+				}
+				_ = p.Release(nil)
+			}
+			return b.Limits().MaxConcurrent
+		}
+		var got []int
+		for range 3 {
+			got = append(got, round(100*time.Millisecond))
+		}
+		for range 3 {
+			got = append(got, round(time.Second))
+		}
+		return got
+	}
+	if s, a := run(false), run(true); fmt.Sprint(s) != fmt.Sprint(a) {
+		t.Fatalf("limits by round: Acquire %v, AcquireAsync %v", s, a)
+	}
+}
+
+func cool429(t *testing.T, b *bulkhead.Bulkhead, model string, d time.Duration) {
+	t.Helper()
+	if err := b.Feedback(bulkhead.Feedback{Model: model, Outcome: bulkhead.OutcomeRateLimited, RetryAfter: d}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func pendingIs(b *bulkhead.Bulkhead, n int) func() bool {
+	return func() bool { return b.Stats().Gate.Pending == n }
+}
+
+// fullQueueCooling returns a bulkhead with its one slot taken, its one
+// queue place taken by a call of another model, and gpt-4o cooling down
+// for 5s: a gpt-4o call finds no room to be held.
+func fullQueueCooling(t *testing.T) *bulkhead.Bulkhead {
+	clk := clock.NewMock()
+	cfg := adaptiveConfig(clk, bulkhead.Adaptive{})
+	cfg.MaxConcurrent, cfg.MaxQueue, cfg.QueueTimeout = 1, 1, 30*time.Second
+	b := newBulkhead(t, cfg)
+	p := mustAcquire(t, b, req("hi", 1))
+	other := req("other", 1)
+	other.Model = "gpt-4.1"
+	waiter := acquireAsync(context.Background(), b, other)
+	t.Cleanup(func() {
+		_ = p.Release(nil)
+		if r := <-waiter; r.err == nil {
+			_ = r.tok.Release(nil)
+		}
+	})
+	testutil.WaitFor(t, "the other model's call to queue", pendingIs(b, 1))
+	cool429(t, b, "gpt-4o", 5*time.Second)
+	return b
+}
+
+// A call that finds no queue room to be held in is rejected Cooldown with
+// the time left, as with ShedCooldown (it was rejected QueueLimit, with no
+// cool-down detail).
+func TestHoldCooldownWithFullQueueRejectsCooldown(t *testing.T) {
+	b := fullQueueCooling(t)
+	_, err := b.Acquire(context.Background(), req("hi", 1))
+	rej := wantReason(t, err, bulkhead.Cooldown)
+	if d, ok := rej.RetryAfter(); !ok || d != 5*time.Second {
+		t.Fatalf("RetryAfter = %v, %v", d, ok)
+	}
+}
+
+// In observe mode the same call is not bypassed into the cool-down:
+// Cooldown is not a shadow reason (QueueLimit, which stood in for it, was).
+func TestHoldCooldownWithFullQueueDoesNotBypassObserve(t *testing.T) {
+	b := fullQueueCooling(t)
+
+	ran := false
+	_, err := bulkhead.Run(context.Background(), b, req("hi", 1), func(context.Context, *bulkhead.RunContext) (int, error) {
+		ran = true
+		return 0, nil
+	}, bulkhead.WithMode(bulkhead.Observe))
+	if ran {
+		t.Errorf("observe mode ran the call during its model's cool-down (err %v)", err)
+	}
+}
+
+// A waiter is held only within what is left of its queue timeout: with 2s
+// left, facing a 5s cool-down, it is turned away Cooldown at its grant (it
+// was held against its whole timeout, and then timed out).
+func TestHoldCooldownHoldsWaiterOnlyWithinItsTimeoutLeft(t *testing.T) {
+	clk := clock.NewMock()
+	cfg := adaptiveConfig(clk, bulkhead.Adaptive{})
+	cfg.MaxConcurrent, cfg.MaxQueue, cfg.QueueTimeout = 1, 4, 10*time.Second
+	b := newBulkhead(t, cfg)
+	p := mustAcquire(t, b, req("hi", 1))
+	w := acquireAsync(context.Background(), b, req("w", 1))
+	testutil.WaitFor(t, "the call to queue", pendingIs(b, 1))
+	clk.Add(8 * time.Second)
+	cool429(t, b, "gpt-4o", 5*time.Second) // ends at 13s, after w's queue timeout at 10s
+	_ = p.Release(nil)
+	_ = b.Stats() // behind the release
+	clk.Add(2 * time.Second)
+	r := <-w
+	if r.err == nil {
+		_ = r.tok.Release(nil)
+	}
+	wantReason(t, r.err, bulkhead.Cooldown)
+}
+
+// A held call holds back the calls of its class behind it, and a newer call
+// of that class arriving while a slot is free waits behind them too (first
+// in, first out within a class), rather than being admitted ahead of an
+// older waiter.
+func TestHoldCooldownLaterCallWaitsBehindHeldWaiters(t *testing.T) {
+	clk := clock.NewMock()
+	cfg := adaptiveConfig(clk, bulkhead.Adaptive{})
+	cfg.MaxConcurrent, cfg.MaxQueue, cfg.QueueTimeout = 1, 4, 30*time.Second
+	b := newBulkhead(t, cfg)
+	p := mustAcquire(t, b, req("hi", 1))
+	cool429(t, b, "gpt-4o", 10*time.Second)
+	held := acquireAsync(context.Background(), b, req("held", 1))
+	testutil.WaitFor(t, "the call to hold", pendingIs(b, 1))
+	b1req := req("b1", 1)
+	b1req.Model = "gpt-4.1"
+	b1 := acquireAsync(context.Background(), b, b1req)
+	testutil.WaitFor(t, "b1 to queue", pendingIs(b, 2))
+	_ = p.Release(nil)
+	_ = b.Stats()
+
+	b2req := req("b2", 1)
+	b2req.Model = "gpt-4.1"
+	b2 := acquireAsync(context.Background(), b, b2req)
+	testutil.WaitFor(t, "b2 to queue behind b1", pendingIs(b, 3))
+	clk.Add(10 * time.Second)
+	for _, ch := range []<-chan result{held, b1, b2} {
+		if r := <-ch; r.err == nil {
+			_ = r.tok.Release(nil)
+		} else {
+			t.Errorf("after the cool-down: %v", r.err)
+		}
+	}
+}
+
+// A later headroom report that frees the window lets a held call go with
+// the next call of its model, which queues behind it, rather than the
+// newer call being admitted ahead of it while it waits out the old time.
+func TestHeadroomReportKeepsHeldCallFirst(t *testing.T) {
+	clk := clock.NewMock()
+	cfg := adaptiveConfig(clk, bulkhead.Adaptive{})
+	cfg.QueueTimeout = time.Minute
+	b := newBulkhead(t, cfg)
+	report(t, b, bulkhead.Headroom{Tokens: 0, TokensReset: 30 * time.Second, Requests: -1})
+	held := acquireAsync(context.Background(), b, req("held", 9))
+	testutil.WaitFor(t, "the call to hold", holding(b))
+	report(t, b, bulkhead.Headroom{Tokens: 10_000, TokensReset: 30 * time.Second, Requests: -1})
+
+	tok, err := b.Acquire(context.Background(), req("new", 9))
+	if err != nil {
+		t.Fatalf("new call: %v", err)
+	}
+	_ = tok.Release(nil)
+	if st := b.Stats(); st.Gate.Pending != 0 {
+		t.Errorf("a later call of the same model was admitted while the earlier held one still waits (pending %d)", st.Gate.Pending)
+	}
+	clk.Add(30 * time.Second)
+	if r := <-held; r.err == nil {
+		_ = r.tok.Release(nil)
+	}
+}
+
+// A held Observe-mode call whose cool-down is extended past what is left
+// of its queue timeout is turned away Cooldown, not held until it times out
+// (Timeout is a shadow reason: it would then run against the provider while
+// its model is still cooling down).
+func TestHoldCooldownExtendedPastTimeoutTurnsObserveAway(t *testing.T) {
+	clk := clock.NewMock()
+	cfg := adaptiveConfig(clk, bulkhead.Adaptive{})
+	cfg.QueueTimeout = 10 * time.Second
+	b := newBulkhead(t, cfg)
+	cool429(t, b, "gpt-4o", 2*time.Second)
+	var ranAt time.Time
+	done := make(chan error, 1)
+	go func() {
+		_, err := bulkhead.Run(context.Background(), b, req("hi", 1), func(context.Context, *bulkhead.RunContext) (int, error) {
+			ranAt = clk.Now()
+			return 0, nil
+		}, bulkhead.WithMode(bulkhead.Observe))
+		done <- err
+	}()
+	testutil.WaitFor(t, "the call to hold", holding(b))
+	clk.Add(time.Second)
+	cool429(t, b, "gpt-4o", 9500*time.Millisecond) // now until 10.5s
+	clk.Add(time.Second)
+	_ = b.Stats()
+	clk.Add(8 * time.Second) // 10s: the queue timeout
+	err := <-done
+	if !ranAt.IsZero() {
+		t.Errorf("observe call ran at %v into a cool-down that ends at 10.5s (err %v)", ranAt.Sub(time.Unix(0, 0)), err)
+	}
+}
+
+// A held call survives MaxConcurrent 0 and is admitted once the limit is
+// raised after its cool-down ended.
+func TestHoldCooldownHeldCallSurvivesKillSwitch(t *testing.T) {
+	clk := clock.NewMock()
+	cfg := adaptiveConfig(clk, bulkhead.Adaptive{})
+	cfg.Adaptive = nil
+	cfg.QueueTimeout = time.Minute
+	b := newBulkhead(t, cfg)
+	cool429(t, b, "gpt-4o", 5*time.Second)
+	held := acquireAsync(context.Background(), b, req("hi", 1))
+	testutil.WaitFor(t, "the call to hold", holding(b))
+	l := b.Limits()
+	l.Revision++
+	l.MaxConcurrent = 0
+	if _, err := b.ApplyLimits(l); err != nil {
+		t.Fatal(err)
+	}
+	clk.Add(5 * time.Second)
+	_ = b.Stats()
+	l.Revision++
+	l.MaxConcurrent = 8
+	if _, err := b.ApplyLimits(l); err != nil {
+		t.Fatal(err)
+	}
+	r := <-held
+	if r.err != nil {
+		t.Fatalf("held call after MaxConcurrent 0 then 8: %v; want it admitted", r.err)
+	}
+	_ = r.tok.Release(nil)
+}
+
+// A dedup leader held for a cool-down: its followers share its answer once
+// the cool-down ends, and Held counts the leader once.
+func TestHoldCooldownDedupLeaderHeldOnce(t *testing.T) {
+	clk := clock.NewMock()
+	cfg := dedupConfig(4)
+	cfg.Clock = clk
+	cfg.QueueTimeout = time.Minute
+	b := newBulkhead(t, cfg)
+	cool429(t, b, "gpt-4o", 5*time.Second)
+	g := newGate()
+	close(g.release)
+	ctx := context.Background()
+	leader := runAsync(ctx, b, req("hello", 10), g.fn("answer", nil))
+	testutil.WaitFor(t, "the leader to hold", holding(b))
+	var followers []<-chan runOut
+	for range 3 {
+		followers = append(followers, runAsync(ctx, b, req("hello", 10), g.fn("wrong", nil)))
+	}
+	waitHits(t, b, 3)
+	if st := b.Stats(); st.Gate.Pending != 1 || st.Cooldown.Held != 1 {
+		t.Errorf("while held: pending %d, held %d", st.Gate.Pending, st.Cooldown.Held)
+	}
+	clk.Add(5 * time.Second)
+	for _, ch := range append(followers, leader) {
+		if o := <-ch; o.v != "answer" || o.err != nil {
+			t.Errorf("got %q, %v", o.v, o.err)
+		}
+	}
+	if g.count() != 1 {
+		t.Errorf("fn ran %d times", g.count())
+	}
+}

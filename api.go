@@ -82,7 +82,7 @@ func New(cfg Config) (*Bulkhead, error) {
 	}
 	eng, err := actor.Start(actor.Config{Limits: engineLimits(limits), Clock: cfg.Clock, Logger: cfg.Logger, Dedup: cfg.Dedup != nil,
 		Queue: actor.QueuePolicy{Fair: cfg.Queue.Fair, Weights: cfg.Queue.Weights, WaitForCapacity: cfg.Queue.WaitForCapacity},
-		Model: cfg.Model, ShedCooldown: shed, Adaptive: adapt, Rates: rates, Fleet: cfg.Fleet, OnPark: onPark})
+		Model: cfg.Model, ShedCooldown: shed, Adaptive: adapt, Rates: rates, Fleet: cfg.Fleet})
 	if err != nil {
 		return nil, publicError(err)
 	}
@@ -91,18 +91,6 @@ func New(cfg Config) (*Bulkhead, error) {
 		b.dedup = newDeduper(*cfg.Dedup)
 	}
 	return b, nil
-}
-
-// testHookRateWait, when set by a test, is called on the engine each time a
-// call starts to wait on its own timer (a paced turn, or a cool-down before
-// it), so the test can move a mock clock.
-var testHookRateWait func(time.Duration)
-
-// onPark calls testHookRateWait, when a test has set it.
-func onPark(d time.Duration) {
-	if h := testHookRateWait; h != nil {
-		h(d)
-	}
 }
 
 // reserve validates req and computes its reservation, exactly once per
@@ -145,13 +133,18 @@ func (b *Bulkhead) acquire(ctx context.Context, req *Request, o *callOptions, me
 	if err != nil {
 		return nil, err
 	}
-	return b.admit(ctx, r, p, o)
+	return b.send(r, p, o.tag)
 }
 
-// send sends r, prepared with its permit p, to the engine and returns the
-// admission, the panic of code run for its remote checks (if any) and the
-// rejection, tagged with tag. r goes back to the pool.
-func (b *Bulkhead) send(r *actor.AcquireRequest, p *Permit, tag string) (*Permit, any, error) {
+// send sends r, prepared with its permit p, for admission and returns the
+// admission or the rejection, tagged with tag; r goes back to the pool.
+// Every stage is the engine's: the cool-down, the capacity checks and the
+// slot, a paced turn, and the remote stages (a fleet pool, rates in Redis),
+// which a worker of the engine's runs while the admission is provisional.
+// A panic in code those run for the call (its context, a Redis hook) is
+// raised again here, on the caller's goroutine, once everything the call
+// held is given back.
+func (b *Bulkhead) send(r *actor.AcquireRequest, p *Permit, tag string) (*Permit, error) {
 	err := b.eng.Acquire(r)
 	pv := r.Panic
 	switch {
@@ -173,7 +166,10 @@ func (b *Bulkhead) send(r *actor.AcquireRequest, p *Permit, tag string) (*Permit
 		err = withTag(publicError(err), tag)
 	}
 	b.eng.PutRequest(r)
-	return p, pv, err
+	if pv != nil {
+		panic(pv)
+	}
+	return p, err
 }
 
 // prepare validates a call and fills a request for it, from newRequest,
@@ -218,6 +214,23 @@ func (b *Bulkhead) prepare(ctx context.Context, req *Request, o *callOptions, me
 	return r, p, nil
 }
 
+// modelOf is the model of a call naming model m: m, or Config.Model for
+// "".
+func (b *Bulkhead) modelOf(m string) string {
+	if m != "" {
+		return m
+	}
+	return b.model
+}
+
+// model is r's model, "" for none (or a nil r).
+func (r *Request) model() string {
+	if r == nil {
+		return ""
+	}
+	return r.Model
+}
+
 // check validates a call's options and request, then resolves its class
 // and computes its reservation, once.
 func (b *Bulkhead) check(req *Request, o *callOptions, method string, queueing bool) (classes.Class, Reservation, error) {
@@ -258,8 +271,8 @@ func (b *Bulkhead) WouldAdmit(req *Request, opts ...Option) (Decision, error) {
 	if err != nil {
 		return Decision{}, err
 	}
-	d := b.eng.WouldAdmit(class, admission.Priority(o.priority), admission.Reservation(res), b.modelOf(req.model()), b.timeout, o.detail)
-	return Decision{Admit: d.Admit, Reason: Reason(d.Reason), Detail: rejectDetailFor(d.Detail, Reason(d.Reason))}, nil
+	why, d := b.eng.WouldAdmit(class, admission.Priority(o.priority), admission.Reservation(res), b.modelOf(req.model()), b.timeout, o.detail)
+	return Decision{Admit: why == admission.NoReason, Reason: Reason(why), Detail: rejectDetailFor(d, Reason(why))}, nil
 }
 
 // Estimate returns the reservation the bulkhead would take for req, through
@@ -321,18 +334,18 @@ func (b *Bulkhead) SetBudget(budget int64) (ApplyResult, error) {
 // returns, in order, on the bulkhead's event goroutine.
 func (b *Bulkhead) Subscribe(h Hooks) (unsubscribe func()) {
 	kinds := actor.Kinds{
-		actor.KindAdmit:         h.Admit != nil,
-		actor.KindReject:        h.Reject != nil,
-		actor.KindRelease:       h.Release != nil,
-		actor.KindReconfigure:   h.Reconfigure != nil,
-		actor.KindUsage:         h.Usage != nil,
-		actor.KindAbandon:       h.Abandon != nil,
-		actor.KindBypass:        h.Bypass != nil,
-		actor.KindBypassUsage:   h.BypassUsage != nil,
-		actor.KindBypassRelease: h.BypassRelease != nil,
-		actor.KindDedup:         h.Dedup != nil,
+		admission.EventAdmit:         h.Admit != nil,
+		admission.EventReject:        h.Reject != nil,
+		admission.EventRelease:       h.Release != nil,
+		admission.EventReconfigure:   h.Reconfigure != nil,
+		admission.EventUsage:         h.Usage != nil,
+		admission.EventAbandon:       h.Abandon != nil,
+		admission.EventBypass:        h.Bypass != nil,
+		admission.EventBypassUsage:   h.BypassUsage != nil,
+		admission.EventBypassRelease: h.BypassRelease != nil,
+		admission.EventDedup:         h.Dedup != nil,
 	}
-	return b.eng.Subscribe(kinds, func(ev any) { deliver(&h, ev) })
+	return b.eng.Subscribe(kinds, func(ev *admission.Event) { b.deliver(&h, ev) })
 }
 
 // Close stops admitting: queued calls and every later call are rejected
@@ -359,8 +372,7 @@ func (b *Bulkhead) Drain(ctx context.Context) (DrainResult, error) {
 	if ctx == nil {
 		return DrainResult{}, invalidf("ctx", "must not be nil")
 	}
-	d := b.eng.Drain(ctx)
-	res := DrainResult{Drained: d.Drained, InFlight: d.InFlight, Pending: d.Pending, Bypassed: d.Bypassed, DedupActive: d.DedupActive}
+	res := DrainResult(b.eng.Drain(ctx))
 	if !res.Drained {
 		return res, context.Cause(ctx)
 	}

@@ -7,6 +7,7 @@ package bulkhead
 import (
 	"errors"
 
+	"github.com/llmbulkhead/bulkhead/actor"
 	"github.com/llmbulkhead/bulkhead/actor/admission"
 )
 
@@ -20,27 +21,10 @@ func publicError(err error) error {
 	}
 	var ce *admission.ConfigError
 	if errors.As(err, &ce) {
-		return &ConfigError{Field: ce.Field, Problem: ce.Problem}
+		c := ConfigError(*ce)
+		return &c
 	}
 	return err
-}
-
-func engineLimits(l Limits) admission.Limits {
-	out := admission.Limits{Revision: l.Revision, MaxConcurrent: l.MaxConcurrent, MaxQueue: l.MaxQueue}
-	if l.TokenBudget != nil {
-		out.TokenBudget = &admission.BudgetLimits{Budget: l.TokenBudget.Budget, HighPriorityReserve: l.TokenBudget.HighPriorityReserve}
-	}
-	if l.Classes != nil {
-		c := admission.Classes{Default: l.Classes.Default}
-		if l.Classes.Limits != nil {
-			c.Limits = make(map[string]admission.ClassLimits, len(l.Classes.Limits))
-			for k, v := range l.Classes.Limits {
-				c.Limits[k] = admission.ClassLimits(v.clone())
-			}
-		}
-		out.Classes = &c
-	}
-	return out
 }
 
 // clone returns l with its own copies of the ceilings.
@@ -76,12 +60,25 @@ func applyResult(r admission.ApplyResult) ApplyResult {
 	return ApplyResult{Applied: r.Applied, Reason: ApplyReason(r.Reason), Previous: publicLimits(r.Previous), Current: publicLimits(r.Current)}
 }
 
-func usageReport(r admission.UsageReport) UsageReport {
-	return UsageReport{
-		AdmissionID: ID(r.AdmissionID), LimitRevision: r.LimitRevision, Class: r.Class, Sequence: r.Sequence,
-		Reserved: r.Reserved, Held: r.Held, Consumed: r.Consumed,
-		OutputCap: clonePtr(r.OutputCap), OutputRemaining: clonePtr(r.OutputRemaining), OverReservation: r.OverReservation,
+// usageReport is the report of a usage report on admission (or bypass) l
+// that left it with r.
+func (b *Bulkhead) usageReport(l *actor.Lease, r admission.UsageResult) UsageReport {
+	rep := UsageReport{AdmissionID: ID(l.ID), LimitRevision: l.Revision, Class: l.Class, Sequence: r.Sequence,
+		Reserved: l.Reservation.Reserved, Held: r.Held, Consumed: r.Usage.Total()}
+	rep.OutputCap, rep.OutputRemaining, rep.OverReservation = b.output(l.Reservation, r.Usage)
+	return rep
+}
+
+// output is what a report says of cumulative usage u against reservation
+// res: the reservation's max output and what is left of it, and how far u
+// exceeds the reservation; nil, nil and 0 without a budget, where nothing
+// is reserved.
+func (b *Bulkhead) output(res admission.Reservation, u admission.Usage) (outputCap, remaining *int64, over int64) {
+	if !b.hasBudget {
+		return nil, nil, 0
 	}
+	c, left := res.MaxOutput, max(0, res.MaxOutput-u.Output)
+	return &c, &left, max(0, u.Total()-res.Reserved)
 }
 
 // clonePtr returns a pointer to a copy of *p, nil for nil: every caller
@@ -103,107 +100,93 @@ func rejectDetailFor(d *admission.RejectDetail, why Reason) *RejectDetail {
 	out := &RejectDetail{
 		LimitRevision: d.LimitRevision, Constraint: Constraint(d.Constraint),
 		InFlight: d.InFlight, MaxConcurrent: d.MaxConcurrent, Pending: d.Pending, MaxQueue: d.MaxQueue,
-	}
-	if f := d.Fleet; f != nil {
-		out.Fleet = &FleetDetail{Pool: f.Pool, InFlight: f.InFlight, InFlightTokens: f.InFlightTokens,
-			MaxConcurrent: f.MaxConcurrent, TokenBudget: f.TokenBudget, Generation: f.Generation, Fallback: f.Fallback}
-	}
-	if r := d.Rate; r != nil {
-		out.Rate = &RateDetail{Scope: r.Scope, Key: r.Key, Limit: r.Limit, PerMinute: r.PerMinute, Burst: r.Burst,
-			Weight: r.Weight, Remaining: r.Remaining, RetryAfter: r.RetryAfter, Fallback: r.Fallback}
-	}
-	if c := d.Cooldown; c != nil {
-		out.Cooldown = &CooldownDetail{Model: c.Model, Until: c.Until, RetryAfter: c.RetryAfter, Headroom: c.Headroom}
+		WouldBorrow: Resources(d.WouldBorrow),
+		Rate:        (*RateDetail)(clonePtr(d.Rate)), Fleet: (*FleetDetail)(clonePtr(d.Fleet)), Cooldown: (*CooldownDetail)(clonePtr(d.Cooldown)),
 	}
 	if b := d.TokenBudget; b != nil {
-		out.TokenBudget = &BudgetDetail{Budget: b.Budget, EffectiveBudget: b.EffectiveBudget, InFlightTokens: b.InFlightTokens, Available: b.Available, Reserved: b.Requested}
+		out.TokenBudget = &BudgetDetail{Budget: b.Budget, EffectiveBudget: b.EffectiveBudget, InFlightTokens: b.InFlightTokens,
+			Available: max(0, b.EffectiveBudget-b.InFlightTokens), Reserved: b.Reserved}
 	}
-	if s := d.SharedCapacity; s != nil {
-		out.Shared = &SharedPool{MaxConcurrent: s.Concurrency.Capacity, InFlight: s.Concurrency.InUse, AvailableConcurrent: s.Concurrency.Available}
-		out.WouldBorrow.BorrowedConcurrency = s.Concurrency.RequestedBorrowed > 0
-		if t := s.TokenBudget; t != nil {
-			out.Shared.TokenBudget = &SharedBudget{Budget: t.Capacity, InFlightTokens: t.InUse, Available: t.Available}
-			out.WouldBorrow.BorrowedTokens = t.RequestedBorrowed
-		}
+	if s := d.Shared; s != nil {
+		p := sharedPool(*s)
+		out.Shared = &p
 	}
 	if c := d.Class; c != nil {
-		cd := &ClassDetail{Name: c.ID, ClassUse: ClassUse{
-			InFlight: c.InFlight, ProtectedConcurrentInUse: c.ProtectedConcurrentInUse, BorrowedConcurrent: c.BorrowedConcurrent,
-		}}
-		cd.Limits.ProtectedConcurrent = c.ProtectedConcurrent
-		if c.MaxConcurrent != nil {
-			cd.Limits.MaxConcurrent = Ceiling(*c.MaxConcurrent)
-		}
-		if t := c.TokenBudget; t != nil {
-			cd.InFlightTokens, cd.ProtectedTokensInUse, cd.BorrowedInFlightTokens = t.InFlightTokens, t.ProtectedTokensInUse, t.BorrowedInFlightTokens
-			cd.Limits.ProtectedInFlightTokens = t.ProtectedInFlightTokens
-			if t.MaxInFlightTokens != nil {
-				cd.Limits.MaxInFlightTokens = Ceiling(*t.MaxInFlightTokens)
-			}
-		}
-		out.Class = cd
+		out.Class = &ClassDetail{Name: c.Name, ClassUse: classUse(*c)}
 	}
 	out.NeverFits = d.NeverFits || (why == BudgetLimit || why == ConcurrencyLimit) && d.Unfittable()
 	return out
 }
 
-func reasonCounts(m map[admission.Reason]int64) map[Reason]int64 {
-	out := make(map[Reason]int64, len(m))
-	for k, v := range m {
-		out[Reason(k)] = v
+// sharedPool is the public view of the shared pool p.
+func sharedPool(p admission.SharedPool) SharedPool {
+	slots, tokens := p.Available()
+	out := SharedPool{MaxConcurrent: p.Slots, InFlight: p.SlotsInUse, AvailableConcurrent: slots}
+	if p.HasTokens {
+		out.TokenBudget = &SharedBudget{Budget: p.Tokens, InFlightTokens: p.TokensInUse, Available: tokens}
 	}
 	return out
 }
 
-func causeCounts(m map[admission.AbandonCause]int64) map[AbandonCause]int64 {
-	out := make(map[AbandonCause]int64, len(m))
-	for k, v := range m {
-		out[AbandonCause(k)] = v
+// classUse is the public view of what a class holds.
+func classUse(u admission.ClassUse) ClassUse {
+	return ClassUse{
+		Limits:   ClassLimits(u.Limits).clone(),
+		InFlight: u.InFlight, ProtectedConcurrentInUse: u.ProtectedConcurrentInUse(), BorrowedConcurrent: u.BorrowedConcurrent(),
+		InFlightTokens: u.InFlightTokens, ProtectedTokensInUse: u.ProtectedTokensInUse(), BorrowedInFlightTokens: u.BorrowedInFlightTokens(),
 	}
-	return out
 }
 
+// tally returns the total of counts, and the counts above 0 by their
+// index (a reason, a cause).
+func tally[K Reason | AbandonCause](counts []int64) (int64, map[K]int64) {
+	var total int64
+	m := make(map[K]int64)
+	for k, n := range counts {
+		if n > 0 {
+			m[K(k)] = n
+			total += n
+		}
+	}
+	return total, m
+}
+
+// stats is the public view of the engine's statistics; Bulkhead.Stats adds
+// the facade's own counts.
 func stats(s admission.Stats) Stats {
 	out := Stats{Limits: publicLimits(s.Limits), Events: EventStats{ListenerPanics: s.ListenerPanics}, LedgerDrift: s.LedgerDrift}
-	g := s.Gate
+	g := &s.Gate
 	out.Gate = GateStats{
-		InFlight: g.InFlight, Pending: g.Pending, MaxConcurrent: g.MaxConcurrent, MaxQueue: g.MaxQueue, Closed: g.Closed,
-		Admitted: g.Admitted, Released: g.Released, Aborted: g.Aborted, TimedOut: g.TimedOut,
-		Rejected: g.Rejected, RejectedByReason: reasonCounts(g.RejectedByReason), DoubleReleases: g.DoubleReleases,
+		InFlight: s.InFlight, Pending: s.Pending, MaxConcurrent: s.Limits.MaxConcurrent, MaxQueue: s.Limits.MaxQueue, Closed: s.Closed,
+		Admitted: g.Admitted, Released: g.Released, Aborted: g.Rejected[Aborted], TimedOut: g.Rejected[Timeout],
+		DoubleReleases: s.DoubleReleases,
 	}
-	c := s.Calls
-	out.Calls = CallStats{
-		InFlight: c.InFlight, Admitted: c.Admitted, Released: c.Released,
-		Abandoned: c.Abandoned, AbandonedByCause: causeCounts(c.AbandonedByCause),
-		Rejected: c.Rejected, RejectedByReason: reasonCounts(c.RejectedByReason),
+	out.Gate.Rejected, out.Gate.RejectedByReason = tally[Reason](g.Rejected[:])
+	a := &s.Admissions
+	out.Calls = CallStats{InFlight: a.Admitted - a.Released, Admitted: a.Admitted, Released: a.Released}
+	out.Calls.Abandoned, out.Calls.AbandonedByCause = tally[AbandonCause](a.Abandoned[:])
+	out.Calls.Rejected, out.Calls.RejectedByReason = tally[Reason](a.Rejected[:])
+	if b := s.Limits.TokenBudget; b != nil {
+		out.TokenBudget = &BudgetStats{Budget: b.Budget, HighPriorityReserve: b.HighPriorityReserve,
+			InFlightTokens: s.Tokens, Available: max(0, b.Budget-s.Tokens),
+			TotalReserved: s.Ledger.Reserved, TotalConsumed: s.Ledger.Consumed, TotalRefunded: s.Ledger.Refunded, TotalOverrun: s.Ledger.Overrun}
 	}
-	if b := s.TokenBudget; b != nil {
-		bs := BudgetStats(*b)
-		out.TokenBudget = &bs
-	}
-	o := s.Observe
-	out.Observe = ObserveStats{
-		Bypassed: o.Bypassed, RaceBypassed: o.RaceBypassed, BypassedByReason: reasonCounts(o.BypassedByReason),
-		InFlight: o.InFlight, UsageReported: o.UsageReported, InputTokens: o.InputTokens, OutputTokens: o.OutputTokens,
-	}
-	if d := s.Dedup; d != nil {
-		out.Dedup = &DedupStats{Active: d.Active, Hits: d.Hits}
-	}
-	if r := s.Rate; r != nil {
-		rs := RateStats(*r)
-		out.Rate = &rs
-	}
-	if f := s.Fleet; f != nil {
-		fs := FleetStats(*f)
-		out.Fleet = &fs
-	}
+	o := &s.Observe
+	out.Observe = ObserveStats{RaceBypassed: o.RaceBypassed, InFlight: o.InFlight, UsageReported: o.UsageReported,
+		InputTokens: o.Input, OutputTokens: o.Output}
+	out.Observe.Bypassed, out.Observe.BypassedByReason = tally[Reason](o.Bypassed[:])
+	out.Dedup = (*DedupStats)(clonePtr(s.Dedup))
+	out.Rate = (*RateStats)(clonePtr(s.Rate))
+	out.Fleet = (*FleetStats)(clonePtr(s.Fleet))
 	if a := s.Adaptive; a != nil {
-		as := AdaptiveStats{Rule: AdaptiveRule(a.Rule), MaxConcurrent: a.MaxConcurrent, MinConcurrent: a.MinConcurrent,
-			MaxConcurrentBound: a.MaxConcurrentBound, Budget: a.Budget, MinBudget: a.MinBudget, MaxBudget: a.MaxBudget,
+		out.Adaptive = &AdaptiveStats{Rule: AdaptiveRule(a.Rule), MaxConcurrent: s.Limits.MaxConcurrent, MinConcurrent: a.MinConcurrent,
+			MaxConcurrentBound: a.MaxConcurrentBound, MinBudget: a.MinBudget, MaxBudget: a.MaxBudget,
 			Samples: a.Samples, Increases: a.Increases, Decreases: a.Decreases, LastChange: a.LastChange}
-		out.Adaptive = &as
+		if b := s.Limits.TokenBudget; b != nil {
+			out.Adaptive.Budget = b.Budget
+		}
 	}
-	cd := s.Cooldown
+	cd := &s.Cooldown
 	out.Cooldown = CooldownStats{Active: cd.Active, Started: cd.Started, Held: cd.Held, HeadroomReports: cd.HeadroomReports}
 	if len(cd.Headroom) > 0 {
 		out.Cooldown.Headroom = make(map[string]HeadroomStats, len(cd.Headroom))
@@ -212,29 +195,18 @@ func stats(s admission.Stats) Stats {
 		}
 	}
 	if cs := s.Classes; cs != nil {
-		out.Classes = &ClassesStats{
-			Default: cs.Default,
-			Shared:  SharedPool{MaxConcurrent: cs.Shared.MaxConcurrent, InFlight: cs.Shared.InFlight, AvailableConcurrent: cs.Shared.AvailableConcurrent},
-			Classes: make(map[string]ClassStats, len(cs.Classes)),
-		}
-		if t := cs.Shared.TokenBudget; t != nil {
-			out.Classes.Shared.TokenBudget = &SharedBudget{Budget: t.Budget, InFlightTokens: t.InFlightTokens, Available: t.Available}
-		}
-		for name, k := range cs.Classes {
-			out.Classes.Classes[name] = ClassStats{
-				ClassUse: ClassUse{
-					Limits:   ClassLimits(k.Limits).clone(),
-					InFlight: k.InFlight, ProtectedConcurrentInUse: k.ProtectedConcurrentInUse, BorrowedConcurrent: k.BorrowedConcurrent,
-					InFlightTokens: k.InFlightTokens, ProtectedTokensInUse: k.ProtectedTokensInUse, BorrowedInFlightTokens: k.BorrowedInFlightTokens,
-				},
-				Pending:  k.Pending,
-				Admitted: k.Admitted, Released: k.Released,
-				Abandoned: k.Abandoned, AbandonedByCause: causeCounts(k.AbandonedByCause),
-				Rejected: k.Rejected, RejectedByReason: reasonCounts(k.RejectedByReason),
-				TotalReserved: k.TotalReserved, TotalConsumed: k.TotalConsumed, TotalRefunded: k.TotalRefunded, TotalOverrun: k.TotalOverrun,
-				TotalBorrowedAdmissions: k.TotalBorrowedAdmissions, TotalBorrowedTokensReserved: k.TotalBorrowedTokensReserved,
+		out.Classes = &ClassesStats{Default: cs.Default, Shared: sharedPool(cs.Shared), Classes: make(map[string]ClassStats, len(cs.Classes))}
+		for i := range cs.Classes {
+			k := &cs.Classes[i]
+			c := ClassStats{
+				ClassUse: classUse(k.ClassUse), Pending: k.Pending, Admitted: k.Admitted, Released: k.Released,
+				TotalReserved: k.Ledger.Reserved, TotalConsumed: k.Ledger.Consumed, TotalRefunded: k.Ledger.Refunded, TotalOverrun: k.Ledger.Overrun,
+				TotalBorrowedAdmissions: k.BorrowedAdmissions, TotalBorrowedTokensReserved: k.BorrowedTokensReserved,
 				Deadlines: DeadlineStats(k.Deadlines),
 			}
+			c.Abandoned, c.AbandonedByCause = tally[AbandonCause](k.Abandoned[:])
+			c.Rejected, c.RejectedByReason = tally[Reason](k.Rejected[:])
+			out.Classes.Classes[k.Name] = c
 		}
 	}
 	return out
@@ -276,100 +248,53 @@ func withTag(err error, tag string) error {
 }
 
 // identity builds the Admission of an engine event.
-func identity(c any, id admission.ID, p admission.Priority, class string, rev, reserved int64, res admission.Resources) Admission {
-	r, tag := callOf(c)
-	return Admission{ID: ID(id), Request: r, Tag: tag, Priority: Priority(p), Class: class, LimitRevision: rev, Reserved: reserved, Resources: Resources(res)}
+func identity(e *admission.Event) Admission {
+	r, tag := callOf(e.Request)
+	return Admission{ID: ID(e.ID), Request: r, Tag: tag, Priority: Priority(e.Priority), Class: e.Class,
+		LimitRevision: e.Revision, Reserved: e.Reservation.Reserved, Resources: Resources(e.Resources)}
+}
+
+// finalUsage is a release's final usage, nil for none.
+func finalUsage(e *admission.Event) *Usage {
+	if !e.HasUsage {
+		return nil
+	}
+	u := Usage(e.Usage)
+	return &u
 }
 
 // deliver converts an engine event and hands it to h's listener for it.
-func deliver(h *Hooks, ev any) {
-	switch e := ev.(type) {
-	case *admission.AdmitEvent:
-		if h.Admit != nil {
-			h.Admit(AdmitEvent{
-				Admission: identity(e.Request, e.AdmissionID, e.Priority, e.Class, e.LimitRevision, e.ReservedTokens, e.Resources),
-				Timing:    Timing(e.Timing),
-			})
-		}
-	case *admission.RejectEvent:
-		if h.Reject != nil {
-			h.Reject(RejectEvent{
-				Admission: identity(e.Request, admission.ID{}, e.Priority, e.Class, e.LimitRevision, e.Detail.Reserved(), admission.Resources{}),
-				Reason:    Reason(e.Reason),
-				Detail:    rejectDetailFor(e.Detail, Reason(e.Reason)),
-				Timing:    Timing(e.Timing),
-			})
-		}
-	case *admission.ReleaseEvent:
-		if h.Release != nil {
-			h.Release(ReleaseEvent{
-				Admission:     identity(e.Request, e.AdmissionID, e.Priority, e.Class, e.LimitRevision, e.ReservedTokens, e.Resources),
-				Held:          e.HeldTokens,
-				Refunded:      e.RefundedTokens,
-				UsageSequence: e.UsageSequence,
-				Usage:         clonePtr((*Usage)(e.Usage)),
-			})
-		}
-	case *admission.UsageEvent:
-		if h.Usage != nil {
-			h.Usage(UsageEvent{
-				Admission:       identity(e.Request, e.AdmissionID, e.Priority, e.Class, e.LimitRevision, e.ReservedTokens, e.Resources),
-				Sequence:        e.Sequence,
-				PreviousHeld:    e.PreviousHeld,
-				Held:            e.Held,
-				Delta:           e.Delta,
-				Usage:           Usage(e.Usage),
-				OutputCap:       clonePtr(e.OutputCap),
-				OutputRemaining: clonePtr(e.OutputRemaining),
-				OverReservation: e.OverReservation,
-				Progressive:     clonePtr((*Progressive)(e.Progressive)),
-			})
-		}
-	case *admission.AbandonEvent:
-		if h.Abandon != nil {
-			h.Abandon(AbandonEvent{
-				Admission: identity(e.Request, e.AdmissionID, e.Priority, e.Class, e.LimitRevision, e.Reserved, e.Resources),
-				Cause:     AbandonCause(e.Cause),
-				Held:      e.HeldTokens,
-			})
-		}
-	case *admission.BypassEvent:
-		if h.Bypass != nil {
-			h.Bypass(BypassEvent{
-				Admission: identity(e.Request, e.AdmissionID, e.Priority, e.Class, e.LimitRevision, e.ReservedTokens, admission.Resources{}),
-				Bypass:    Bypass{Reason: Reason(e.Reason), Race: e.Race, Detail: rejectDetailFor(e.Detail, Reason(e.Reason))},
-			})
-		}
-	case *admission.BypassUsageEvent:
-		if h.BypassUsage != nil {
-			h.BypassUsage(BypassUsageEvent{
-				Admission:       identity(e.Request, e.AdmissionID, e.Priority, e.Class, e.LimitRevision, e.ReservedTokens, admission.Resources{}),
-				Reason:          Reason(e.Reason),
-				Sequence:        e.Sequence,
-				Usage:           Usage(e.Usage),
-				OutputCap:       clonePtr(e.OutputCap),
-				OutputRemaining: clonePtr(e.OutputRemaining),
-				OverReservation: e.OverReservation,
-				Progressive:     clonePtr((*Progressive)(e.Progressive)),
-			})
-		}
-	case *admission.BypassReleaseEvent:
-		if h.BypassRelease != nil {
-			h.BypassRelease(BypassReleaseEvent{
-				Admission:     identity(e.Request, e.AdmissionID, e.Priority, e.Class, e.LimitRevision, e.ReservedTokens, admission.Resources{}),
-				Reason:        Reason(e.Reason),
-				UsageSequence: e.UsageSequence,
-				Usage:         clonePtr((*Usage)(e.Usage)),
-			})
-		}
-	case *admission.DedupEvent:
-		if h.Dedup != nil {
-			r, tag := callOf(e.Request)
-			h.Dedup(DedupEvent{Request: r, Tag: tag, Class: e.Class, Scope: e.Scope})
-		}
-	case *admission.ReconfigureEvent:
-		if h.Reconfigure != nil {
-			h.Reconfigure(ReconfigureEvent{Previous: publicLimits(e.Previous), Current: publicLimits(e.Current)})
-		}
+func (b *Bulkhead) deliver(h *Hooks, e *admission.Event) {
+	a := identity(e)
+	switch e.Kind {
+	case admission.EventAdmit:
+		h.Admit(AdmitEvent{Admission: a, Timing: Timing(e.Timing)})
+	case admission.EventReject:
+		h.Reject(RejectEvent{Admission: a, Reason: Reason(e.Reason), Detail: rejectDetailFor(e.Detail, Reason(e.Reason)), Timing: Timing(e.Timing)})
+	case admission.EventRelease:
+		h.Release(ReleaseEvent{Admission: a, Held: e.Held, Refunded: e.Refunded, UsageSequence: e.Sequence, Usage: finalUsage(e)})
+	case admission.EventUsage:
+		ev := UsageEvent{Admission: a, Sequence: e.Sequence, PreviousHeld: e.PreviousHeld, Held: e.Held, Delta: e.Held - e.PreviousHeld,
+			Usage: Usage(e.Usage), Progressive: (*Progressive)(clonePtr(e.Progressive))}
+		ev.OutputCap, ev.OutputRemaining, ev.OverReservation = b.output(e.Reservation, e.Usage)
+		h.Usage(ev)
+	case admission.EventAbandon:
+		h.Abandon(AbandonEvent{Admission: a, Cause: AbandonCause(e.Cause), Held: e.Held})
+	case admission.EventBypass:
+		a.Resources = Resources{} // a bypassed call holds nothing
+		h.Bypass(BypassEvent{Admission: a, Bypass: Bypass{Reason: Reason(e.Reason), Race: e.Race, Detail: rejectDetailFor(e.Detail, Reason(e.Reason))}})
+	case admission.EventBypassUsage:
+		a.Resources = Resources{}
+		ev := BypassUsageEvent{Admission: a, Reason: Reason(e.Reason), Sequence: e.Sequence, Usage: Usage(e.Usage),
+			Progressive: (*Progressive)(clonePtr(e.Progressive))}
+		ev.OutputCap, ev.OutputRemaining, ev.OverReservation = b.output(e.Reservation, e.Usage)
+		h.BypassUsage(ev)
+	case admission.EventBypassRelease:
+		a.Resources = Resources{}
+		h.BypassRelease(BypassReleaseEvent{Admission: a, Reason: Reason(e.Reason), UsageSequence: e.Sequence, Usage: finalUsage(e)})
+	case admission.EventDedup:
+		h.Dedup(DedupEvent{Request: a.Request, Tag: a.Tag, Class: e.Class, Scope: e.Scope})
+	case admission.EventReconfigure:
+		h.Reconfigure(ReconfigureEvent{Previous: publicLimits(e.Limits[0]), Current: publicLimits(e.Limits[1])})
 	}
 }

@@ -91,12 +91,3 @@ type CooldownStats struct {
 
 // MaxRetryAfter is the longest cool-down a Feedback may start.
 const MaxRetryAfter = 24 * time.Hour
-
-// modelOf is the model of a call naming model m: m, or Config.Model for
-// "".
-func (b *Bulkhead) modelOf(m string) string {
-	if m != "" {
-		return m
-	}
-	return b.model
-}

@@ -382,7 +382,7 @@ func runDedup[T any](ctx context.Context, b *Bulkhead, req *Request, fn func(con
 	case j != nil:
 		b.eng.PutJoin(j) // alone: the actor is done with it
 	}
-	if p, err = b.admit(ctx, r, p, o); err != nil {
+	if p, err = b.send(r, p, o.tag); err != nil {
 		return zero, err
 	}
 	return runPermit(ctx, p, fn)
@@ -412,7 +412,7 @@ func lead[T any](ctx context.Context, b *Bulkhead, r *actor.AcquireRequest, p *P
 		} // else settled by leadAdmitted: the panic or Goexit goes on
 		d.putLeader(l, detached)
 	}()
-	p, err = b.admit(ctx, r, p, o)
+	p, err = b.send(r, p, o.tag)
 	if err == nil {
 		rc := &p.run
 		rc.p = p
@@ -572,7 +572,7 @@ func follow[T any](ctx context.Context, b *Bulkhead, r *actor.AcquireRequest, p 
 // and emitted, or in observe mode a bypass, after which fn runs.
 func followerEnd[T any](ctx context.Context, b *Bulkhead, r *actor.AcquireRequest, p *Permit, o *callOptions, fn func(context.Context, *RunContext) (T, error), why admission.Reason, cause error) (T, error) {
 	r.Follower, r.FollowerCause = why, cause
-	p, _, err := b.send(r, p, o.tag) // a follower's end runs no remote check
+	p, err := b.send(r, p, o.tag) // a follower's end runs no remote check
 	if err != nil {
 		var zero T
 		return zero, err

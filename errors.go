@@ -282,12 +282,10 @@ type ConfigError struct {
 }
 
 // Error returns "bulkhead: invalid <Field>: <Problem>".
-func (e *ConfigError) Error() string {
-	return "bulkhead: invalid " + e.Field + ": " + e.Problem
-}
+func (e *ConfigError) Error() string { return (*admission.ConfigError)(e).Error() }
 
 // Is reports whether target is ErrInvalid.
-func (e *ConfigError) Is(target error) bool { return target == ErrInvalid }
+func (e *ConfigError) Is(target error) bool { return (*admission.ConfigError)(e).Is(target) }
 
 // LogValue logs the error as a group of its field and problem.
 func (e *ConfigError) LogValue() slog.Value {
@@ -295,7 +293,7 @@ func (e *ConfigError) LogValue() slog.Value {
 }
 
 func invalidf(field, format string, args ...any) *ConfigError {
-	return &ConfigError{Field: field, Problem: fmt.Sprintf(format, args...)}
+	return (*ConfigError)(admission.Invalidf(field, format, args...))
 }
 
 func checkNonNegative(field string, v int64) error {

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/llmbulkhead/bulkhead/dedup"
+	"github.com/llmbulkhead/bulkhead/internal/seam"
 )
 
 // SetDedupHash replaces b's dedup digest, for tests that force collisions.
@@ -18,7 +19,7 @@ func CanonicalKey(r *Request) string { return string(appendCanonical(nil, r)) }
 // Unshareable reports whether followers cannot share v without ShareResult.
 func Unshareable(v any) bool { return unshareable(v) }
 
-// SetRateWaitHook sets the hook called once a paced call's timer is armed
-// (for its turn, or for a cool-down before it), for the bulkheads created
-// after; nil removes it.
-func SetRateWaitHook(f func(time.Duration)) { testHookRateWait = f }
+// SetRateWaitHook sets the hook the engine calls once a paced call's timer
+// is armed (for its turn, or for a cool-down before it), with the time it
+// will wait, for every bulkhead; nil removes it.
+func SetRateWaitHook(f func(time.Duration)) { seam.SetPark(f) }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/llmbulkhead/bulkhead"
 	"github.com/llmbulkhead/bulkhead/clock"
+	"github.com/llmbulkhead/bulkhead/fleet"
 	"github.com/llmbulkhead/bulkhead/internal/testutil"
 )
 
@@ -275,5 +276,144 @@ func TestHeadroomWithCooldown(t *testing.T) {
 	mustAcquire(t, b, req("hi", 1)).Release(nil)
 	if st := b.Stats().Cooldown; st.Active != nil || st.Headroom != nil || st.HeadroomReports != 1 || st.Started != 2 {
 		t.Fatalf("cooldown stats %+v", st)
+	}
+}
+
+// The Headroom doc: what is left at t is min(limit, left + ...) minus what
+// admissions spent since the report, and the report is forgotten only once
+// EVERY window it said is full again. A token window whose reset has passed
+// while the requests window has not still caps admissions at its limit
+// minus the spending (it stopped being tracked, and admitted any number of
+// tokens until the requests window reset).
+func TestHeadroomFullTokenWindowStillCaps(t *testing.T) {
+	clk := clock.NewMock()
+	cfg := adaptiveConfig(clk, bulkhead.Adaptive{Cooldown: bulkhead.ShedCooldown})
+	cfg.TokenBudget.Budget = 1 << 30
+	b := newBulkhead(t, cfg)
+	report(t, b, bulkhead.Headroom{Tokens: 0, TokensLimit: 1000, TokensReset: time.Second,
+		Requests: 50, RequestsLimit: 100, RequestsReset: time.Hour})
+	clk.Add(2 * time.Second) // the token window is full: 1,000 tokens
+	admitted := 0
+	for i := 0; i < 10; i++ {
+		p, err := b.Acquire(context.Background(), req("hi", 499)) // 500 tokens each
+		if err != nil {
+			break
+		}
+		admitted++
+		_ = p.Release(nil)
+	}
+	if admitted > 2 {
+		t.Fatalf("%d calls of 500 tokens admitted against a 1,000-token window (stats %+v)", admitted, b.Stats().Cooldown.Headroom)
+	}
+}
+
+type panicValueCtx struct{ context.Context }
+
+func (panicValueCtx) Deadline() (time.Time, bool) { panic("caller's ctx bug") }
+
+// A panic between the grant and the verdict gives everything back, the
+// headroom spend booked at the grant included (it leaked until a new report
+// came).
+func TestHeadroomRefundedWhenFleetCheckPanics(t *testing.T) {
+	_, client := fleetRedis(t)
+	b := newBulkhead(t, fleetConfig(newFleetPool(t, client, "hpanic", -1, 1000, fleet.FailClosed), 4))
+	h := bulkhead.Headroom{Tokens: 1000, TokensReset: time.Hour, Requests: 10, RequestsReset: time.Hour}
+	if err := b.Feedback(bulkhead.Feedback{Outcome: bulkhead.OutcomeSuccess, Headroom: &h}); err != nil {
+		t.Fatal(err)
+	}
+	func() {
+		defer func() {
+			if r := recover(); r == nil {
+				t.Fatal("no panic")
+			}
+		}()
+		p, err := b.Acquire(panicValueCtx{context.Background()}, req("boom", 99))
+		if err == nil {
+			_ = p.Release(nil)
+		}
+		t.Logf("Acquire err %v", err)
+	}()
+	st := b.Stats()
+	if st.Gate.InFlight != 0 {
+		t.Fatalf("slot kept: %+v", st.Gate)
+	}
+	if hr := st.Cooldown.Headroom["gpt-4o"]; hr.Tokens != 1000 || hr.Requests != 10 {
+		t.Fatalf("headroom %+v after a call rolled back by a panic, want it all back", hr)
+	}
+}
+
+// Huge values: no panic, sane answers.
+func TestHeadroomExtremeValues(t *testing.T) {
+	clk := clock.NewMock()
+	cfg := adaptiveConfig(clk, bulkhead.Adaptive{Cooldown: bulkhead.ShedCooldown})
+	cfg.TokenBudget.Budget = 1 << 62
+	b := newBulkhead(t, cfg)
+	const max = int64(^uint64(0) >> 1)
+	report(t, b, bulkhead.Headroom{Tokens: 0, TokensLimit: max, TokensReset: bulkhead.MaxRetryAfter, Requests: 0, RequestsLimit: max, RequestsReset: bulkhead.MaxRetryAfter})
+	clk.Add(12 * time.Hour)
+	p := mustAcquire(t, b, req("hi", 1<<61))
+	_ = p.Release(nil)
+	h := b.Stats().Cooldown.Headroom["gpt-4o"]
+	if h.Tokens <= 0 || h.Tokens > max/2 || h.Requests <= 0 {
+		t.Fatalf("headroom %+v", h)
+	}
+	_, err := b.Acquire(context.Background(), req("hi", 1<<62-100))
+	if err == nil {
+		t.Fatalf("admitted beyond what is left: %+v", b.Stats().Cooldown.Headroom)
+	}
+	rej := wantReason(t, err, bulkhead.Cooldown)
+	if d, ok := rej.RetryAfter(); !ok || d <= 0 || d > 12*time.Hour {
+		t.Fatalf("retry %v %v", d, ok)
+	}
+}
+
+// Hold mode: a held call ends on Close (Shutdown) and on its ctx (Aborted),
+// and leaves the queue.
+func TestHeadroomHeldCallEndsOnCloseAndCancel(t *testing.T) {
+	clk := clock.NewMock()
+	cfg := adaptiveConfig(clk, bulkhead.Adaptive{})
+	cfg.QueueTimeout = time.Hour
+	b := newBulkhead(t, cfg)
+	report(t, b, bulkhead.Headroom{Tokens: 0, TokensLimit: 60000, TokensReset: time.Minute, Requests: -1})
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := acquireAsync(ctx, b, req("hi", 1999))
+	testutil.WaitFor(t, "hold", holding(b))
+	cancel()
+	wantReason(t, (<-ch).err, bulkhead.Aborted)
+	f := b.AcquireAsync(context.Background(), req("hi", 1999))
+	testutil.WaitFor(t, "hold", holding(b))
+	b.Close()
+	_, err := f.Result()
+	wantReason(t, err, bulkhead.Shutdown)
+	if st := b.Stats(); st.Cooldown.Held != 2 || st.Gate.Pending != 0 { // both were held, in the queue
+		t.Fatalf("cooldown %+v, gate %+v", st.Cooldown, st.Gate)
+	}
+	if h := b.Stats().Cooldown.Headroom["gpt-4o"]; h.Tokens != 0 {
+		t.Fatalf("headroom %+v", h)
+	}
+}
+
+// CooldownStats.Held counts calls: one call held twice (a newer report came
+// while it waited) counts once (it counted twice).
+func TestHeadroomHeldCountsEachCallOnce(t *testing.T) {
+	clk := clock.NewMock()
+	cfg := adaptiveConfig(clk, bulkhead.Adaptive{})
+	cfg.QueueTimeout = time.Hour
+	b := newBulkhead(t, cfg)
+	report(t, b, bulkhead.Headroom{Tokens: 0, TokensLimit: 60000, TokensReset: time.Minute, Requests: -1}) // 1,000/s
+	ch := acquireAsync(context.Background(), b, req("hi", 999))                                            // 1s
+	testutil.WaitFor(t, "hold", holding(b))
+	clk.Add(500 * time.Millisecond)
+	report(t, b, bulkhead.Headroom{Tokens: 0, TokensLimit: 60000, TokensReset: time.Minute, Requests: -1})
+	clk.Add(500 * time.Millisecond) // wakes, 500 tokens short: held again
+	testutil.WaitFor(t, "hold again", func() bool { st := b.Stats(); return st.Cooldown.Held == 1 && st.Gate.Pending == 1 })
+	clk.Add(500 * time.Millisecond)
+	r := <-ch
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	_ = r.tok.Release(nil)
+	if st := b.Stats().Cooldown; st.Held != 1 {
+		t.Fatalf("one call held, Held = %d", st.Held)
 	}
 }

@@ -81,3 +81,11 @@ func (f estimatorFunc) Estimate(r *bulkhead.Request) (bulkhead.Reservation, erro
 	}
 	return f(r)
 }
+
+// drainNow is a Drain that gives up at once.
+func drainNow(b *bulkhead.Bulkhead) bulkhead.DrainResult {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	res, _ := b.Drain(ctx)
+	return res
+}

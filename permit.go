@@ -176,7 +176,7 @@ func (p *Permit) ReportUsage(u Usage, prog *Progressive) (UsageReport, error) {
 	if err != nil {
 		return UsageReport{}, publicError(err)
 	}
-	return usageReport(rep), nil
+	return p.b.usageReport(&p.l, rep), nil
 }
 
 // RunContext is what a Run callback knows about its admission, and how it

@@ -3,11 +3,8 @@ package bulkhead
 import (
 	"errors"
 	"fmt"
-	"math"
-	"strings"
 	"time"
 
-	"github.com/llmbulkhead/bulkhead/actor"
 	"github.com/llmbulkhead/bulkhead/pacer"
 )
 
@@ -184,35 +181,6 @@ type Rate struct {
 // whole microseconds, so a one-token call must book at least one.
 const MaxPerMinute = pacer.MaxQPS * 60
 
-func (r Rate) zero() bool {
-	return r.RequestsPerMinute == 0 && r.TokensPerMinute == 0 && r.InputTokensPerMinute == 0 && r.OutputTokensPerMinute == 0
-}
-
-// burst is the burst of a limit of perMinute given as burst: the default
-// for zero (a minute, less the call that overflows it for requests), none
-// for NoBurst.
-func burst(perMinute, burst float64, requests bool) float64 {
-	switch {
-	case perMinute == 0 || burst == NoBurst:
-		return 0
-	case burst != 0:
-		return burst
-	case requests:
-		return max(0, perMinute-1)
-	}
-	return perMinute
-}
-
-// engine is r in the engine's form, its bursts resolved.
-func (r Rate) engine() actor.Rate {
-	return actor.Rate{
-		RequestsPerMinute: r.RequestsPerMinute, RequestBurst: burst(r.RequestsPerMinute, r.RequestBurst, true),
-		TokensPerMinute: r.TokensPerMinute, TokenBurst: burst(r.TokensPerMinute, r.TokenBurst, false),
-		InputTokensPerMinute: r.InputTokensPerMinute, InputTokenBurst: burst(r.InputTokensPerMinute, r.InputTokenBurst, false),
-		OutputTokensPerMinute: r.OutputTokensPerMinute, OutputTokenBurst: burst(r.OutputTokensPerMinute, r.OutputTokenBurst, false),
-	}
-}
-
 // RateDetail describes the rate limit that decided a RateLimit or
 // RateUnavailable rejection.
 type RateDetail struct {
@@ -276,95 +244,6 @@ type RateStats struct {
 	// Waiting is the paced calls waiting now: for their turn, for a
 	// cool-down to end before it, or for the store to book it.
 	Waiting int
-}
-
-func validateRate(field string, r Rate, hasBudget bool) error {
-	for _, l := range []struct {
-		rate, burst           string
-		perMinute, burstValue float64
-		tokens                bool
-	}{
-		{"RequestsPerMinute", "RequestBurst", r.RequestsPerMinute, r.RequestBurst, false},
-		{"TokensPerMinute", "TokenBurst", r.TokensPerMinute, r.TokenBurst, true},
-		{"InputTokensPerMinute", "InputTokenBurst", r.InputTokensPerMinute, r.InputTokenBurst, true},
-		{"OutputTokensPerMinute", "OutputTokenBurst", r.OutputTokensPerMinute, r.OutputTokenBurst, true},
-	} {
-		if v := l.perMinute; !(v >= 0 && v <= MaxPerMinute) {
-			return invalidf(field+"."+l.rate, "must be in [0, %g], got %v", float64(MaxPerMinute), v)
-		}
-		if v := l.burstValue; v != NoBurst && !(v >= 0 && v <= math.MaxFloat64) {
-			return invalidf(field+"."+l.burst, "must be >= 0 and finite (0: a minute of the rate), or NoBurst (-1), got %v", v)
-		}
-		if l.burstValue != 0 && l.perMinute == 0 {
-			return invalidf(field+"."+l.burst, "applies only with %s set", l.rate)
-		}
-		if l.tokens && l.perMinute > 0 && !hasBudget {
-			return invalidf(field+"."+l.rate, "needs Config.TokenBudget: its estimator makes the reservations that tokens per minute count")
-		}
-	}
-	return nil
-}
-
-// rateConfig validates cfg.RateLimits and returns the engine's form of
-// them, nil when there are none.
-func rateConfig(cfg *Config) (*actor.Rates, error) {
-	rl := cfg.RateLimits
-	if rl == nil {
-		return nil, nil
-	}
-	name := rl.Name
-	if name == "" {
-		name = "bulkhead"
-	}
-	if strings.ContainsAny(name, "{}") {
-		return nil, invalidf("Config.RateLimits.Name", "must not contain '{' or '}', got %q", name)
-	}
-	hasBudget := cfg.TokenBudget != nil
-	if rl.TokenWeight > WeightInput {
-		return nil, invalidf("Config.RateLimits.TokenWeight", "must be WeightReservation, WeightLarger or WeightInput, got %v", rl.TokenWeight)
-	}
-	if err := validateRate("Config.RateLimits.PerModel", rl.PerModel, hasBudget); err != nil {
-		return nil, err
-	}
-	if len(rl.PerClass) > 0 && cfg.Classes == nil {
-		return nil, invalidf("Config.RateLimits.PerClass", "needs Config.Classes")
-	}
-	perClass := make(map[string]Rate, len(rl.PerClass))
-	for c, r := range rl.PerClass {
-		field := fmt.Sprintf("Config.RateLimits.PerClass[%q]", c)
-		if c == "" {
-			return nil, invalidf(field, "must name a class")
-		}
-		if _, ok := cfg.Classes.Limits[c]; !ok {
-			return nil, invalidf(field, "is not one of Config.Classes")
-		}
-		if err := validateRate(field, r, hasBudget); err != nil {
-			return nil, err
-		}
-		if !r.zero() {
-			perClass[c] = r
-		}
-	}
-	if rl.PerModel.zero() && len(perClass) == 0 {
-		return nil, invalidf("Config.RateLimits", "sets no rate: set PerModel or PerClass")
-	}
-	rates := &actor.Rates{Store: rl.Store, Name: name, Pace: rl.Pace, Model: cfg.Model, Weight: actor.TokenWeight(rl.TokenWeight),
-		PerModel: rl.PerModel.engine()}
-	if len(perClass) > 0 {
-		rates.PerClass = make(map[string]actor.Rate, len(perClass))
-		for c, r := range perClass {
-			rates.PerClass[c] = r.engine()
-		}
-	}
-	return rates, nil
-}
-
-// model is r's model, "" for none (or a nil r).
-func (r *Request) model() string {
-	if r == nil {
-		return ""
-	}
-	return r.Model
 }
 
 // explain says, with numbers, why the rate limit rejected a call for why.

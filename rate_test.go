@@ -1,12 +1,17 @@
 package bulkhead_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"math"
+	"os"
+	"os/exec"
+	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -860,5 +865,273 @@ func testRateOutputPaced(t *testing.T, clk *clock.Mock, store pacer.Store) {
 			t.Fatalf("call %d after the give-back: %v", i+1, err)
 		}
 		_ = p.Release(nil)
+	}
+}
+
+// TestDrainWaitsForOverrunBookingOnRedisRates checks that Drain waits for the
+// overrun a release books on rates kept in Redis. The booking runs on a
+// goroutine of the engine's (the release waits for it), but the engine
+// counted the admission settled as soon as it handled the release: a Drain
+// (or Shutdown) that ran meanwhile reported drained while that goroutine
+// still talked to Redis, though after Close and a Drain that drained, the
+// bulkhead's goroutines have ended.
+func TestDrainWaitsForOverrunBookingOnRedisRates(t *testing.T) {
+	clk := clock.NewMock()
+	store, once := hookedRateStore(t, clk)
+	b := newBulkhead(t, rateConfig(clk, &bulkhead.RateLimits{Store: store, PerModel: bulkhead.Rate{TokensPerMinute: 60_000, TokenBurst: bulkhead.NoBurst}}))
+	p := mustAcquire(t, b, req("a", 99)) // 100 tokens
+	booking, resume := make(chan struct{}), make(chan struct{})
+	hold := func() { close(booking); <-resume }
+	once.Store(&hold)
+	released := make(chan error, 1)
+	go func() { released <- p.Release(&bulkhead.Usage{Input: 5000}) }()
+	<-booking // the overrun's booking has its reply, on the engine's goroutine
+	b.Close()
+	res := drainNow(b)
+	select {
+	case <-released:
+		t.Fatal("the release returned before its overrun was booked")
+	default:
+	}
+	close(resume)
+	if err := <-released; err != nil {
+		t.Fatal(err)
+	}
+	if res.Drained || res.InFlight != 1 {
+		t.Fatalf("Drain after Close: %+v while the release's overrun booking still ran on a goroutine of the engine's; want not drained, 1 in flight", res)
+	}
+	if res := drainNow(b); !res.Drained {
+		t.Fatalf("Drain once the booking is done: %+v", res)
+	}
+}
+
+// TestRedisHookPanicDuringOverrunBookingIsCounted checks that a Redis hook
+// that panics while an overrun is booked at release is recovered and counted
+// as a failed booking. The booking runs on a goroutine of the engine's,
+// which recovered nothing, so the panic ended the process. (Before, the
+// booking ran on the releasing caller's goroutine, where the panic reached
+// the caller; every other Redis call of a remote stage recovers it into its
+// verdict.) The test runs the release in a child process and fails when that
+// process dies.
+func TestRedisHookPanicDuringOverrunBookingIsCounted(t *testing.T) {
+	if os.Getenv("BULKHEAD_OVERRUN_PANIC_CHILD") == "1" {
+		overrunBookingHookPanic(t)
+		return
+	}
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		t.Skip("redis-server not installed")
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestRedisHookPanicDuringOverrunBookingIsCounted$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), "BULKHEAD_OVERRUN_PANIC_CHILD=1")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("a panicking Redis hook during an overrun booking ended the process (%v):\n%s", err, out)
+	}
+}
+
+func overrunBookingHookPanic(t *testing.T) {
+	clk := clock.NewMock()
+	store, once := hookedRateStore(t, clk)
+	b := newBulkhead(t, rateConfig(clk, &bulkhead.RateLimits{Store: store, PerModel: bulkhead.Rate{TokensPerMinute: 60_000, TokenBurst: bulkhead.NoBurst}}))
+	p := mustAcquire(t, b, req("a", 99))
+	boom := func() { panic("redis hook") }
+	once.Store(&boom)
+	func() {
+		defer func() { _ = recover() }() // reaching the caller is fine too
+		_ = p.Release(&bulkhead.Usage{Input: 5000})
+	}()
+	if st := b.Stats().Rate; st.OverrunErrors != 1 {
+		t.Fatalf("rate stats %+v: want the failed booking counted", st)
+	}
+}
+
+// TestRateStoreTableRunsOnTheEngineClock checks that a *pacer.Table given as
+// RateLimits.Store, which the engine takes for an in-process store and asks
+// itself, decides at the engine's time. The engine set the time only of the
+// table it makes for a nil Store: the caller's table decided every call at
+// the Unix epoch, so its buckets never drained and, once the burst was
+// spent, every call was turned away, however long the caller waited.
+func TestRateStoreTableRunsOnTheEngineClock(t *testing.T) {
+	clk := clock.NewMock()
+	b := newBulkhead(t, rateConfig(clk, &bulkhead.RateLimits{Store: pacer.NewTable(), PerModel: bulkhead.Rate{RequestsPerMinute: 60, RequestBurst: bulkhead.NoBurst}}))
+	a := mustAcquire(t, b, req("a", 10))
+	_ = a.Release(nil)
+	_, err := b.Acquire(context.Background(), req("b", 10))
+	wantRate(t, err, time.Second, "model", "gpt-4o", "requests")
+	clk.Add(time.Hour)
+	p, err := b.Acquire(context.Background(), req("c", 10))
+	if err != nil {
+		t.Fatalf("an hour later, at 60 requests a minute: %v", err)
+	}
+	_ = p.Release(nil)
+}
+
+// afterHook runs after(cmd) once each command's reply is in, on the
+// goroutine that sent it.
+type afterHook struct{ after func(redis.Cmder) }
+
+func (h afterHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h afterHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		h.after(cmd)
+		return err
+	}
+}
+
+func (h afterHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// hookedRedis starts a redis-server (or skips) and returns a client that
+// gives up at its context's deadline (so the stores call it on the calling
+// goroutine), with once: the function stored there runs once, on the
+// goroutine that sent the next command, after its reply is in.
+func hookedRedis(t *testing.T) (*redis.Client, *atomic.Pointer[func()]) {
+	t.Helper()
+	srv := redistest.TryStart(t)
+	if srv == nil {
+		t.Skip("redis-server not installed")
+	}
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = client.Close() })
+	once := new(atomic.Pointer[func()])
+	client.AddHook(afterHook{func(redis.Cmder) {
+		if f := once.Swap(nil); f != nil {
+			(*f)()
+		}
+	}})
+	return client, once
+}
+
+// hookedRateStore is a Redis rate store on clk over a hookedRedis client.
+func hookedRateStore(t *testing.T, clk *clock.Mock) (*pacer.Redis, *atomic.Pointer[func()]) {
+	t.Helper()
+	client, once := hookedRedis(t)
+	store, err := pacer.NewRedis(client, pacer.RedisOptions{Clock: clk, Prefix: t.Name() + ":", Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return store, once
+}
+
+// callerWaitsAfterCancel reports whether a caller of Acquire has sent its
+// cancel message and waits for the engine's answer (the plain receive
+// after the select on its context).
+func callerWaitsAfterCancel() bool {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	for _, g := range bytes.Split(buf, []byte("\n\n")) {
+		if bytes.Contains(g, []byte("[chan receive")) && bytes.Contains(g, []byte("actor.(*Engine).Acquire(")) {
+			return true
+		}
+	}
+	return false
+}
+
+// TestPacedCallerLeavingWhileRedisBooksItsTurnIsAnswered checks a paced call
+// whose turn a Redis store books, and whose caller leaves right after Redis
+// booked it, before the worker's verdict reaches the engine: the caller's
+// cancel message arrives while the call is checking (the engine leaves it
+// to the verdict). The verdict parked the call for its turn; at its turn the
+// engine saw the context ended and waited for a cancel message that was
+// already spent. The caller's Acquire never returned, and Drain never
+// completed.
+func TestPacedCallerLeavingWhileRedisBooksItsTurnIsAnswered(t *testing.T) {
+	clk := clock.NewMock()
+	store, once := hookedRateStore(t, clk)
+	armed := make(chan time.Duration, 4)
+	bulkhead.SetRateWaitHook(func(d time.Duration) { armed <- d })
+	defer bulkhead.SetRateWaitHook(nil)
+	b := newBulkhead(t, rateConfig(clk, &bulkhead.RateLimits{Store: store, Pace: true, PerModel: bulkhead.Rate{RequestsPerMinute: 60, RequestBurst: bulkhead.NoBurst}}))
+	a := mustAcquire(t, b, req("a", 10))
+	_ = a.Release(nil)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var hookErr error
+	leave := func() {
+		// Redis has booked b's turn, a second away; its caller leaves.
+		cancel()
+		hookErr = testutil.Poll("the caller's cancel to reach the engine", func() (bool, error) { return callerWaitsAfterCancel(), nil })
+	}
+	once.Store(&leave)
+	res := acquireAsync(ctx, b, req("b", 10))
+	var r result
+	select {
+	case r = <-res: // answered with its verdict
+	case d := <-armed:
+		clk.Add(d) // parked for its turn: let it come
+		select {
+		case r = <-res:
+		case <-time.After(testutil.Settle):
+			t.Fatalf("the caller who left is never answered (drain: %+v)", drainNow(b))
+		}
+	}
+	if hookErr != nil {
+		t.Fatal(hookErr)
+	}
+	wantReason(t, r.err, bulkhead.Aborted)
+}
+
+// TestRemoteCheckGoexitTurnsTheCallAway checks that a Redis hook that calls
+// runtime.Goexit (t.FailNow in a test's hook, say) during an admission's
+// remote check turns the call away and gives its slot back. The facade used
+// to give everything back then (its deferred rollback ran on the way out);
+// the engine's worker goroutine recovered panics only: on Goexit it ended
+// without sending its verdict, so the admission stayed provisional for good,
+// holding its slot, its caller was never answered and Drain never
+// completed.
+func TestRemoteCheckGoexitTurnsTheCallAway(t *testing.T) {
+	clk := clock.NewMock()
+	store, once := hookedRateStore(t, clk)
+	cfg := rateConfig(clk, &bulkhead.RateLimits{Store: store, PerModel: bulkhead.Rate{RequestsPerMinute: 60, RequestBurst: bulkhead.NoBurst}})
+	b := newBulkhead(t, cfg)
+	exit := func() { runtime.Goexit() }
+	once.Store(&exit)
+	res := acquireAsync(t.Context(), b, req("a", 10))
+	select {
+	case r := <-res:
+		if r.err == nil {
+			_ = r.tok.Release(nil)
+			t.Fatal("admitted though its rate check never answered")
+		}
+	case <-time.After(testutil.Settle):
+		t.Fatalf("never answered (drain: %+v)", drainNow(b))
+	}
+	if st := b.Stats(); st.Gate.InFlight != 0 {
+		t.Fatalf("%d slots held after the call was turned away", st.Gate.InFlight)
+	}
+}
+
+// Pace mode: a turn that comes exactly at the queue timeout is refused
+// (it used to leave a queue timeout of 0, which means none).
+func TestRatePaceTurnAtQueueTimeout(t *testing.T) {
+	clk := clock.NewMock()
+	cfg := rateConfig(clk, &bulkhead.RateLimits{Pace: true, PerModel: bulkhead.Rate{RequestsPerMinute: 60, RequestBurst: bulkhead.NoBurst}})
+	cfg.QueueTimeout, cfg.MaxConcurrent = time.Second, 1
+	b := newBulkhead(t, cfg)
+	a := mustAcquire(t, b, req("a", 10))
+	defer a.Release(nil)
+	_, err := b.Acquire(context.Background(), req("b", 10)) // its turn is 1 s away: no time left for a slot
+	wantRate(t, err, time.Second, "model", "gpt-4o", "requests")
+}
+
+// Pace mode counts the time a call really waited for its turn.
+func TestRatePacedTimeCutShort(t *testing.T) {
+	clk := clock.NewMock()
+	b := newBulkhead(t, rateConfig(clk, &bulkhead.RateLimits{Pace: true, PerModel: bulkhead.Rate{RequestsPerMinute: 1, RequestBurst: bulkhead.NoBurst}}))
+	armed := make(chan time.Duration, 4)
+	bulkhead.SetRateWaitHook(func(d time.Duration) { armed <- d })
+	defer bulkhead.SetRateWaitHook(nil)
+	_ = mustAcquire(t, b, req("a", 1)).Release(nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := acquireAsync(ctx, b, req("b", 1))
+	<-armed
+	clk.Add(time.Second)
+	cancel()
+	wantReason(t, (<-ch).err, bulkhead.Aborted)
+	if st := b.Stats().Rate; st.Paced != 1 || st.PacedTime != time.Second {
+		t.Fatalf("paced %d for %v; want 1 for the 1 s it waited", st.Paced, st.PacedTime)
 	}
 }

@@ -55,18 +55,15 @@ const (
 	AbandonManual AbandonCause = iota
 	// AbandonDeadline is the expiry of a borrowed-slot deadline.
 	AbandonDeadline
+	numCauses
 )
 
+// The causes are the engine's, value for value: the facade converts them
+// by a cast, and the engine names them.
+var _ = [1]struct{}{}[int(numCauses)-admission.NumCauses]
+
 // String returns "manual" or "deadline".
-func (c AbandonCause) String() string {
-	switch c {
-	case AbandonManual:
-		return "manual"
-	case AbandonDeadline:
-		return "deadline"
-	}
-	return "cause(" + itoa(int64(c)) + ")"
-}
+func (c AbandonCause) String() string { return admission.AbandonCause(c).String() }
 
 // MarshalText encodes the cause as "manual" or "deadline".
 func (c AbandonCause) MarshalText() ([]byte, error) { return []byte(c.String()), nil }

@@ -17,7 +17,7 @@ import (
 func TestStateFollowers(t *testing.T) {
 	s, rec := newTestState(t, budgetLimits(1, 1, 10))
 	s.dedupJoined(&dedup.Joined{Call: "f", Class: "", Scope: "tenant"})
-	if got := rec.events; len(got) != 1 || !reflect.DeepEqual(got[0], &admission.DedupEvent{Request: "f", Scope: "tenant"}) {
+	if got := rec.events; len(got) != 1 || !reflect.DeepEqual(got[0], &admission.Event{Kind: admission.EventDedup, Request: "f", Scope: "tenant"}) {
 		t.Fatalf("events %v", got)
 	}
 	rec.events = nil
@@ -38,8 +38,8 @@ func TestStateFollowers(t *testing.T) {
 	if !errors.Is(ab.Err, cause) || ab.Err.(*admission.RejectedError).Detail != nil {
 		t.Fatalf("aborted follower: %v", ab.Err)
 	}
-	for _, ev := range rec.events {
-		if e := ev.(*admission.RejectEvent); e.Detail != nil || e.Timing != (admission.Timing{}) {
+	for _, e := range rec.events {
+		if e.Kind != admission.EventReject || e.Detail != nil || e.Timing != (admission.Timing{}) || e.Reservation != (admission.Reservation{}) {
 			t.Fatalf("reject event %+v", e)
 		}
 	}
@@ -66,9 +66,9 @@ func TestStateFollowers(t *testing.T) {
 	wantAnswers(t, rec, "late", admission.Timeout)
 
 	st := s.stats(external{})
-	want := map[admission.Reason]int64{admission.Aborted: 1, admission.Timeout: 3, admission.UnshareableResult: 1}
-	if st.Calls.Rejected != 5 || !reflect.DeepEqual(st.Calls.RejectedByReason, want) || st.Gate.Rejected != 0 ||
-		st.Observe.RaceBypassed != 1 || st.TokenBudget.TotalReserved != 0 {
-		t.Fatalf("stats %+v %+v %+v", st.Calls, st.Gate, st.Observe)
+	want := [admission.NumReasons]int64{admission.Aborted: 1, admission.Timeout: 3, admission.UnshareableResult: 1}
+	if st.Admissions.Rejected != want || st.Gate.Rejections() != 0 ||
+		st.Observe.RaceBypassed != 1 || st.Ledger.Reserved != 0 {
+		t.Fatalf("stats %+v %+v %+v", st.Admissions, st.Gate, st.Observe)
 	}
 }

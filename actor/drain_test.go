@@ -46,7 +46,7 @@ func shortDrain(t *testing.T, e *Engine) {
 func TestDrainKeepsItsDeadlineBehindABlockedListener(t *testing.T) {
 	e := startEngine(t, admission.Limits{MaxConcurrent: 1})
 	holding, unblock := make(chan struct{}), make(chan struct{})
-	e.Subscribe(Kinds{KindAdmit: true}, func(any) {
+	e.Subscribe(Kinds{admission.EventAdmit: true}, func(*admission.Event) {
 		close(holding)
 		<-unblock
 	})
@@ -76,7 +76,7 @@ func TestListenerDrainDoesNotPoisonOthers(t *testing.T) {
 	lctx, lcancel := context.WithCancel(context.Background())
 	defer lcancel()
 	draining, inner := make(chan struct{}), make(chan admission.DrainResult, 1)
-	e.Subscribe(Kinds{KindAdmit: true}, func(any) {
+	e.Subscribe(Kinds{admission.EventAdmit: true}, func(*admission.Event) {
 		close(draining)
 		inner <- e.Drain(lctx)
 	})

@@ -68,8 +68,8 @@ func TestLedgerDriftIsCountedAndLogged(t *testing.T) {
 	l.held = 25 // the books say 10
 	l.Release(nil)
 	st := e.Stats()
-	if st.LedgerDrift != 2 || st.TokenBudget.InFlightTokens != 0 || st.Classes.Classes["a"].InFlightTokens != 0 {
-		t.Fatalf("after the drift: drift %d, budget %+v", st.LedgerDrift, st.TokenBudget)
+	if st.LedgerDrift != 2 || st.Tokens != 0 || st.Classes.Classes[0].InFlightTokens != 0 {
+		t.Fatalf("after the drift: drift %d, tokens %d, class %+v", st.LedgerDrift, st.Tokens, st.Classes.Classes[0])
 	}
 	var msgs []string
 	for _, m := range h.messages() {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"reflect"
 	"runtime"
 	"slices"
 	"sync"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/llmbulkhead/bulkhead/actor/admission"
 	"github.com/llmbulkhead/bulkhead/clock"
+	"github.com/llmbulkhead/bulkhead/internal/seam"
 )
 
 func startEngine(t *testing.T, limits admission.Limits) *Engine {
@@ -59,7 +61,7 @@ func TestPanicInHandlerKeepsState(t *testing.T) {
 		t.Fatalf("ReportUsage(nil) = %v, want ErrInternal", err)
 	}
 	st := e.Stats()
-	if st.Calls.Admitted != 1 || st.Gate.InFlight != 1 {
+	if st.Admissions.Admitted != 1 || st.InFlight != 1 {
 		t.Fatalf("state after the panic: %+v", st)
 	}
 	// The actor still decides: one more slot, then full.
@@ -72,7 +74,7 @@ func TestPanicInHandlerKeepsState(t *testing.T) {
 	e.PutRequest(r)
 	held.Release(nil)
 	second.Release(nil)
-	if st := e.Stats(); st.Gate.InFlight != 0 || st.Calls.Released != 2 {
+	if st := e.Stats(); st.InFlight != 0 || st.Admissions.Released != 2 {
 		t.Fatalf("final stats: %+v", st)
 	}
 }
@@ -92,7 +94,7 @@ func TestPumpPassesOverEndedWaiters(t *testing.T) {
 	live.Ctx, live.Lease = context.Background(), &Lease{}
 	got := make(chan error, 1)
 	go func() { got <- e.Acquire(live) }()
-	for e.Stats().Gate.Pending != 2 {
+	for e.Stats().Pending != 2 {
 		runtime.Gosched()
 	}
 	close(ended)
@@ -100,7 +102,7 @@ func TestPumpPassesOverEndedWaiters(t *testing.T) {
 	if err := <-got; err != nil {
 		t.Fatalf("the live waiter: %v", err)
 	}
-	if st := e.Stats(); st.Gate.Pending != 1 || st.Gate.InFlight != 1 || len(dead.done) != 0 {
+	if st := e.Stats(); st.Pending != 1 || st.InFlight != 1 || len(dead.done) != 0 {
 		t.Fatalf("the ended waiter was answered or dropped: %+v", st.Gate)
 	}
 	cause := errors.New("the caller gave up")
@@ -113,7 +115,7 @@ func TestPumpPassesOverEndedWaiters(t *testing.T) {
 	}
 	live.Lease.Release(nil)
 	e.PutRequest(live)
-	if st := e.Stats(); st.Gate.Pending != 0 || st.Gate.InFlight != 0 || st.Gate.Aborted != 1 {
+	if st := e.Stats(); st.Pending != 0 || st.InFlight != 0 || st.Gate.Rejected[admission.Aborted] != 1 {
 		t.Fatalf("final: %+v", st.Gate)
 	}
 }
@@ -206,9 +208,10 @@ func (c *heldClock) take(t *testing.T, n int) []func() {
 func startPaced(t *testing.T, clk clock.Clock) (*Engine, chan time.Duration) {
 	t.Helper()
 	parks := make(chan time.Duration, 16)
+	seam.SetPark(func(d time.Duration) { parks <- d })
+	t.Cleanup(func() { seam.SetPark(nil) }) // after the engine's shutdown
 	e := startConfig(t, Config{Limits: admission.Limits{MaxConcurrent: 4}, Clock: clk, Model: "m",
-		Rates:  &Rates{Name: "bh", Model: "m", Pace: true, PerModel: Rate{RequestsPerMinute: 60}},
-		OnPark: func(d time.Duration) { parks <- d }})
+		Rates: &Rates{Name: "bh", Model: "m", Pace: true, PerModel: Rate{RequestsPerMinute: 60}}})
 	return e, parks
 }
 
@@ -253,4 +256,16 @@ func TestStaleTurnTimerLeavesReusedRequestAlone(t *testing.T) {
 	}
 	<-sent
 	e.Stats() // behind the stale message
+}
+
+// The engine's Config is public: it carries what a caller configures and
+// no test hook, which would run on the admission actor in production. A
+// test reaches the engine through package internal/seam instead.
+func TestConfigCarriesNoHooks(t *testing.T) {
+	typ := reflect.TypeFor[Config]()
+	for i := range typ.NumField() {
+		if f := typ.Field(i); f.Type.Kind() == reflect.Func {
+			t.Errorf("Config.%s is a func: a hook in the public configuration", f.Name)
+		}
+	}
 }

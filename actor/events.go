@@ -2,6 +2,7 @@ package actor
 
 import (
 	"log/slog"
+	"sync"
 	"sync/atomic"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -9,34 +10,15 @@ import (
 	"github.com/llmbulkhead/bulkhead/actor/admission"
 )
 
-// Kind is a kind of event, for the listener counts that let the engine skip
-// building events nobody listens for.
-type Kind uint8
-
-// The event kinds.
-const (
-	KindAdmit Kind = iota
-	KindReject
-	KindRelease
-	KindReconfigure
-	KindUsage
-	KindAbandon
-	KindBypass
-	KindBypassUsage
-	KindBypassRelease
-	KindDedup
-	NumKinds
-)
-
-// Kinds says which kinds of event a subscription listens for.
-type Kinds [NumKinds]bool
+// Kinds says which kinds of event a subscription listens for, so that the
+// engine builds events only for kinds someone listens for.
+type Kinds [admission.NumEventKinds]bool
 
 // subscription is one subscriber: deliver is called with each event of a
-// kind it listens for (a pointer to one of the event types of package
-// admission), on the events actor's goroutine.
+// kind it listens for, on the events actor's goroutine.
 type subscription struct {
 	kinds   Kinds
-	deliver func(ev any)
+	deliver func(ev *admission.Event)
 	// gone is set by Unsubscribe, so no event reaches the listener after
 	// Unsubscribe returns, even one already queued.
 	gone atomic.Bool
@@ -67,24 +49,22 @@ func (a *eventsActor) Receive(ctx actor.Context) {
 		}
 	case *flushMsg:
 		close(m.done)
-	default:
-		kind, ok := kindOf(m)
-		if !ok {
-			return
-		}
+	case *admission.Event:
 		for _, s := range a.subs {
-			if s.kinds[kind] && !s.gone.Load() {
+			if s.kinds[m.Kind] && !s.gone.Load() {
 				a.call(s, m)
 			}
 		}
 		a.engine.backlog.Add(-1)
+		*m = admission.Event{}
+		eventPool.Put(m)
 	}
 }
 
 // call runs one listener, recovering and counting a panic. The warning is
 // logged through the engine's guarded logger, so a logger that panics too
 // cannot end event delivery.
-func (a *eventsActor) call(s *subscription, ev any) {
+func (a *eventsActor) call(s *subscription, ev *admission.Event) {
 	defer func() {
 		if p := recover(); p != nil {
 			a.engine.listenerPanics.Add(1)
@@ -96,8 +76,9 @@ func (a *eventsActor) call(s *subscription, ev any) {
 
 // Subscribe adds a listener for the kinds of event in kinds and returns the
 // function that removes it. The listener sees every event of a change made
-// after Subscribe returns.
-func (e *Engine) Subscribe(kinds Kinds, deliver func(ev any)) (unsubscribe func()) {
+// after Subscribe returns. An event is valid only during the call: the
+// engine reuses it.
+func (e *Engine) Subscribe(kinds Kinds, deliver func(ev *admission.Event)) (unsubscribe func()) {
 	sub := &subscription{kinds: kinds, deliver: deliver}
 	q := &subscribeRequest{sub: sub, done: make(chan struct{}, 1)}
 	e.call(q, q.done)
@@ -111,29 +92,35 @@ func (e *Engine) Subscribe(kinds Kinds, deliver func(ev any)) (unsubscribe func(
 	}
 }
 
-// kindOf returns the kind of an event the admission actor emitted.
-func kindOf(ev any) (Kind, bool) {
-	switch ev.(type) {
-	case *admission.AdmitEvent:
-		return KindAdmit, true
-	case *admission.RejectEvent:
-		return KindReject, true
-	case *admission.ReleaseEvent:
-		return KindRelease, true
-	case *admission.ReconfigureEvent:
-		return KindReconfigure, true
-	case *admission.UsageEvent:
-		return KindUsage, true
-	case *admission.AbandonEvent:
-		return KindAbandon, true
-	case *admission.BypassEvent:
-		return KindBypass, true
-	case *admission.BypassUsageEvent:
-		return KindBypassUsage, true
-	case *admission.BypassReleaseEvent:
-		return KindBypassRelease, true
-	case *admission.DedupEvent:
-		return KindDedup, true
-	}
-	return 0, false
+// eventPool recycles event records: the events actor puts each back once
+// every listener has seen it, so a listener must not keep one.
+var eventPool = sync.Pool{New: func() any { return new(admission.Event) }}
+
+// newEvent returns an event record, from the pool, set to e.
+func newEvent(e admission.Event) *admission.Event {
+	ev := eventPool.Get().(*admission.Event)
+	*ev = e
+	return ev
 }
+
+// leaseEvent returns an event of kind k about admission (or bypass) l, its
+// header filled from l.
+func leaseEvent(k admission.EventKind, l *Lease) *admission.Event {
+	return newEvent(admission.Event{Kind: k, Request: l.Request, ID: l.ID, Revision: l.Revision, Priority: l.Priority,
+		Class: l.Class, Reservation: l.Reservation, Resources: l.Resources})
+}
+
+// listen adds delta to the listener count of each kind in kinds, so that
+// events are built only for kinds someone listens for, and reports whether
+// anyone listens for admit or reject events (which carry decision timing).
+func (s *state) listen(kinds Kinds, delta int) (timing bool) {
+	for kind, set := range kinds {
+		if set {
+			s.listeners[kind] += delta
+		}
+	}
+	return s.listeners[admission.EventAdmit]+s.listeners[admission.EventReject] > 0
+}
+
+// silence stops the emission of events for good: event delivery is over.
+func (s *state) silence() { s.listeners = [admission.NumEventKinds]int{} }

@@ -26,7 +26,7 @@ func ExampleStart() {
 	_, err = acquire() // the one slot is taken, and there is no queue
 	fmt.Println(err)
 	first.Release(nil)
-	fmt.Println(e.Stats().Calls.Admitted, e.Stats().Gate.InFlight)
+	fmt.Println(e.Stats().Admissions.Admitted, e.Stats().InFlight)
 
 	e.Close()
 	fmt.Println(e.Drain(context.Background()).Drained)

@@ -114,10 +114,6 @@ type AcquireRequest struct {
 	// Owned by the engine while the request is queued.
 	prev, next *AcquireRequest
 	queued     bool
-	// blocking marks a waiter for capacity that held back its class (or
-	// the whole queue) the last time the pump looked at it: only its
-	// leaving can let others through.
-	blocking   bool
 	enqueuedAt time.Time
 	// queuedAt is when a request with a queue timeout was queued.
 	queuedAt time.Time
@@ -333,16 +329,6 @@ type releaseMsg struct {
 
 func (m *releaseMsg) MailboxNode() *mpscNode { return &m.node }
 
-// usageCopy returns a copy of m's usage for an event (the whole struct:
-// the breakdown reaches the event), nil when it has none.
-func (m *releaseMsg) usageCopy() *admission.Usage {
-	if !m.hasUsage {
-		return nil
-	}
-	u := m.usage
-	return &u
-}
-
 // settleUsage makes m's usage the final usage of its lease: the release's
 // own, else the last report, if any.
 func (m *releaseMsg) settleUsage() {
@@ -404,7 +390,11 @@ type wouldAdmitRequest struct {
 	model       string
 	timeout     time.Duration // the bulkhead's queue timeout
 	detail      bool
-	result      admission.Decision
+	// why and snapshot are the answer: why the call would be turned away,
+	// and the capacity snapshot when asked for (or while a cool-down may
+	// run: see wouldAdmitRequest).
+	why      admission.Reason
+	snapshot *admission.RejectDetail
 	// remote is the call's rates in Redis, for the caller to ask.
 	remote *rateSet
 	rates  *rateStage
@@ -475,7 +465,7 @@ type usageRequest struct {
 	l           *Lease
 	usage       admission.Usage
 	progressive *admission.Progressive
-	result      admission.UsageReport
+	result      admission.UsageResult
 	err         error
 	done        chan struct{}
 }

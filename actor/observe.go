@@ -21,28 +21,20 @@ func (s *state) bypass(r *AcquireRequest, why admission.Reason, race bool, d *ad
 // bypassLease makes l, whose call and class are set, a bypass for why.
 func (s *state) bypassLease(l *Lease, why admission.Reason, race bool, d *admission.RejectDetail) {
 	o := &s.observe
-	o.Bypassed++
+	o.Bypassed[why]++
 	if race {
 		o.RaceBypassed++
 	}
-	s.bypassByWhy[why]++
 	o.InFlight++
 	l.ID = s.newBypassID()
 	l.Revision = s.limits.Revision
 	l.Class = s.tab.Name(l.classID)
+	l.Resources = admission.Resources{} // a bypass holds nothing, even after a rolled-back admission
 	l.Bypass = &Bypass{Reason: why, Race: race, Detail: d}
-	if s.listeners[KindBypass] > 0 {
-		s.fx.emit(&admission.BypassEvent{
-			Request:        l.Request,
-			AdmissionID:    l.ID,
-			LimitRevision:  l.Revision,
-			Priority:       l.Priority,
-			Class:          l.Class,
-			ReservedTokens: l.Reservation.Reserved,
-			Reason:         why,
-			Race:           race,
-			Detail:         d,
-		})
+	if s.listeners[admission.EventBypass] > 0 {
+		ev := leaseEvent(admission.EventBypass, l)
+		ev.Reason, ev.Race, ev.Detail = why, race, d
+		s.fx.emit(ev)
 	}
 }
 
@@ -57,29 +49,17 @@ func (s *state) newBypassID() admission.ID {
 // bypassUsage records a bypassed call's cumulative usage u, already
 // clamped and validated, into rep: a change takes the next sequence and
 // emits a bypass usage event; nothing is held.
-func (s *state) bypassUsage(l *Lease, u admission.Usage, p *admission.Progressive, rep admission.UsageReport) admission.UsageReport {
+func (s *state) bypassUsage(l *Lease, u admission.Usage, p *admission.Progressive, rep admission.UsageResult) admission.UsageResult {
 	if u == l.last && l.reported {
 		return rep // stale or duplicate
 	}
 	l.last, l.reported = u, true
 	l.sequence++
 	rep.Sequence = l.sequence
-	if s.listeners[KindBypassUsage] > 0 {
-		ev := &admission.BypassUsageEvent{
-			Request:         l.Request,
-			AdmissionID:     l.ID,
-			LimitRevision:   l.Revision,
-			Priority:        l.Priority,
-			Class:           l.Class,
-			ReservedTokens:  l.Reservation.Reserved,
-			Reason:          l.Bypass.Reason,
-			Sequence:        l.sequence,
-			Usage:           u,
-			OutputCap:       rep.OutputCap,
-			OutputRemaining: rep.OutputRemaining,
-			OverReservation: rep.OverReservation,
-		}
-		ev.Progressive = copyProgressive(p)
+	if s.listeners[admission.EventBypassUsage] > 0 {
+		ev := leaseEvent(admission.EventBypassUsage, l)
+		ev.Reason, ev.Sequence = l.Bypass.Reason, l.sequence
+		ev.Usage, ev.Progressive = u, copyProgressive(p)
 		s.fx.emit(ev)
 	}
 	return rep
@@ -96,21 +76,14 @@ func (s *state) endBypass(m *releaseMsg) {
 	m.settleUsage()
 	if m.hasUsage {
 		o.UsageReported++
-		o.InputTokens = admission.AddSat(o.InputTokens, m.usage.Input)
-		o.OutputTokens = admission.AddSat(o.OutputTokens, m.usage.Output)
+		o.Input = admission.AddSat(o.Input, m.usage.Input)
+		o.Output = admission.AddSat(o.Output, m.usage.Output)
 	}
-	if s.listeners[KindBypassRelease] > 0 {
-		s.fx.emit(&admission.BypassReleaseEvent{
-			Request:        l.Request,
-			AdmissionID:    l.ID,
-			LimitRevision:  l.Revision,
-			Priority:       l.Priority,
-			Class:          l.Class,
-			ReservedTokens: l.Reservation.Reserved,
-			Reason:         l.Bypass.Reason,
-			UsageSequence:  l.sequence,
-			Usage:          m.usageCopy(),
-		})
+	if s.listeners[admission.EventBypassRelease] > 0 {
+		ev := leaseEvent(admission.EventBypassRelease, l)
+		ev.Reason, ev.Sequence = l.Bypass.Reason, l.sequence
+		ev.Usage, ev.HasUsage = m.usage, m.hasUsage
+		s.fx.emit(ev)
 	}
 	s.checkDrains()
 }

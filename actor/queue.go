@@ -166,7 +166,6 @@ func (q *queue) push(r *AcquireRequest) {
 		}
 	}
 	q.waiting[c]++
-	r.blocking = false
 	q.lane(r).push(r)
 }
 

@@ -162,12 +162,12 @@ func late(r *AcquireRequest, d time.Duration, now time.Time) bool {
 	return !r.Deadline.IsZero() && r.Deadline.Sub(now) < d
 }
 
-// cooldownStage is stage 2 for a new call, and for a paced one whose turn
+// checkCooldown is stage 2 for a new call, and for a paced one whose turn
 // has come: it turns r away or parks it when its model is cooling down (or
 // it does not fit the headroom), and reports whether it did. A call that
 // may wait in the queue goes on: the queue holds it after the capacity
 // checks (holdFor).
-func (s *state) cooldownStage(r *AcquireRequest) bool {
+func (s *state) checkCooldown(r *AcquireRequest) bool {
 	if !s.cool.armed() {
 		return false
 	}
@@ -219,10 +219,10 @@ func (s *state) markHeld(r *AcquireRequest) {
 	}
 }
 
-// turnStage is stage 4: a paced call books its turn, no later than its
+// bookTurn is stage 4: a paced call books its turn, no later than its
 // queue timeout and deadline allow. It reports whether r is done with for
 // now: turned away, parked until its turn, or waiting for a remote store.
-func (s *state) turnStage(r *AcquireRequest) bool {
+func (s *state) bookTurn(r *AcquireRequest) bool {
 	if !s.paced(r) {
 		return false
 	}
@@ -499,7 +499,7 @@ func (s *state) rejectCooldown(r *AcquireRequest, d admission.CooldownDetail) {
 // rejectStage rejects r for a stage's verdict (a cool-down, a rate): it is
 // counted and announced with the capacity snapshot, ext completing it.
 func (s *state) rejectStage(r *AcquireRequest, why admission.Reason, ext *admission.External, cause error) {
-	r.Err = s.rejectOutside(r.Request, r.Priority, r.Reservation.Reserved, r.Class, why, ext, cause, s.timing(r))
+	r.Err = s.rejectOutside(r.Request, r.Priority, r.Reservation, r.Class, why, ext, cause, s.timing(r))
 	s.answer(r)
 }
 
@@ -528,7 +528,7 @@ func (s *state) grantStages(r *AcquireRequest) bool {
 		return true // the rates come after the fleet pool (verdict)
 	}
 	if why, ext, cause := s.localRate(r); why != admission.NoReason {
-		s.cool.refund(r.Model, r.Reservation.Reserved, gen)
+		s.cool.head.refund(r.Model, r.Reservation.Reserved, gen)
 		r.Lease.headGen = 0
 		s.returnSlot()
 		s.rejectStage(r, why, ext, cause)
@@ -637,24 +637,24 @@ func (s *state) wouldAdmitRequest(q *wouldAdmitRequest) {
 	cooling := s.cool.armed()
 	// While a cool-down may run, the detail says whether the queue has
 	// room to hold the call.
-	d := s.wouldAdmit(q.class, q.priority, q.reservation, q.detail || cooling)
+	why, d := s.wouldAdmit(q.class, q.priority, q.reservation, q.detail || cooling)
 	model := q.model
 	if model == "" {
 		model = s.model
 	}
-	if d.Admit && cooling {
+	if why == admission.NoReason && cooling {
 		now := s.fx.now()
 		if cd, _, ok := s.cool.left(model, q.reservation.Reserved, now, false); ok {
 			held := !s.cool.shed && (q.timeout == 0 || cd.RetryAfter < q.timeout)
-			if g := d.Detail; !held || g.MaxConcurrent == 0 || g.MaxQueue == 0 || g.Pending >= g.MaxQueue {
-				d.Admit, d.Reason = false, admission.Cooldown
-				d.Detail.Cooldown = &cd
+			if !held || d.MaxConcurrent == 0 || d.MaxQueue == 0 || d.Pending >= d.MaxQueue {
+				why = admission.Cooldown
+				d.Cooldown = &cd
 			}
 		}
 	}
-	q.result = d
+	q.why, q.snapshot = why, d
 	rs := s.rates
-	if !d.Admit || rs == nil || rs.cfg.Pace {
+	if why != admission.NoReason || rs == nil || rs.cfg.Pace {
 		return
 	}
 	set, err := rs.set(model, s.tab.Name(q.class))
@@ -666,10 +666,10 @@ func (s *state) wouldAdmitRequest(q *wouldAdmitRequest) {
 		return
 	}
 	rs.setTime(s.fx.now())
-	if why, rd := rs.peek(background, set, &q.reservation); why != admission.NoReason {
-		q.result.Admit, q.result.Reason = false, why
-		if q.result.Detail != nil {
-			q.result.Detail.Rate = rd
+	if rwhy, rd := rs.peek(background, set, &q.reservation); rwhy != admission.NoReason {
+		q.why = rwhy
+		if d != nil {
+			d.Rate = rd
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package actor
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"reflect"
@@ -568,5 +569,134 @@ func TestStageOverrun(t *testing.T) {
 	s.release(&releaseMsg{l: c.Lease, usage: admission.Usage{Input: 300}, hasUsage: true})
 	if !reflect.DeepEqual(rec.booked, [][]float64{{200}}) {
 		t.Fatalf("remote bookings %v, want the 200 over", rec.booked)
+	}
+}
+
+// TestRollbackBypassKeepsHeadroomSpent checks a provisional admission in
+// observe mode that its fleet pool turns away for a reason the call shadows:
+// it is bypassed, the call runs anyway and reaches the provider, which counts
+// it against its rate limits, so its spend from the provider's headroom
+// stays spent. The old facade kept it (it gave the headroom back only to a
+// call it rejected); the rollback gave it back before it looked at the
+// shadow reasons, so the next calls saw headroom the provider no longer
+// had.
+func TestRollbackBypassKeepsHeadroomSpent(t *testing.T) {
+	s, rec := newStageState(t, budgetLimits(4, 0, 1000), stageConfig{model: "m", shed: true})
+	s.fleet = &fleetStage{}
+	s.feedback(&Feedback{Model: "m", Headroom: &admission.Headroom{Tokens: 100, Requests: -1, TokensReset: time.Minute}})
+	a := modelReq("a", "m", 30)
+	a.Shadow = admission.ReasonSet(0).With(admission.ConcurrencyLimit)
+	s.acquire(a)
+	j := rec.remotes[0]
+	j.why, j.ext = admission.ConcurrencyLimit, &admission.External{Constraint: admission.ConstraintFleet}
+	s.verdict(j)
+	wantAnswers(t, rec, "a", admitted)
+	if a.Lease.Bypass == nil {
+		t.Fatal("the call was not bypassed")
+	}
+	if got := s.cool.stats(rec.clock).Headroom["m"].Tokens; got != 70 {
+		t.Fatalf("headroom %d after a bypassed call that runs against the provider, want 70", got)
+	}
+}
+
+// TestFleetRefusalSpendsNoLocalRateTurn checks that the fleet pool comes
+// before the rates ("capacity, slot, fleet, rate: a fleet refusal spends no
+// rate turn"), as the old facade kept it for an in-process rate too (with a
+// fleet pool it decided the rate after the reserve). The state machine
+// decided an in-process rate at the grant, before the fleet stage: a call the
+// fleet turned away had spent its turn, and the next call was refused
+// RateLimit for a turn nobody used.
+func TestFleetRefusalSpendsNoLocalRateTurn(t *testing.T) {
+	s, rec := newStageState(t, admission.Limits{MaxConcurrent: 4}, stageConfig{model: "m",
+		rates: &Rates{Name: "bh", Model: "m", PerModel: Rate{RequestsPerMinute: 60}}})
+	s.fleet = &fleetStage{}
+	a := newReq("a", 0)
+	s.acquire(a)
+	if len(rec.remotes) != 1 {
+		t.Fatalf("answers %v, jobs %d: want a's fleet reserve under way", rec.take(), len(rec.remotes))
+	}
+	j := rec.remotes[0]
+	j.why, j.ext = admission.ConcurrencyLimit, &admission.External{Constraint: admission.ConstraintFleet}
+	s.verdict(j)
+	wantAnswers(t, rec, "a", admission.ConcurrencyLimit)
+	b := newReq("b", 0)
+	s.acquire(b) // same instant: the turn a did not use is free
+	wantAnswers(t, rec)
+	if len(rec.remotes) != 2 {
+		t.Fatalf("jobs %d, answer %v: want b at the fleet stage, not turned away by the rate", len(rec.remotes), b.Err)
+	}
+	// The fleet admits b: the rate is decided then, and a third call at
+	// the same instant finds b's turn taken.
+	s.verdict(rec.remotes[1])
+	wantAnswers(t, rec, "b", admitted)
+	s.acquire(newReq("c", 0))
+	s.verdict(rec.remotes[2])
+	wantAnswers(t, rec, "c", rateLimit)
+	if s.inFlight != 1 || s.provisional != 0 || len(rec.releases) != 2 {
+		t.Fatalf("in flight %d, provisional %d, fleet releases %d: want c's slot and fleet hold given back", s.inFlight, s.provisional, len(rec.releases))
+	}
+}
+
+// endedCtx marks r's context as ended, as the facade sees it once the
+// caller has gone: its Done channel is closed.
+func endedCtx(r *AcquireRequest) {
+	done := make(chan struct{})
+	close(done)
+	r.ctxDone = done
+}
+
+// TestPacedCallLeavingWhileItsRemoteTurnIsBookedIsAnswered checks a paced
+// call whose turn a remote store is booking, and whose caller leaves
+// meanwhile: the facade's cancel message arrives while the call is checking
+// (the state leaves it to the verdict), and the store had booked the turn
+// before the context ended. The verdict must answer the call; it parked it
+// instead, and a parked call whose context has ended waits for a cancel
+// message that was already spent: it was never answered, and Drain never
+// completed.
+func TestPacedCallLeavingWhileItsRemoteTurnIsBookedIsAnswered(t *testing.T) {
+	s, rec := newStageState(t, admission.Limits{MaxConcurrent: 4}, stageConfig{model: "m",
+		rates: &Rates{Name: "bh", Model: "m", Pace: true, PerModel: Rate{RequestsPerMinute: 60}}})
+	s.rates.remote = true
+	a := newReq("a", 0)
+	s.acquire(a)
+	if len(rec.remotes) != 1 || !a.checking {
+		t.Fatalf("jobs %d: want a's turn asked of the store", len(rec.remotes))
+	}
+	endedCtx(a)
+	s.cancel(&cancelMsg{r: a, cause: context.Canceled}) // the caller left
+	j := rec.remotes[0]
+	j.delay = 300 * time.Millisecond // booked before the context ended
+	s.verdict(j)
+	rec.clock = rec.clock.Add(300 * time.Millisecond)
+	if a.parked {
+		s.unpark(&parkMsg{r: a, gen: a.gen, seq: a.parkSeq})
+	}
+	wantAnswers(t, rec, "a", aborted)
+	if !s.idle() {
+		t.Fatalf("not idle: parked %d, pending %d, checking %d", s.nparked, s.pending, s.checking)
+	}
+}
+
+// TestPacedCallLeavingWhileItsRemoteTurnIsBookedIsNotQueued: the same with a
+// turn free at once and no slot free: the verdict queued the call, whose
+// cancel message was already spent; the pump passes over it forever (no
+// queue timeout), so it was never answered.
+func TestPacedCallLeavingWhileItsRemoteTurnIsBookedIsNotQueued(t *testing.T) {
+	s, rec := newStageState(t, admission.Limits{MaxConcurrent: 1, MaxQueue: 4}, stageConfig{model: "m",
+		rates: &Rates{Name: "bh", Model: "m", Pace: true, PerModel: Rate{RequestsPerMinute: 6000}}})
+	s.rates.remote = true
+	first := newReq("first", 0)
+	s.acquire(first)
+	s.verdict(rec.remotes[0])
+	wantAnswers(t, rec, "first", admitted)
+	a := newReq("a", 0)
+	s.acquire(a)
+	endedCtx(a)
+	s.cancel(&cancelMsg{r: a, cause: context.Canceled})
+	s.verdict(rec.remotes[1]) // delay 0: its turn is now
+	release(s, first)
+	wantAnswers(t, rec, "a", aborted)
+	if !s.idle() {
+		t.Fatalf("not idle: parked %d, pending %d, checking %d", s.nparked, s.pending, s.checking)
 	}
 }

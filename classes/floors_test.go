@@ -129,12 +129,12 @@ func TestRuntimeFloors(t *testing.T) {
 	st := tab.Stats(s.capacity(admission.High, false))
 	wantA := L{ProtectedConcurrent: 3, ProtectedInFlightTokens: 300}
 	wantB := L{ProtectedConcurrent: 2, ProtectedInFlightTokens: 200, MaxConcurrent: ip(8)}
-	if !reflect.DeepEqual(st.Classes["a"].Limits, wantA) || !reflect.DeepEqual(st.Classes["b"].Limits, wantB) ||
-		!reflect.DeepEqual(st.Classes["c"].Limits, L{}) {
-		t.Fatalf("Stats limits = %+v %+v %+v, want the floors in effect", st.Classes["a"].Limits, st.Classes["b"].Limits, st.Classes["c"].Limits)
+	if !reflect.DeepEqual(classOf(st, "a").Limits, wantA) || !reflect.DeepEqual(classOf(st, "b").Limits, wantB) ||
+		!reflect.DeepEqual(classOf(st, "c").Limits, L{}) {
+		t.Fatalf("Stats limits = %+v %+v %+v, want the floors in effect", classOf(st, "a").Limits, classOf(st, "b").Limits, classOf(st, "c").Limits)
 	}
-	if st.Shared.MaxConcurrent != 0 || *st.Shared.TokenBudget != (admission.SharedBudgetStats{}) {
-		t.Fatalf("shared = %+v %+v, want no shared pool", st.Shared, *st.Shared.TokenBudget)
+	if st.Shared != (admission.SharedPool{HasTokens: true}) {
+		t.Fatalf("shared = %+v, want no shared pool", st.Shared)
 	}
 	// c has no floor and nothing to borrow.
 	if why, con, _ := s.try(c, 0, admission.High); why != concLimit || con != protection {
@@ -153,27 +153,26 @@ func TestRuntimeFloors(t *testing.T) {
 	if why, con, _ := s.try(a, 0, admission.High); why != concLimit || con != protection {
 		t.Fatalf("a above its floor in effect: %v/%v", why, con)
 	}
-	_, cd := tab.Detail(a, s.capacity(admission.High, false), 1)
-	if cd.ProtectedConcurrent != 3 || cd.ProtectedConcurrentInUse != 3 || cd.AvailableProtectedConcurrent != 0 ||
-		cd.TokenBudget.ProtectedInFlightTokens != 300 || cd.TokenBudget.ProtectedTokensInUse != 300 {
-		t.Fatalf("a detail = %+v %+v", cd, cd.TokenBudget)
+	_, cd, _ := tab.Detail(a, s.capacity(admission.High, false), 1)
+	if cd.Limits.ProtectedConcurrent != 3 || cd.ProtectedConcurrentInUse() != 3 || cd.InFlight != 3 ||
+		cd.Limits.ProtectedInFlightTokens != 300 || cd.ProtectedTokensInUse() != 300 {
+		t.Fatalf("a detail = %+v", cd)
 	}
 	// b still has its floor in effect: 2 slots and 200 tokens.
 	if why, _, r := s.try(b, 200, admission.High); why != ok || r != (admission.Resources{}) {
 		t.Fatalf("b within its floor: %v %+v", why, r)
 	}
-	shared, cd := tab.Detail(b, s.capacity(admission.High, false), 1)
-	if shared.Concurrency != (admission.SharedConcurrencyDetail{}) ||
-		*shared.TokenBudget != (admission.SharedBudgetDetail{RequestedBorrowed: 1}) ||
-		cd.ProtectedConcurrent != 2 || cd.AvailableProtectedConcurrent != 1 || cd.TokenBudget.AvailableProtectedTokens != 0 {
-		t.Fatalf("b detail = %+v %+v %+v", shared.Concurrency, *shared.TokenBudget, cd)
+	shared, cd, borrow := tab.Detail(b, s.capacity(admission.High, false), 1)
+	if *shared != (admission.SharedPool{HasTokens: true}) || borrow != (admission.Resources{BorrowedTokens: 1}) ||
+		cd.Limits.ProtectedConcurrent != 2 || cd.InFlight != 1 || cd.InFlightTokens != 200 {
+		t.Fatalf("b detail = %+v %+v %+v", *shared, borrow, cd)
 	}
 	// A zero-token call within b's slot floor borrows nothing and passes.
 	if why, _, r := s.try(b, 0, admission.High); why != ok || r != (admission.Resources{}) {
 		t.Fatalf("b's second slot: %v %+v", why, r)
 	}
 	st = tab.Stats(s.capacity(admission.High, false))
-	if sa := st.Classes["a"]; sa.ProtectedConcurrentInUse != 3 || sa.BorrowedConcurrent != 0 || sa.ProtectedTokensInUse != 300 {
+	if sa := classOf(st, "a"); sa.ProtectedConcurrentInUse() != 3 || sa.BorrowedConcurrent() != 0 || sa.ProtectedTokensInUse() != 300 {
 		t.Fatalf("a stats = %+v", sa)
 	}
 
@@ -181,8 +180,8 @@ func TestRuntimeFloors(t *testing.T) {
 	// shared pool reopens (10 - 10 slots: still none; 1000 - 1000 tokens).
 	s.apply(t, cl, g)
 	st = tab.Stats(s.capacity(admission.High, false))
-	if st.Classes["a"].Limits.ProtectedConcurrent != 6 || st.Classes["b"].Limits.ProtectedInFlightTokens != 400 {
-		t.Fatalf("floors after the limits came back: %+v %+v", st.Classes["a"].Limits, st.Classes["b"].Limits)
+	if classOf(st, "a").Limits.ProtectedConcurrent != 6 || classOf(st, "b").Limits.ProtectedInFlightTokens != 400 {
+		t.Fatalf("floors after the limits came back: %+v %+v", classOf(st, "a").Limits, classOf(st, "b").Limits)
 	}
 	if why, _, r := s.try(a, 100, admission.High); why != ok || r != (admission.Resources{}) {
 		t.Fatalf("a within its restored floor: %v %+v", why, r)
@@ -191,8 +190,8 @@ func TestRuntimeFloors(t *testing.T) {
 	// A limit above the sum: floors as configured, the rest shared.
 	s.apply(t, cl, limitsOf(12, 1200, 100))
 	st = tab.Stats(s.capacity(admission.High, false))
-	if st.Shared.MaxConcurrent != 2 || st.Shared.TokenBudget.Budget != 200 || st.Classes["a"].Limits.ProtectedConcurrent != 6 {
-		t.Fatalf("above the sum: %+v %+v", st.Shared, st.Classes["a"].Limits)
+	if st.Shared.Slots != 2 || st.Shared.Tokens != 200 || classOf(st, "a").Limits.ProtectedConcurrent != 6 {
+		t.Fatalf("above the sum: %+v %+v", st.Shared, classOf(st, "a").Limits)
 	}
 }
 
@@ -209,8 +208,8 @@ func TestRuntimeFloorsRounding(t *testing.T) {
 	// MaxConcurrent 2: a 4/3 -> 1, b 2/3 -> 0; shared 2 - 1 = 1.
 	s.apply(t, cl, limitsOf(2, -1, 0))
 	st := tab.Stats(s.capacity(admission.High, false))
-	if st.Classes["a"].Limits.ProtectedConcurrent != 1 || st.Classes["b"].Limits.ProtectedConcurrent != 0 || st.Shared.MaxConcurrent != 1 {
-		t.Fatalf("stats = %+v %+v %+v", st.Shared, st.Classes["a"].Limits, st.Classes["b"].Limits)
+	if classOf(st, "a").Limits.ProtectedConcurrent != 1 || classOf(st, "b").Limits.ProtectedConcurrent != 0 || st.Shared.Slots != 1 {
+		t.Fatalf("stats = %+v %+v %+v", st.Shared, classOf(st, "a").Limits, classOf(st, "b").Limits)
 	}
 	if why, _, r := s.try(b, 0, admission.Normal); why != ok || !r.BorrowedConcurrency {
 		t.Fatalf("b borrows the shared slot: %v %+v", why, r)
@@ -244,12 +243,12 @@ func TestKillSwitchWithFloors(t *testing.T) {
 		}
 		s.apply(t, cl, limitsOf(0, 1000, 0))
 		st := tab.Stats(s.capacity(admission.High, false))
-		if st.Classes["a"].Limits.ProtectedConcurrent != 0 || st.Classes["b"].Limits.ProtectedConcurrent != 0 ||
-			st.Classes["a"].Limits.ProtectedInFlightTokens != 300 {
-			t.Fatalf("floors in effect = %+v %+v", st.Classes["a"].Limits, st.Classes["b"].Limits)
+		if classOf(st, "a").Limits.ProtectedConcurrent != 0 || classOf(st, "b").Limits.ProtectedConcurrent != 0 ||
+			classOf(st, "a").Limits.ProtectedInFlightTokens != 300 {
+			t.Fatalf("floors in effect = %+v %+v", classOf(st, "a").Limits, classOf(st, "b").Limits)
 		}
-		if st.Shared.MaxConcurrent != 0 || st.Shared.InFlight != 1 || st.Classes["a"].BorrowedConcurrent != 1 {
-			t.Fatalf("shared = %+v, a = %+v", st.Shared, st.Classes["a"])
+		if st.Shared.Slots != 0 || st.Shared.SlotsInUse != 1 || classOf(st, "a").BorrowedConcurrent() != 1 {
+			t.Fatalf("shared = %+v, a = %+v", st.Shared, classOf(st, "a"))
 		}
 		// The class checks pass; the gate rejects (it has no slot).
 		if why, con := tab.Check(a, s.capacity(admission.Normal, false), 10); why != ok {
@@ -275,9 +274,9 @@ func TestKillSwitchWithFloors(t *testing.T) {
 		a := mustLookup(t, tab, "a")
 		s.apply(t, cl, limitsOf(3, 0, 0))
 		st := tab.Stats(s.capacity(admission.High, false))
-		if st.Classes["a"].Limits.ProtectedInFlightTokens != 0 || st.Classes["a"].Limits.ProtectedConcurrent != 2 ||
-			*st.Shared.TokenBudget != (admission.SharedBudgetStats{}) {
-			t.Fatalf("stats = %+v %+v", st.Classes["a"].Limits, *st.Shared.TokenBudget)
+		if classOf(st, "a").Limits.ProtectedInFlightTokens != 0 || classOf(st, "a").Limits.ProtectedConcurrent != 2 ||
+			st.Shared.Tokens != 0 || st.Shared.TokensInUse != 0 {
+			t.Fatalf("stats = %+v %+v", classOf(st, "a").Limits, st.Shared)
 		}
 		// Zero-token calls still run within the slot floors; any token is
 		// refused by the global budget.
@@ -338,14 +337,14 @@ func TestRuntimeFloorsHuge(t *testing.T) {
 	s := &sim{t: tab}
 	s.apply(t, cl, limitsOf(4, maxI-1, 0))
 	st := tab.Stats(s.capacity(admission.High, false))
-	if got := st.Classes["a"].Limits.ProtectedInFlightTokens; got != maxI-2 {
+	if got := classOf(st, "a").Limits.ProtectedInFlightTokens; got != maxI-2 {
 		t.Fatalf("a's token floor in effect = %d, want %d", got, int64(maxI-2))
 	}
-	if got := st.Classes["b"].Limits.ProtectedInFlightTokens; got != 0 {
+	if got := classOf(st, "b").Limits.ProtectedInFlightTokens; got != 0 {
 		t.Fatalf("b's token floor in effect = %d, want 0", got)
 	}
-	if st.Shared.TokenBudget.Budget != 1 {
-		t.Fatalf("shared tokens = %+v", *st.Shared.TokenBudget)
+	if st.Shared.Tokens != 1 {
+		t.Fatalf("shared tokens = %+v", st.Shared)
 	}
 	a, b := mustLookup(t, tab, "a"), mustLookup(t, tab, "b")
 	if why, _, r := s.try(a, maxI-2, admission.High); why != ok || r.BorrowedTokens != 0 {
@@ -359,8 +358,8 @@ func TestRuntimeFloorsHuge(t *testing.T) {
 	raised := admission.Classes{Limits: map[string]L{"a": {ProtectedInFlightTokens: maxI}, "b": {ProtectedInFlightTokens: maxI}}}
 	s.apply(t, raised, limitsOf(4, maxI-1, 0))
 	st = tab.Stats(s.capacity(admission.High, false))
-	if st.Classes["a"].Limits.ProtectedInFlightTokens != (maxI-1)/2 || st.Classes["b"].Limits.ProtectedInFlightTokens != (maxI-1)/2 {
-		t.Fatalf("floors in effect = %+v %+v", st.Classes["a"].Limits, st.Classes["b"].Limits)
+	if classOf(st, "a").Limits.ProtectedInFlightTokens != (maxI-1)/2 || classOf(st, "b").Limits.ProtectedInFlightTokens != (maxI-1)/2 {
+		t.Fatalf("floors in effect = %+v %+v", classOf(st, "a").Limits, classOf(st, "b").Limits)
 	}
 	if got := tab.Classes(); got.Limits["a"].ProtectedInFlightTokens != maxI {
 		t.Fatalf("configured floor = %+v", got.Limits["a"])

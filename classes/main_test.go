@@ -98,3 +98,13 @@ func (s *sim) try(c Class, reserved int64, p admission.Priority) (admission.Reas
 	s.tokens += reserved
 	return admission.NoReason, "", s.t.Admit(c, reserved)
 }
+
+// classOf returns the statistics of the class named name in st.
+func classOf(st *admission.ClassesStats, name string) admission.ClassStats {
+	for _, c := range st.Classes {
+		if c.Name == name {
+			return c
+		}
+	}
+	return admission.ClassStats{}
+}

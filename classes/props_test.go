@@ -425,16 +425,16 @@ func (m *model) check(t *rapid.T) {
 	if floors > m.g.MaxConcurrent || (m.hasBudget() && tokFloors > m.g.TokenBudget.Budget) {
 		t.Fatalf("the floors in effect sum to %d/%d, above the limits %d/%+v", floors, tokFloors, m.g.MaxConcurrent, m.g.TokenBudget)
 	}
-	if st.Shared.MaxConcurrent != max(0, m.g.MaxConcurrent-floors) {
-		t.Fatalf("shared capacity %d, model %d", st.Shared.MaxConcurrent, max(0, m.g.MaxConcurrent-floors))
+	if st.Shared.Slots != max(0, m.g.MaxConcurrent-floors) {
+		t.Fatalf("shared capacity %d, model %d", st.Shared.Slots, max(0, m.g.MaxConcurrent-floors))
 	}
-	if m.hasBudget() && st.Shared.TokenBudget.Budget != max(0, m.g.TokenBudget.Budget-tokFloors) {
-		t.Fatalf("shared token capacity %d, model %d", st.Shared.TokenBudget.Budget, max(0, m.g.TokenBudget.Budget-tokFloors))
+	if m.hasBudget() && st.Shared.Tokens != max(0, m.g.TokenBudget.Budget-tokFloors) {
+		t.Fatalf("shared token capacity %d, model %d", st.Shared.Tokens, max(0, m.g.TokenBudget.Budget-tokFloors))
 	}
 	var protInUse int
 	var protTokInUse int64
 	for i, cm := range m.classes {
-		cs := st.Classes[cm.name]
+		cs := classOf(st, cm.name)
 		slots, tokens := m.usage(i)
 		unreleasedAbandoned := int64(0)
 		for _, l := range m.leases {
@@ -448,15 +448,15 @@ func (m *model) check(t *rapid.T) {
 		case cs.Admitted-cs.Released != int64(cs.InFlight)+unreleasedAbandoned:
 			t.Fatalf("%s: admitted %d - released %d != in flight %d + abandoned unreleased %d",
 				cm.name, cs.Admitted, cs.Released, cs.InFlight, unreleasedAbandoned)
-		case cs.Admitted != cm.admitted || cs.Released != cm.released || cs.Abandoned != cm.abandoned || cs.Rejected != cm.rejected:
+		case cs.Admitted != cm.admitted || cs.Released != cm.released || cs.Abandonments() != cm.abandoned || cs.Rejections() != cm.rejected:
 			t.Fatalf("%s: counters %+v, model %+v", cm.name, cs, cm)
-		case cs.TotalReserved != cm.reserved || cs.TotalConsumed != cm.consumed || cs.TotalRefunded != cm.refunded || cs.TotalOverrun != cm.overrun:
+		case cs.Reserved != cm.reserved || cs.Consumed != cm.consumed || cs.Refunded != cm.refunded || cs.Overrun != cm.overrun:
 			t.Fatalf("%s: ledger %+v, model %+v", cm.name, cs, cm)
-		case cs.TotalBorrowedAdmissions != cm.borrowedAdmissions || cs.TotalBorrowedTokensReserved != cm.borrowedTokens:
+		case cs.BorrowedAdmissions != cm.borrowedAdmissions || cs.BorrowedTokensReserved != cm.borrowedTokens:
 			t.Fatalf("%s: borrowed totals %+v, model %+v", cm.name, cs, cm)
-		case cs.TotalReserved+cs.TotalOverrun-cm.earlyRefunds != cm.heldAtRelease+cs.InFlightTokens:
+		case cs.Reserved+cs.Overrun-cm.earlyRefunds != cm.heldAtRelease+cs.InFlightTokens:
 			t.Fatalf("%s: ledger identity broken: %+v", cm.name, cs)
-		case cs.ProtectedConcurrentInUse+cs.BorrowedConcurrent != cs.InFlight || cs.ProtectedTokensInUse+cs.BorrowedInFlightTokens != cs.InFlightTokens:
+		case cs.ProtectedConcurrentInUse()+cs.BorrowedConcurrent() != cs.InFlight || cs.ProtectedTokensInUse()+cs.BorrowedInFlightTokens() != cs.InFlightTokens:
 			t.Fatalf("%s: protected + borrowed != in flight: %+v", cm.name, cs)
 		}
 		// Stats shows the floors in effect beside the configured ceilings;
@@ -469,22 +469,22 @@ func (m *model) check(t *rapid.T) {
 		if got := conf.Limits[cm.name]; !reflect.DeepEqual(got, cm.limits) {
 			t.Fatalf("%s: Classes says %s, configured %s", cm.name, fmtLimits(got), fmtLimits(cm.limits))
 		}
-		if cs.ProtectedConcurrentInUse != min(slots, want.ProtectedConcurrent) || cs.ProtectedTokensInUse != min(tokens, want.ProtectedInFlightTokens) {
-			t.Fatalf("%s: protected in use %d/%d, model %d/%d", cm.name, cs.ProtectedConcurrentInUse, cs.ProtectedTokensInUse,
+		if cs.ProtectedConcurrentInUse() != min(slots, want.ProtectedConcurrent) || cs.ProtectedTokensInUse() != min(tokens, want.ProtectedInFlightTokens) {
+			t.Fatalf("%s: protected in use %d/%d, model %d/%d", cm.name, cs.ProtectedConcurrentInUse(), cs.ProtectedTokensInUse(),
 				min(slots, want.ProtectedConcurrent), min(tokens, want.ProtectedInFlightTokens))
 		}
 		var byReason, byCause int64
-		for _, n := range cs.RejectedByReason {
+		for _, n := range cs.Rejected {
 			byReason += n
 		}
-		for _, n := range cs.AbandonedByCause {
+		for _, n := range cs.Abandoned {
 			byCause += n
 		}
-		if byReason != cs.Rejected || byCause != cs.Abandoned {
+		if byReason != cs.Rejections() || byCause != cs.Abandonments() {
 			t.Fatalf("%s: by-reason or by-cause sums differ: %+v", cm.name, cs)
 		}
-		protInUse += cs.ProtectedConcurrentInUse
-		protTokInUse += cs.ProtectedTokensInUse
+		protInUse += cs.ProtectedConcurrentInUse()
+		protTokInUse += cs.ProtectedTokensInUse()
 	}
 	if d := m.tab.Drift(); d != 0 {
 		t.Fatalf("the table drifted %d times", d)

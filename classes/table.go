@@ -57,13 +57,8 @@ type state struct {
 	protectedInUse       int   // min(inFlight, floor)
 	protectedTokensInUse int64 // min(tokens, tokFloor)
 
-	admitted, released     int64
-	abandoned              int64
-	abandonedBy            [2]int64 // by admission.AbandonCause
-	rejected               int64
-	rejectedBy             [admission.NumReasons]int64
-	reserved, consumed     int64
-	refunded, overrun      int64
+	counts                 admission.Counts
+	ledger                 admission.Ledger
 	borrowedAdmissions     int64
 	borrowedTokensReserved int64
 }
@@ -387,8 +382,8 @@ func (t *Table) Count(c Class, reserved int64, r admission.Resources) {
 	if k == nil {
 		return
 	}
-	k.admitted++
-	k.reserved = admission.AddSat(k.reserved, reserved)
+	k.counts.Admitted++
+	k.ledger.Reserved = admission.AddSat(k.ledger.Reserved, reserved)
 	if r.BorrowedConcurrency {
 		k.borrowedAdmissions++
 	}
@@ -414,9 +409,8 @@ func (t *Table) Reject(c Class, why admission.Reason) {
 	if k == nil {
 		return
 	}
-	k.rejected++
-	if int(why) < len(k.rejectedBy) {
-		k.rejectedBy[why]++
+	if int(why) < len(k.counts.Rejected) {
+		k.counts.Rejected[why]++
 	}
 }
 
@@ -431,9 +425,9 @@ func (t *Table) AdjustHold(c Class, delta int64) {
 	}
 	t.addTokens(k, delta)
 	if delta > 0 {
-		k.overrun = admission.AddSat(k.overrun, delta)
+		k.ledger.Overrun = admission.AddSat(k.ledger.Overrun, delta)
 	} else {
-		k.refunded = admission.AddSat(k.refunded, -delta)
+		k.ledger.Refunded = admission.AddSat(k.ledger.Refunded, -delta)
 	}
 }
 
@@ -447,9 +441,8 @@ func (t *Table) Abandon(c Class, cause admission.AbandonCause) {
 		return
 	}
 	t.setInFlight(k, k.inFlight-1)
-	k.abandoned++
-	if int(cause) < len(k.abandonedBy) {
-		k.abandonedBy[cause]++
+	if int(cause) < len(k.counts.Abandoned) {
+		k.counts.Abandoned[cause]++
 	}
 }
 
@@ -480,7 +473,7 @@ func (t *Table) Release(c Class, s Settlement) {
 		t.setInFlight(k, k.inFlight-1)
 	}
 	t.addTokens(k, -s.Held)
-	k.released++
-	k.consumed = admission.AddSat(k.consumed, s.Consumed)
-	k.refunded = admission.AddSat(k.refunded, s.Refunded)
+	k.counts.Released++
+	k.ledger.Consumed = admission.AddSat(k.ledger.Consumed, s.Consumed)
+	k.ledger.Refunded = admission.AddSat(k.ledger.Refunded, s.Refunded)
 }

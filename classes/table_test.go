@@ -54,32 +54,26 @@ func TestProbedScenario(t *testing.T) {
 	}
 
 	// The detail of that last rejection.
-	shared, cd := tab.Detail(fg, s.capacity(admission.Normal, false), reserved)
-	wantShared := admission.SharedConcurrencyDetail{Capacity: 2, InUse: 2, Available: 0, RequestedBorrowed: 1}
-	if shared.Concurrency != wantShared {
-		t.Fatalf("shared = %+v, want %+v", shared.Concurrency, wantShared)
+	shared, cd, borrow := tab.Detail(fg, s.capacity(admission.Normal, false), reserved)
+	wantShared := admission.SharedPool{Slots: 2, SlotsInUse: 2, Tokens: 10_000, TokensInUse: 330, HasTokens: true}
+	if *shared != wantShared || borrow != (admission.Resources{BorrowedConcurrency: true, BorrowedTokens: reserved}) {
+		t.Fatalf("shared = %+v, would borrow %+v; want %+v", *shared, borrow, wantShared)
 	}
-	if *shared.TokenBudget != (admission.SharedBudgetDetail{Capacity: 10_000, InUse: 330, Available: 9670, RequestedBorrowed: reserved}) {
-		t.Fatalf("shared tokens = %+v", *shared.TokenBudget)
+	wantClass := &admission.ClassUse{Name: "fg", Limits: L{ProtectedConcurrent: 1}, InFlight: 1, InFlightTokens: reserved}
+	if !reflect.DeepEqual(cd, wantClass) || cd.ProtectedConcurrentInUse() != 1 || cd.BorrowedInFlightTokens() != reserved {
+		t.Fatalf("class detail = %+v, want %+v", cd, wantClass)
 	}
-	wantClass := &admission.ClassDetail{
-		ID: "fg", InFlight: 1, ProtectedConcurrent: 1, ProtectedConcurrentInUse: 1,
-		TokenBudget: &admission.ClassBudgetDetail{InFlightTokens: reserved, BorrowedInFlightTokens: reserved, Requested: reserved},
-	}
-	if !reflect.DeepEqual(cd, wantClass) {
-		t.Fatalf("class detail = %+v %+v, want %+v %+v", cd, cd.TokenBudget, wantClass, wantClass.TokenBudget)
-	}
-	_, cd = tab.Detail(bg, s.capacity(admission.Normal, false), reserved)
-	if cd.MaxConcurrent == nil || *cd.MaxConcurrent != 2 || *cd.AvailableConcurrent != 0 || cd.BorrowedConcurrent != 2 {
+	_, cd, _ = tab.Detail(bg, s.capacity(admission.Normal, false), reserved)
+	if m := cd.Limits.MaxConcurrent; m == nil || *m != 2 || cd.InFlight != 2 || cd.BorrowedConcurrent() != 2 {
 		t.Fatalf("bg detail = %+v", cd)
 	}
 
 	st := tab.Stats(s.capacity(admission.High, false))
-	if st.Classes["bg"].Rejected != 1 || st.Classes["bg"].RejectedByReason[concLimit] != 1 ||
-		st.Classes["fg"].RejectedByReason[concLimit] != 1 {
+	if classOf(st, "bg").Rejections() != 1 || classOf(st, "bg").Rejected[concLimit] != 1 ||
+		classOf(st, "fg").Rejected[concLimit] != 1 {
 		t.Fatalf("rejections: %+v", st.Classes)
 	}
-	if st.Classes["bg"].TotalBorrowedAdmissions != 2 || st.Classes["fg"].TotalBorrowedAdmissions != 0 {
+	if classOf(st, "bg").BorrowedAdmissions != 2 || classOf(st, "fg").BorrowedAdmissions != 0 {
 		t.Fatalf("borrowed admissions: %+v", st.Classes)
 	}
 }
@@ -175,7 +169,7 @@ func TestConcurrencyProtection(t *testing.T) {
 		t.Fatalf("b above floor: %v/%v", why, con)
 	}
 	st := tab.Stats(s.capacity(admission.High, false))
-	if st.Shared != (admission.SharedStats{MaxConcurrent: 2, InFlight: 2, AvailableConcurrent: 0}) {
+	if st.Shared != (admission.SharedPool{Slots: 2, SlotsInUse: 2}) {
 		t.Fatalf("shared = %+v", st.Shared)
 	}
 	// Floors are strict: release b; its idle floor is not lent to c.
@@ -232,12 +226,12 @@ func TestTokenProtection(t *testing.T) {
 		}
 	}
 	stats := tab.Stats(s.capacity(admission.High, false))
-	if *stats.Shared.TokenBudget != (admission.SharedBudgetStats{Budget: 500, InFlightTokens: 500, Available: 0}) {
-		t.Fatalf("shared tokens = %+v", *stats.Shared.TokenBudget)
+	if stats.Shared.Tokens != 500 || stats.Shared.TokensInUse != 500 {
+		t.Fatalf("shared tokens = %+v", stats.Shared)
 	}
-	sb := stats.Classes["b"]
-	if sb.InFlightTokens != 700 || sb.ProtectedTokensInUse != 200 || sb.BorrowedInFlightTokens != 500 ||
-		sb.TotalReserved != 700 || sb.TotalBorrowedTokensReserved != 500 || sb.TotalBorrowedAdmissions != 3 {
+	sb := classOf(stats, "b")
+	if sb.InFlightTokens != 700 || sb.ProtectedTokensInUse() != 200 || sb.BorrowedInFlightTokens() != 500 ||
+		sb.Reserved != 700 || sb.BorrowedTokensReserved != 500 || sb.BorrowedAdmissions != 3 {
 		t.Fatalf("b = %+v", sb)
 	}
 	// An early refund of b's hold frees shared tokens; an overrun uses them.
@@ -259,8 +253,8 @@ func TestTokenProtection(t *testing.T) {
 	if why, con := tab.Check(a, s.capacity(admission.Normal, false), 1); why != budgetLimit || con != protection {
 		t.Fatalf("a after its overrun: %v/%v", why, con)
 	}
-	sa := tab.Stats(s.capacity(admission.High, false)).Classes["a"]
-	if sa.TotalOverrun != 50 || sa.InFlightTokens != 350 || sa.BorrowedInFlightTokens != 50 {
+	sa := classOf(tab.Stats(s.capacity(admission.High, false)), "a")
+	if sa.Overrun != 50 || sa.InFlightTokens != 350 || sa.BorrowedInFlightTokens() != 50 {
 		t.Fatalf("a = %+v", sa)
 	}
 }
@@ -314,9 +308,9 @@ func TestPriorityAdjustedBudget(t *testing.T) {
 	if why, con, _ := s.try(b, 501, admission.Normal); why != budgetLimit || con != protection {
 		t.Fatalf("normal 501: %v/%v", why, con)
 	}
-	shared, _ := tab.Detail(b, s.capacity(admission.Normal, false), 501)
-	if shared.TokenBudget.Capacity != 500 || shared.TokenBudget.RequestedBorrowed != 501 {
-		t.Fatalf("normal detail = %+v", *shared.TokenBudget)
+	shared, _, borrow := tab.Detail(b, s.capacity(admission.Normal, false), 501)
+	if shared.Tokens != 500 || borrow.BorrowedTokens != 501 {
+		t.Fatalf("normal detail = %+v, would borrow %+v", *shared, borrow)
 	}
 	if why, _, _ := s.try(b, 500, admission.Normal); why != ok {
 		t.Fatalf("normal 500: %v", why)
@@ -327,13 +321,13 @@ func TestPriorityAdjustedBudget(t *testing.T) {
 	if why, _, _ := s.try(b, 200, admission.High); why != ok {
 		t.Fatalf("high 200: %v", why)
 	}
-	shared, _ = tab.Detail(b, s.capacity(admission.High, false), 1)
-	if *shared.TokenBudget != (admission.SharedBudgetDetail{Capacity: 700, InUse: 700, Available: 0, RequestedBorrowed: 1}) {
-		t.Fatalf("high detail = %+v", *shared.TokenBudget)
+	shared, _, borrow = tab.Detail(b, s.capacity(admission.High, false), 1)
+	if shared.Tokens != 700 || shared.TokensInUse != 700 || borrow.BorrowedTokens != 1 {
+		t.Fatalf("high detail = %+v, would borrow %+v", *shared, borrow)
 	}
 	st := tab.Stats(Capacity{MaxConcurrent: 100, InFlight: s.inFlight, InFlightTokens: s.tokens, Budget: 1000})
-	if *st.Shared.TokenBudget != (admission.SharedBudgetStats{Budget: 700, InFlightTokens: 700, Available: 0}) {
-		t.Fatalf("stats shared = %+v", *st.Shared.TokenBudget)
+	if st.Shared.Tokens != 700 || st.Shared.TokensInUse != 700 {
+		t.Fatalf("stats shared = %+v", st.Shared)
 	}
 	// a's floor is whole for high priority.
 	a := mustLookup(t, tab, "a")
@@ -394,9 +388,9 @@ func TestSlotHeld(t *testing.T) {
 	if why, con := tab.Check(b, Capacity{MaxConcurrent: 3, InFlight: 2}, 0); why != concLimit || con != protection {
 		t.Fatalf("without SlotHeld: %v/%v", why, con)
 	}
-	_, dpre := tab.Detail(b, pre, 0)
-	spost, dpost := tab.Detail(b, post, 0)
-	if !reflect.DeepEqual(dpre, dpost) || spost.Concurrency.InUse != 1 {
+	_, dpre, _ := tab.Detail(b, pre, 0)
+	spost, dpost, _ := tab.Detail(b, post, 0)
+	if !reflect.DeepEqual(dpre, dpost) || spost.SlotsInUse != 1 {
 		t.Fatalf("detail differs: %+v %+v %+v", dpre, dpost, spost)
 	}
 	// A stray SlotHeld with nothing in flight does not go negative.
@@ -442,7 +436,7 @@ func TestNilTable(t *testing.T) {
 	tab.AdjustHold(None, 3)
 	tab.Abandon(None, admission.AbandonManual)
 	tab.Release(None, Settlement{Held: 5})
-	if s, d := tab.Detail(None, Capacity{}, 0); s != nil || d != nil {
+	if s, d, r := tab.Detail(None, Capacity{}, 0); s != nil || d != nil || r != (admission.Resources{}) {
 		t.Fatal("Detail")
 	}
 	if tab.Stats(Capacity{}) != nil || tab.Len() != 0 || tab.Default() != None || tab.Name(None) != "" {
@@ -457,7 +451,7 @@ func TestNilTable(t *testing.T) {
 		t.Fatal("Check(None)")
 	}
 	real.Admit(None, 0)
-	if st := real.Stats(Capacity{}); st.Classes["a"].Admitted != 0 {
+	if st := real.Stats(Capacity{}); classOf(st, "a").Admitted != 0 {
 		t.Fatal("Admit(None) counted")
 	}
 }
@@ -477,40 +471,33 @@ func TestSettlement(t *testing.T) {
 	tab.AdjustHold(a, -40) // r1 early refund: hold 260
 	tab.AdjustHold(a, 50)  // r2 overrun: hold 250
 	tab.Abandon(a, admission.AbandonDeadline)
-	st := tab.Stats(Capacity{MaxConcurrent: 10, InFlight: 1, InFlightTokens: 510, Budget: 10_000}).Classes["a"]
-	if st.InFlight != 1 || st.InFlightTokens != 510 || st.Abandoned != 1 ||
-		!reflect.DeepEqual(st.AbandonedByCause, map[admission.AbandonCause]int64{admission.AbandonDeadline: 1}) {
+	st := classOf(tab.Stats(Capacity{MaxConcurrent: 10, InFlight: 1, InFlightTokens: 510, Budget: 10_000}), "a")
+	if st.InFlight != 1 || st.InFlightTokens != 510 || st.Abandonments() != 1 ||
+		st.Abandoned != [admission.NumCauses]int64{admission.AbandonDeadline: 1} {
 		t.Fatalf("after abandon: %+v", st)
 	}
 	tab.Release(a, Settlement{Held: 260, Consumed: 250, Refunded: 10})
 	tab.Release(a, Settlement{Held: 250, Consumed: 250, SlotAbandoned: true})
-	st = tab.Stats(Capacity{MaxConcurrent: 10, Budget: 10_000}).Classes["a"]
+	st = classOf(tab.Stats(Capacity{MaxConcurrent: 10, Budget: 10_000}), "a")
 	want := admission.ClassStats{
-		Limits:                      L{ProtectedConcurrent: 1, ProtectedInFlightTokens: 100},
-		Admitted:                    2,
-		Released:                    2,
-		Abandoned:                   1,
-		AbandonedByCause:            map[admission.AbandonCause]int64{admission.AbandonDeadline: 1},
-		RejectedByReason:            map[admission.Reason]int64{},
-		TotalReserved:               500,
-		TotalConsumed:               500,
-		TotalRefunded:               50,
-		TotalOverrun:                50,
-		TotalBorrowedAdmissions:     1,
-		TotalBorrowedTokensReserved: 400,
+		ClassUse:               admission.ClassUse{Name: "a", Limits: L{ProtectedConcurrent: 1, ProtectedInFlightTokens: 100}},
+		Counts:                 admission.Counts{Admitted: 2, Released: 2, Abandoned: [admission.NumCauses]int64{admission.AbandonDeadline: 1}},
+		Ledger:                 admission.Ledger{Reserved: 500, Consumed: 500, Refunded: 50, Overrun: 50},
+		BorrowedAdmissions:     1,
+		BorrowedTokensReserved: 400,
 	}
 	if !reflect.DeepEqual(st, want) {
 		t.Fatalf("settled:\n got %+v\nwant %+v", st, want)
 	}
 	// Ledger: reserved + overrun - early refunds == holds at release + in flight.
-	if st.TotalReserved+st.TotalOverrun-40 != 260+250+st.InFlightTokens {
+	if st.Reserved+st.Overrun-40 != 260+250+st.InFlightTokens {
 		t.Fatal("ledger identity")
 	}
 	tab.Reject(a, budgetLimit)
 	tab.Reject(a, budgetLimit)
 	tab.Reject(a, admission.Shutdown)
-	st = tab.Stats(Capacity{}).Classes["a"]
-	if st.Rejected != 3 || !reflect.DeepEqual(st.RejectedByReason, map[admission.Reason]int64{budgetLimit: 2, admission.Shutdown: 1}) {
+	st = classOf(tab.Stats(Capacity{}), "a")
+	if st.Rejections() != 3 || st.Rejected != [admission.NumReasons]int64{budgetLimit: 2, admission.Shutdown: 1} {
 		t.Fatalf("rejections %+v", st)
 	}
 }
@@ -527,22 +514,21 @@ func TestCopies(t *testing.T) {
 	tab.Reject(a, concLimit)
 
 	st := tab.Stats(Capacity{MaxConcurrent: 5, InFlight: 1, InFlightTokens: 10, Budget: 100})
-	cs := st.Classes["a"]
+	cs := classOf(st, "a")
 	*cs.Limits.MaxConcurrent = 7
 	*cs.Limits.MaxInFlightTokens = 7
-	cs.RejectedByReason[concLimit] = 9
-	st.Shared.TokenBudget.Budget = 1
+	cs.Rejected[concLimit] = 9
 	cl := tab.Classes()
 	*cl.Limits["a"].MaxConcurrent = 8
-	_, d := tab.Detail(a, Capacity{}, 0)
-	*d.MaxConcurrent = 6
-	*d.TokenBudget.MaxInFlightTokens = 6
+	_, d, _ := tab.Detail(a, Capacity{}, 0)
+	*d.Limits.MaxConcurrent = 6
+	*d.Limits.MaxInFlightTokens = 6
 
 	again := tab.Stats(Capacity{MaxConcurrent: 5, InFlight: 1, InFlightTokens: 10, Budget: 100})
-	ca := again.Classes["a"]
-	if *ca.Limits.MaxConcurrent != 2 || *ca.Limits.MaxInFlightTokens != 50 || ca.RejectedByReason[concLimit] != 1 ||
-		again.Shared.TokenBudget.Budget != 100 || len(again.Classes) != 1 {
-		t.Fatalf("state leaked through a copy: %+v %+v", ca, again.Shared.TokenBudget)
+	ca := classOf(again, "a")
+	if *ca.Limits.MaxConcurrent != 2 || *ca.Limits.MaxInFlightTokens != 50 || ca.Rejected[concLimit] != 1 ||
+		again.Shared.Tokens != 100 || len(again.Classes) != 1 {
+		t.Fatalf("state leaked through a copy: %+v %+v", ca, again.Shared)
 	}
 	if why, _ := tab.Check(a, Capacity{MaxConcurrent: 5, InFlight: 1}, 0); why != ok {
 		t.Fatalf("the table's limits changed: %v", why)
@@ -679,8 +665,8 @@ func TestDrift(t *testing.T) {
 	if tab.Drift() != 4 || !reflect.DeepEqual(seen, want) {
 		t.Fatalf("drift %d, reported %+v; want 4, %+v", tab.Drift(), seen, want)
 	}
-	st := tab.Stats(Capacity{MaxConcurrent: 10, Budget: 10_000}).Classes["a"]
-	if st.InFlight != 0 || st.InFlightTokens != 0 || st.ProtectedConcurrentInUse != 0 || st.ProtectedTokensInUse != 0 {
+	st := classOf(tab.Stats(Capacity{MaxConcurrent: 10, Budget: 10_000}), "a")
+	if st.InFlight != 0 || st.InFlightTokens != 0 || st.ProtectedConcurrentInUse() != 0 || st.ProtectedTokensInUse() != 0 {
 		t.Fatalf("gauges after drift: %+v", st)
 	}
 	if (*Table)(nil).Drift() != 0 {
@@ -701,9 +687,9 @@ func TestTotalsSaturate(t *testing.T) {
 		tab.AdjustHold(a, top)
 		tab.Release(a, Settlement{Held: top, Consumed: top, Refunded: top})
 	}
-	st := tab.Stats(Capacity{MaxConcurrent: 10, Budget: top}).Classes["a"]
-	if st.TotalReserved != top || st.TotalConsumed != top || st.TotalRefunded != top || st.TotalOverrun != top ||
-		st.TotalBorrowedTokensReserved != top || st.InFlightTokens != 0 || st.Admitted != 2 || tab.Drift() != 0 {
+	st := classOf(tab.Stats(Capacity{MaxConcurrent: 10, Budget: top}), "a")
+	if st.Reserved != top || st.Consumed != top || st.Refunded != top || st.Overrun != top ||
+		st.BorrowedTokensReserved != top || st.InFlightTokens != 0 || st.Admitted != 2 || tab.Drift() != 0 {
 		t.Fatalf("saturated totals: %+v, drift %d", st, tab.Drift())
 	}
 }

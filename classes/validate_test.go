@@ -224,10 +224,10 @@ func TestApplyByAttrition(t *testing.T) {
 	}
 	tab.Apply(u)
 	st := tab.Stats(s.capacity(admission.High, false))
-	if st.Classes["a"].InFlight != 3 || st.Classes["a"].InFlightTokens != 30 || st.Classes["a"].Admitted != 3 {
-		t.Fatalf("usage lost: %+v", st.Classes["a"])
+	if classOf(st, "a").InFlight != 3 || classOf(st, "a").InFlightTokens != 30 || classOf(st, "a").Admitted != 3 {
+		t.Fatalf("usage lost: %+v", classOf(st, "a"))
 	}
-	if st.Shared.MaxConcurrent != 2 || st.Shared.InFlight != 3 || st.Shared.AvailableConcurrent != 0 {
+	if slots, _ := st.Shared.Available(); st.Shared.Slots != 2 || st.Shared.SlotsInUse != 3 || slots != 0 {
 		t.Fatalf("shared = %+v", st.Shared)
 	}
 	if why, con, _ := s.try(a, 10, admission.Normal); why != admission.ConcurrencyLimit || con != admission.ConstraintClass {

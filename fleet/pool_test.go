@@ -366,6 +366,39 @@ func TestHoldLostAndReinstated(t *testing.T) {
 	wantReject(t, other, idn(3), Hold{1, 0}, false, Slots)
 }
 
+// scriptMock is a mock clock that also gives a pool's scripts their time,
+// as the engine's property tests give it (see New).
+type scriptMock struct{ *clock.Mock }
+
+func (c scriptMock) ScriptMicros() int64 { return c.Now().UnixMicro() }
+
+// TestScriptClockGivesTheScriptsTheirTime checks the seam the engine's
+// property tests use from outside the package: a Config.Clock that has a
+// ScriptMicros method gives the scripts their time instead of Redis TIME,
+// so leases run out when that clock says.
+func TestScriptClockGivesTheScriptsTheirTime(t *testing.T) {
+	_, client := startRedis(t)
+	cfg := testConfig(client)
+	cfg.RelearnWindow = -1
+	clk := scriptMock{clock.NewMockAt(time.UnixMicro(t0))}
+	cfg.Clock = clk
+	createState(t, cfg, t0)
+	p, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close(bg)
+	reserveOK(t, p, idn(1), Hold{1, 10}, false)
+	if l := checkLedger(t, client, p.st.keys); l.holds[idn(1).String()] != float64(t0+cfg.LeaseTTL.Microseconds()) {
+		t.Fatalf("lease expiry %v, want %d: the script did not run at the clock's time", l.holds, t0+cfg.LeaseTTL.Microseconds())
+	}
+	p.forget(idn(1)) // its call crashed: nobody renews it
+	clk.Add(cfg.LeaseTTL)
+	if res := reserveOK(t, p, idn(2), Hold{1, 10}, false); res.View.Reclaimed != 1 || res.View.Slots != 1 {
+		t.Fatalf("after the lease: %+v; want the first hold reclaimed", res)
+	}
+}
+
 // hookedPool returns a pool whose scripts take their time from now (µs),
 // closed when t ends.
 func hookedPool(t *testing.T, cfg Config, now func() int64) *Pool {

@@ -214,7 +214,6 @@ func normalize(st bulkhead.Stats) bulkhead.Stats {
 	st.Observe.BypassedByReason = nonZero(st.Observe.BypassedByReason)
 	st.Events.Backlog = 0 // a gauge of the event goroutine's progress, not of admission
 	st.Adaptive = nil     // the controller's counters; its limits are pinned (Stats.Limits shows them)
-	st.Fleet = nil        // the pool's counters and view: its limits are never reached in the model's runs
 	if st.Classes != nil {
 		c := *st.Classes
 		for name, cs := range c.Classes {

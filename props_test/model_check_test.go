@@ -29,6 +29,7 @@ func (m *machine) wantStats() bulkhead.Stats {
 	if m.coolingNow() {
 		st.Cooldown.Active = map[string]time.Time{"gpt-4o": m.coolUntil}
 	}
+	st.Fleet = m.fleet.stats()
 	st.Observe = m.observe
 	st.Observe.BypassedByReason = maps.Clone(m.observe.BypassedByReason)
 	if m.hasDedup {
@@ -128,6 +129,7 @@ func (m *machine) check(t *rapid.T) {
 	m.steps++
 	m.seen["steps"]++
 	m.settleGroups(t)
+	m.fleet.sync(t)
 	raw := m.b.Stats()
 	if err := checkDeadlines(raw); err != nil {
 		t.Fatalf("after %s: %v", m.descr, err)
@@ -141,10 +143,13 @@ func (m *machine) check(t *rapid.T) {
 		m.stepEnqueued = false
 		m.tokensFrozen = false
 		m.capacityFrozen = false
+		m.fleet.endStep()
 	}()
 
 	// The model, all of Stats.
-	if want := m.wantStats(); !reflect.DeepEqual(got, want) {
+	want := m.wantStats()
+	m.fleet.reconcile(t, got.Fleet, want.Fleet)
+	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("after %s:\nstats %s\nmodel %s", m.descr, fmtStats(got), fmtStats(want))
 	}
 
@@ -327,7 +332,7 @@ func (m *machine) checkEvents(t *rapid.T, st bulkhead.Stats) {
 		// in any order: there the model checks which calls were admitted
 		// (each waiter's own outcome, in FIFO order) but not the order of
 		// their events.
-		if h := byID[e.ID]; m.fleet && h == nil || !m.fleet && e.ID != m.admitOrder[i] {
+		if h := byID[e.ID]; m.fleet != nil && h == nil || m.fleet == nil && e.ID != m.admitOrder[i] {
 			t.Fatalf("I11: admit event %d is %s, want %s (order %v)", i, e.ID, m.admitOrder[i], m.admitOrder)
 		}
 		h := byID[e.ID]

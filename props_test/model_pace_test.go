@@ -105,7 +105,7 @@ func (m *machine) proceedPaced(w *waiter) []expect {
 	}
 	m.gate.Admitted++
 	m.seen["paced: admitted"]++
-	return []expect{{w: w, h: m.admit(w)}}
+	return []expect{m.grant(w, false)}
 }
 
 // parkTurn makes w wait delay for its turn, on a timer of its own.

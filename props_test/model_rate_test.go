@@ -135,8 +135,14 @@ func newRateOracle(t *rapid.T, clk clock.Clock, tokens bool, rdb *redis.Client) 
 		if l.perMinute == 0 {
 			continue
 		}
-		// Rate-limited: every decision and settlement drains at the rate.
-		p, err := pacer.New(store, pacer.Options{Name: "bulkhead:model:gpt-4o:" + l.limit, QPS: l.perMinute / 60, MaxBurst: l.burst, BurstFactor: 1})
+		// As the bulkhead's: every decision and settlement drains at the
+		// rate when calls are rate-limited, at the pacer's default when
+		// they are paced.
+		factor := pacer.DefaultRateLimitFactor
+		if o.cfg.Pace {
+			factor = pacer.DefaultPaceFactor
+		}
+		p, err := pacer.New(store, pacer.Options{Name: "bulkhead:model:gpt-4o:" + l.limit, QPS: l.perMinute / 60, MaxBurst: l.burst, BurstFactor: factor})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -2,6 +2,7 @@ package props_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"reflect"
 	"slices"
@@ -54,7 +55,12 @@ import (
 // calls take new turns after it in the order they came (HoldCooldown), or
 // are turned away (ShedCooldown). Paced runs leave out observe mode and
 // deduplication; on Redis they have no cool-downs (the calls a cool-down's
-// end sends on book their turns on workers, in no set order).
+// end sends on book their turns on workers, in no set order). In a quarter
+// of the runs on Redis a fleet pool is in play (SPEC X1, see
+// model_fleet_test.go): other replicas take and release holds in it, Redis
+// goes away for this replica (and the failure policy decides), loses the
+// pool's state or rewinds it, and the pool relearns; the model predicts
+// every fleet admission and refusal, with its detail, and Stats.Fleet.
 //
 // Everything that blocks runs on its own goroutine and is tracked as a
 // waiter; every step waits until the outcomes it causes have arrived, so
@@ -71,8 +77,9 @@ func TestModel(t *testing.T) {
 			seen := map[string]int{}
 			defer func() { t.Logf("outcomes seen: %v", seen) }()
 			rdb := rateRedis(t)
+			fr := newFleetRedis(t, rdb)
 			rapid.Check(t, func(t *rapid.T) {
-				m := newMachine(t, classes, seen, rdb)
+				m := newMachine(t, classes, seen, rdb, fr)
 				actions := m.actions()
 				t.Repeat(actions)
 				if classes {
@@ -117,6 +124,11 @@ func (m *machine) actions() map[string]func(*rapid.T) {
 		{"DedupCancel", 2, 2, m.dedupCancel},
 		{"Feedback", 2, 2, m.feedback},
 		{"Turn", 3, 3, m.turnStep},
+		{"FleetOthers", 3, 3, m.fleet.othersStep},
+		{"FleetOutage", 2, 2, m.fleet.outageStep},
+		{"FleetLose", 1, 1, m.fleet.loseStep},
+		{"FleetRewind", 1, 1, m.fleet.rewindStep},
+		{"FleetTime", 1, 1, m.fleet.timeStep},
 	}
 	actions := map[string]func(*rapid.T){"": m.check}
 	for _, a := range weighted {
@@ -124,7 +136,7 @@ func (m *machine) actions() map[string]func(*rapid.T) {
 		if m.hasClasses {
 			n = a.classes
 		}
-		if !m.hasDedup && len(a.name) > 5 && a.name[:5] == "Dedup" {
+		if !m.hasDedup && strings.HasPrefix(a.name, "Dedup") || m.fleet == nil && strings.HasPrefix(a.name, "Fleet") {
 			n = 0
 		}
 		switch a.name {
@@ -187,9 +199,6 @@ type waiter struct {
 	enqueued time.Time
 	expires  time.Time // when its queue timeout fires; zero: none
 	cancel   context.CancelFunc
-	// blocking mirrors the engine's mark of a waiter that held others back
-	// the last time the pump looked at it: only its leaving re-pumps.
-	blocking bool
 	held     bool // held for a cool-down at least once
 	// Pace mode: where it waits outside the queue (since parkedAt; until
 	// turnAt, for its turn), whether it holds a turn, whether it counted
@@ -222,6 +231,7 @@ type hold struct {
 	released   bool
 	abandoned  bool
 	expired    bool // Run returned a *BorrowedDeadlineError
+	fleet      fleetHold
 }
 
 func (h *hold) deadlineLive() bool {
@@ -259,6 +269,12 @@ func (r *rejectWant) matches(d *bulkhead.RejectDetail) bool {
 	if got.Pending > r.ev.Detail.Pending && got.Pending <= r.ev.Detail.Pending+r.pendingSlack {
 		got.Pending = r.ev.Detail.Pending
 	}
+	if f, w := got.Fleet, r.ev.Detail.Fleet; f != nil && w != nil && f.Fallback != nil && w.Fallback != nil && errors.Is(f.Fallback, fleet.ErrUnavailable) {
+		// The client's error, wrapped: its text is the client's.
+		c := *f
+		c.Fallback = w.Fallback
+		got.Fleet = &c
+	}
 	return reflect.DeepEqual(got, *r.ev.Detail)
 }
 
@@ -281,7 +297,7 @@ type call struct {
 
 type machine struct {
 	b          *bulkhead.Bulkhead
-	fleet      bool // a fleet pool whose limits are never reached
+	fleet      *fleetModel // the fleet pool, nil for none
 	clk        *countingClock
 	hasBudget  bool
 	hasClasses bool
@@ -384,7 +400,7 @@ type machine struct {
 	seen map[string]int
 }
 
-func newMachine(t *rapid.T, classes bool, seen map[string]int, rdb *redis.Client) *machine {
+func newMachine(t *rapid.T, classes bool, seen map[string]int, rdb *redis.Client, fr *fleetRedis) *machine {
 	m := &machine{
 		clk:        &countingClock{Mock: clock.NewMock()},
 		hasClasses: classes,
@@ -466,20 +482,8 @@ func newMachine(t *rapid.T, classes bool, seen map[string]int, rdb *redis.Client
 		cfg.Adaptive = &bulkhead.Adaptive{Cooldown: mode, MinConcurrent: cfg.MaxConcurrent, MaxConcurrent: cfg.MaxConcurrent}
 		m.seen[fmt.Sprintf("cool-down %v", mode)]++
 	}
-	if rdb != nil && rapid.IntRange(0, 3).Draw(t, "fleet") == 0 {
-		// A fleet pool whose limits this one replica never reaches: every
-		// admission then goes through the remote stage (provisional until
-		// the worker's verdict, confirmed), and the model predicts the same
-		// outcomes as without it. Closed after the bulkhead (cleanups run
-		// last first).
-		pool, err := fleet.New(fleet.Config{Client: rdb, Pool: fmt.Sprintf("model%d", rateRuns.Add(1)), MaxConcurrent: 1 << 20,
-			TokenBudget: -1, CallTimeout: 10 * time.Second, RelearnWindow: -1}) // a pool created deliberately: no first window
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = pool.Close(context.Background()) })
-		cfg.Fleet, m.fleet = pool, true
-		m.seen["fleet"]++
+	if fr != nil && rapid.IntRange(0, 3).Draw(t, "fleet") == 0 {
+		m.fleet = newFleetModel(t, m, &cfg, fr)
 	}
 	m.exactUsage = rapid.Bool().Draw(t, "exactUsage")
 	if m.hasDedup = !m.paced() && rapid.Bool().Draw(t, "dedup"); m.hasDedup {
@@ -554,7 +558,6 @@ func (m *machine) enqueue(w *waiter) {
 	if m.fair && m.waiting(w.class) == 0 {
 		m.vtc[w.class] = max(m.vtc[w.class], m.last)
 	}
-	w.blocking = false
 	m.queue = append(m.queue, w)
 }
 
@@ -1092,6 +1095,44 @@ func (m *machine) admit(w *waiter) *hold {
 	return h
 }
 
+// grant is what follows the slot of w, granted now (and counted in the
+// gate): the fleet pool's hold, then, when rates says so, the rate limits
+// (in the engine, on the fleet's verdict). It returns w's admission, or
+// the rejection that gives the slot back: a fleet refusal that observe
+// mode shadows is bypassed after it (a race bypass, as after a queue).
+func (m *machine) grant(w *waiter, rates bool) expect {
+	var v fleetVerdict
+	if m.fleet != nil {
+		if v = m.fleet.reserve(w); v.why != noReason {
+			m.gate.Released++
+			e := m.reject(w, v.why, v.cons, false)
+			d := e.reject.ev.Detail
+			d.Fleet, d.NeverFits = v.detail, v.neverFits
+			if w.observe && w.shadow.has(v.why) && e.bypass == nil {
+				e.bypass = m.bypass(w, v.why, true, e.reject)
+			}
+			return e
+		}
+	}
+	if rates {
+		if rd := m.rate.check(m, w.res); rd != nil {
+			// The slot goes back, and the fleet hold with it.
+			m.gate.Released++
+			e := m.reject(w, bulkhead.RateLimit, "", false)
+			e.reject.ev.Detail.Rate = rd
+			if m.fleet != nil {
+				m.seen["fleet admitted, then the rates refused"]++
+			}
+			return e
+		}
+	}
+	h := m.admit(w)
+	if m.fleet != nil {
+		m.fleet.admitted(h, v)
+	}
+	return expect{w: w, h: h}
+}
+
 // pump is F3's pump: queued waiters, in arrival order (or the fair
 // queue's), while slots are free, each postchecked with its slot held (F4
 // step 4). A waiter for capacity that does not fit stays and blocks its
@@ -1100,6 +1141,12 @@ func (m *machine) admit(w *waiter) *hold {
 func (m *machine) pump() []expect {
 	var out []expect
 	blocked := map[string]bool{}
+	free, reserves := m.limits.MaxConcurrent-m.inFlight, 0
+	defer func() {
+		if m.fleet != nil && m.fleet.tight && free > 1 && reserves > 1 {
+			m.fleet.violation = fmt.Sprintf("%d fleet reserves at once, with %d slots free", reserves, free)
+		}
+	}()
 	for m.inFlight < m.limits.MaxConcurrent {
 		i := m.nextWaiter(blocked)
 		if i < 0 {
@@ -1107,7 +1154,6 @@ func (m *machine) pump() []expect {
 		}
 		w := m.queue[i]
 		if m.hold && m.coolingNow() && !m.late(m.queueLeft(w)) {
-			w.blocking = true
 			m.holdCall(w)
 			m.armHold()
 			m.seen["waiter held for the cool-down"]++
@@ -1117,7 +1163,6 @@ func (m *machine) pump() []expect {
 		if m.wait {
 			if why, cons := m.capacity(w.class, w.prio, w.res.Reserved); why != noReason {
 				if !m.neverFits(w.class, w.prio, w.res.Reserved) {
-					w.blocking = true
 					if globalBlock(cons) {
 						break // holds back the whole queue
 					}
@@ -1145,7 +1190,8 @@ func (m *machine) pump() []expect {
 			out = append(out, m.reject(w, bulkhead.Cooldown, "", false))
 			continue
 		}
-		out = append(out, expect{w: w, h: m.admit(w)})
+		reserves++
+		out = append(out, m.grant(w, false))
 	}
 	return out
 }
@@ -1162,6 +1208,9 @@ func (m *machine) abandonModel(h *hold, cause bulkhead.AbandonCause) {
 	k.st.Abandoned++
 	inc(&k.st.AbandonedByCause, cause)
 	m.abandons[h.id] = bulkhead.AbandonEvent{Admission: h.admission(), Cause: cause, Held: h.res.Reserved}
+	if m.fleet != nil {
+		m.fleet.abandoned(h)
+	}
 	m.seen[fmt.Sprintf("abandon %v", cause)]++
 }
 
@@ -1206,6 +1255,9 @@ func (m *machine) settle(h *hold, u *bulkhead.Usage) {
 		m.ledger.releasedReserved += held
 	}
 	m.releases[h.id] = ev
+	if m.fleet != nil {
+		m.fleet.released(h)
+	}
 	if u != nil {
 		m.rate.settle(m, h.res, *u)
 	}

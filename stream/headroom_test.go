@@ -192,3 +192,59 @@ func TestTransportHeadroom(t *testing.T) {
 		})
 	}
 }
+
+// Reset values that are not plain numbers are ignored (they were read as a
+// 24h window).
+func TestHeadroomOfIgnoresNonNumericReset(t *testing.T) {
+	for _, v := range []string{"inf", "Infinity", "1e400", "0x1p20"} {
+		hdr := http.Header{}
+		hdr.Set("X-Ratelimit-Remaining-Tokens", "10")
+		hdr.Set("X-Ratelimit-Limit-Tokens", "100")
+		hdr.Set("X-Ratelimit-Reset-Tokens", v)
+		h := HeadroomOf(hdr, time.Now())
+		if h != nil && h.TokensReset != 0 {
+			t.Errorf("reset %q read as %v, want it ignored", v, h.TokensReset)
+		}
+	}
+}
+
+// TestHeadroomOfProviderHeaders reads headroom from OpenAI's and Anthropic's
+// rate-limit headers as the providers send them (reset durations in their
+// many forms, reset times against the response's Date), and none from
+// garbage.
+func TestHeadroomOfProviderHeaders(t *testing.T) {
+	now := time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, c := range []struct {
+		v    string
+		want time.Duration
+	}{{"6m0s", 6 * time.Minute}, {"1h2m3.5s", time.Hour + 2*time.Minute + 3500*time.Millisecond}, {"20ms", 20 * time.Millisecond}, {"7.66s", 7660 * time.Millisecond}, {"1", time.Second}} {
+		hdr := http.Header{}
+		hdr.Set("x-ratelimit-remaining-tokens", "149984")
+		hdr.Set("x-ratelimit-limit-tokens", "150000")
+		hdr.Set("x-ratelimit-reset-tokens", c.v)
+		hdr.Set("x-ratelimit-remaining-requests", "59")
+		hdr.Set("x-ratelimit-limit-requests", "60")
+		hdr.Set("x-ratelimit-reset-requests", "1s")
+		h := HeadroomOf(hdr, now)
+		if h == nil || h.TokensReset != c.want || h.Tokens != 149984 || h.TokensLimit != 150000 || h.Requests != 59 || h.RequestsReset != time.Second {
+			t.Errorf("%q: %+v", c.v, h)
+		}
+	}
+	hdr := http.Header{}
+	hdr.Set("Date", "Mon, 01 Jan 2024 00:00:00 GMT")
+	hdr.Set("anthropic-ratelimit-tokens-remaining", "39000")
+	hdr.Set("anthropic-ratelimit-tokens-limit", "40000")
+	hdr.Set("anthropic-ratelimit-tokens-reset", "2024-01-01T00:00:30Z")
+	hdr.Set("anthropic-ratelimit-requests-remaining", "49")
+	hdr.Set("anthropic-ratelimit-requests-reset", "2024-01-01T00:00:01.5Z")
+	h := HeadroomOf(hdr, now.Add(time.Hour))
+	if h == nil || h.TokensReset != 30*time.Second || h.RequestsReset != 1500*time.Millisecond || h.RequestsLimit != 0 || h.Tokens != 39000 {
+		t.Errorf("anthropic: %+v", h)
+	}
+	bad := http.Header{}
+	bad.Set("x-ratelimit-remaining-tokens", "lots")
+	bad.Set("x-ratelimit-remaining-requests", "-3")
+	if h := HeadroomOf(bad, now); h != nil {
+		t.Errorf("garbage read as %+v", h)
+	}
+}

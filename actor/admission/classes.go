@@ -1,117 +1,74 @@
 package admission
 
-// This file holds the admission class parts of a reject detail and of the
-// statistics. Package classes computes them; the engine attaches them to
-// RejectDetail and Stats.
+// This file holds the admission classes' parts of a reject detail and of
+// the statistics. Package classes computes them; the engine attaches them
+// to RejectDetail and Stats.
 
-// SharedCapacityDetail is the engine's form of bulkhead.SharedPool; the facade
-// converts it, and the root type documents the fields.
-type SharedCapacityDetail struct {
-	Concurrency SharedConcurrencyDetail
-	TokenBudget *SharedBudgetDetail
+// SharedPool is the capacity above the sum of the classes' floors, which
+// every class may borrow: its slots and, with a budget (HasTokens), its
+// tokens, and what is in use of each. Reject details and statistics
+// describe it alike.
+type SharedPool struct {
+	Slots, SlotsInUse   int
+	Tokens, TokensInUse int64
+	HasTokens           bool
 }
 
-// SharedConcurrencyDetail is the engine's form of bulkhead.SharedPool; the facade
-// converts it, and the root type documents the fields.
-type SharedConcurrencyDetail struct {
-	Capacity          int
-	InUse             int
-	Available         int
-	RequestedBorrowed int
+// Available returns the shared slots and tokens not in use, 0 for a pool
+// used beyond its size.
+func (p SharedPool) Available() (slots int, tokens int64) {
+	return max(0, p.Slots-p.SlotsInUse), max(0, p.Tokens-p.TokensInUse)
 }
 
-// SharedBudgetDetail is the engine's form of bulkhead.SharedBudget; the facade
-// converts it, and the root type documents the fields.
-type SharedBudgetDetail struct {
-	Capacity          int64
-	InUse             int64
-	Available         int64
-	RequestedBorrowed int64
+// ClassUse is what one class holds, with its limits in effect (its floors
+// as in effect, its ceilings as configured). Reject details and statistics
+// describe a class alike; the protected and borrowed parts follow from
+// these.
+type ClassUse struct {
+	Name           string
+	Limits         ClassLimits
+	InFlight       int
+	InFlightTokens int64
 }
 
-// ClassDetail is the engine's form of bulkhead.ClassDetail; the facade
-// converts it, and the root type documents the fields.
-type ClassDetail struct {
-	ID                           string
-	InFlight                     int
-	ProtectedConcurrent          int
-	ProtectedConcurrentInUse     int
-	BorrowedConcurrent           int
-	AvailableProtectedConcurrent int
-	MaxConcurrent                *int
-	AvailableConcurrent          *int
-	TokenBudget                  *ClassBudgetDetail
+// ProtectedConcurrentInUse is the part of InFlight the class's floor
+// covers.
+func (u ClassUse) ProtectedConcurrentInUse() int {
+	return min(u.InFlight, u.Limits.ProtectedConcurrent)
 }
 
-// ClassBudgetDetail is the engine's form of bulkhead.ClassDetail; the facade
-// converts it, and the root type documents the fields.
-type ClassBudgetDetail struct {
-	InFlightTokens           int64
-	ProtectedInFlightTokens  int64
-	ProtectedTokensInUse     int64
-	BorrowedInFlightTokens   int64
-	AvailableProtectedTokens int64
-	MaxInFlightTokens        *int64
-	Available                *int64
-	Requested                int64
+// BorrowedConcurrent is the part of InFlight taken from the shared pool.
+func (u ClassUse) BorrowedConcurrent() int { return max(0, u.InFlight-u.Limits.ProtectedConcurrent) }
+
+// ProtectedTokensInUse is the part of InFlightTokens the class's token
+// floor covers.
+func (u ClassUse) ProtectedTokensInUse() int64 {
+	return min(u.InFlightTokens, u.Limits.ProtectedInFlightTokens)
 }
 
-// ClassesStats is the engine's form of bulkhead.ClassesStats; the facade
-// converts it, and the root type documents the fields.
+// BorrowedInFlightTokens is the part of InFlightTokens taken from the
+// shared pool.
+func (u ClassUse) BorrowedInFlightTokens() int64 {
+	return max(0, u.InFlightTokens-u.Limits.ProtectedInFlightTokens)
+}
+
+// ClassesStats is the classes' part of the statistics: the default class,
+// the shared pool (its tokens taken from the whole budget) and every
+// class's, in the order of their handles.
 type ClassesStats struct {
 	Default string
-	Shared  SharedStats
-	Classes map[string]ClassStats
+	Shared  SharedPool
+	Classes []ClassStats
 }
 
-// SharedStats is the engine's form of bulkhead.SharedPool; the facade
-// converts it, and the root type documents the fields.
-type SharedStats struct {
-	MaxConcurrent       int
-	InFlight            int
-	AvailableConcurrent int
-	TokenBudget         *SharedBudgetStats
-}
-
-// SharedBudgetStats is the engine's form of bulkhead.SharedBudget; the facade
-// converts it, and the root type documents the fields.
-type SharedBudgetStats struct {
-	Budget         int64
-	InFlightTokens int64
-	Available      int64
-}
-
-// ClassStats is the engine's form of bulkhead.ClassStats; the facade
-// converts it, and the root type documents the fields.
+// ClassStats is one class's statistics: what it holds and has waiting, its
+// counts and token ledger, the admissions that borrowed a slot and the
+// borrowed part of reservations, and its borrowed-slot deadlines.
 type ClassStats struct {
-	Limits                      ClassLimits
-	InFlight                    int
-	Pending                     int
-	ProtectedConcurrentInUse    int
-	BorrowedConcurrent          int
-	InFlightTokens              int64
-	ProtectedTokensInUse        int64
-	BorrowedInFlightTokens      int64
-	Admitted                    int64
-	Released                    int64
-	Abandoned                   int64
-	AbandonedByCause            map[AbandonCause]int64
-	Rejected                    int64
-	RejectedByReason            map[Reason]int64
-	TotalReserved               int64
-	TotalConsumed               int64
-	TotalRefunded               int64
-	TotalOverrun                int64
-	TotalBorrowedAdmissions     int64
-	TotalBorrowedTokensReserved int64
-	Deadlines                   DeadlineStats
-}
-
-// DeadlineStats is the engine's form of bulkhead.DeadlineStats; the facade
-// converts it, and the root type documents the fields.
-type DeadlineStats struct {
-	Active  int64
-	Started int64
-	Expired int64
-	Ended   int64
+	ClassUse
+	Counts
+	Ledger
+	Pending                                    int
+	BorrowedAdmissions, BorrowedTokensReserved int64
+	Deadlines                                  DeadlineStats
 }

@@ -57,41 +57,28 @@ const (
 	ConstraintClassProtection Constraint = "admission_class_protection"
 )
 
-// RejectDetail is the engine's form of bulkhead.RejectDetail; the facade
-// converts it, and the root type documents the fields.
+// RejectDetail is the capacity snapshot a decision was made on, in the
+// engine's form of bulkhead.RejectDetail: the facade derives what a limit
+// leaves available, and the protected and borrowed parts of the class's
+// use. The root type documents the fields.
 type RejectDetail struct {
-	LimitRevision  int64
-	Constraint     Constraint
-	InFlight       int
-	MaxConcurrent  int
-	Pending        int
-	MaxQueue       int
-	TokenBudget    *BudgetDetail
-	SharedCapacity *SharedCapacityDetail
-	Class          *ClassDetail
-	// Rate is the rate limit that decided a RateLimit or RateUnavailable
-	// rejection, nil for every other.
-	Rate *RateDetail
-	// Fleet is the fleet pool that decided a rejection, nil for every
-	// other.
-	Fleet *FleetDetail
-	// Cooldown is the cool-down that decided a Cooldown rejection, nil for
-	// every other.
-	Cooldown *CooldownDetail
-	// NeverFits is set by the facade's checks (a reservation above the
-	// fleet's token budget); the facade works out the engine's own.
-	NeverFits bool
+	LimitRevision                              int64
+	Constraint                                 Constraint
+	NeverFits                                  bool
+	InFlight, MaxConcurrent, Pending, MaxQueue int
+	TokenBudget                                *BudgetDetail
+	Shared                                     *SharedPool
+	Class                                      *ClassUse
+	WouldBorrow                                Resources
+	Rate                                       *RateDetail
+	Fleet                                      *FleetDetail
+	Cooldown                                   *CooldownDetail
 }
 
-// FleetDetail is the engine's form of bulkhead.FleetDetail; the facade
-// fills it in and converts it, and the root type documents the fields.
-type FleetDetail struct {
-	Pool                       string
-	InFlight, InFlightTokens   int64
-	MaxConcurrent, TokenBudget int64
-	Generation                 string
-	Fallback                   error
-}
+// BudgetDetail is the token budget at a decision: the budget, the part of
+// it the call's priority may fill, what admitted calls hold and what the
+// call asks for.
+type BudgetDetail struct{ Budget, EffectiveBudget, InFlightTokens, Reserved int64 }
 
 // External is the verdict of a check made outside the engine (a rate
 // limit, a fleet pool) on a call it turns away: the constraint it names and
@@ -104,39 +91,30 @@ type External struct {
 	NeverFits  bool
 }
 
-// CooldownDetail is the engine's form of bulkhead.CooldownDetail; the
-// facade fills it in and converts it, and the root type documents the
-// fields.
-type CooldownDetail struct {
-	Model      string
-	Until      time.Time
-	RetryAfter time.Duration
-	Headroom   bool
-}
-
-// RateDetail is the engine's form of bulkhead.RateDetail; the facade
-// fills it in and converts it, and the root type documents the fields.
-type RateDetail struct {
-	Scope      string
-	Key        string
-	Limit      string
-	PerMinute  float64
-	Burst      float64
-	Weight     float64
-	Remaining  float64
-	RetryAfter time.Duration
-	Fallback   error
-}
-
-// BudgetDetail is the engine's form of bulkhead.BudgetDetail; the facade
-// converts it, and the root type documents the fields.
-type BudgetDetail struct {
-	Budget          int64
-	InFlightTokens  int64
-	EffectiveBudget int64
-	Available       int64
-	Requested       int64
-}
+// The engine's forms of bulkhead.RateDetail, bulkhead.FleetDetail and
+// bulkhead.CooldownDetail, which the stages fill in: the facade converts
+// each with a type conversion, so the fields stay the same, in the same
+// order, and the root types document them.
+type (
+	RateDetail struct {
+		Scope, Key, Limit                   string
+		PerMinute, Burst, Weight, Remaining float64
+		RetryAfter                          time.Duration
+		Fallback                            error
+	}
+	FleetDetail struct {
+		Pool                                                 string
+		InFlight, InFlightTokens, MaxConcurrent, TokenBudget int64
+		Generation                                           string
+		Fallback                                             error
+	}
+	CooldownDetail struct {
+		Model      string
+		Until      time.Time
+		RetryAfter time.Duration
+		Headroom   bool
+	}
+)
 
 // Classes is the engine's form of bulkhead.Classes; the facade
 // converts it, and the root type documents the fields.
@@ -175,15 +153,6 @@ func (c Classes) Clone() Classes {
 	return c
 }
 
-// Reserved returns the deciding call's reservation, 0 without a budget or
-// for a nil detail.
-func (d *RejectDetail) Reserved() int64 {
-	if d == nil || d.TokenBudget == nil {
-		return 0
-	}
-	return d.TokenBudget.Requested
-}
-
 // Unfittable reports whether the call this detail describes cannot be
 // admitted under its limits however long it waits: its reservation is above
 // its whole effective budget or its class's token ceiling, its class's
@@ -193,32 +162,29 @@ func (d *RejectDetail) Reserved() int64 {
 func (d *RejectDetail) Unfittable() bool {
 	var reserved int64
 	if b := d.TokenBudget; b != nil {
-		if b.Requested > b.EffectiveBudget {
+		if b.Reserved > b.EffectiveBudget {
 			return true
 		}
-		reserved = b.Requested
+		reserved = b.Reserved
 	}
 	c := d.Class
 	if c == nil {
 		return false
 	}
-	if m := c.MaxConcurrent; m != nil && *m == 0 {
+	l := &c.Limits
+	if m := l.MaxConcurrent; m != nil && *m == 0 {
 		return true
 	}
-	var floorTokens int64
-	if t := c.TokenBudget; t != nil {
-		if m := t.MaxInFlightTokens; m != nil && reserved > *m {
-			return true
-		}
-		floorTokens = t.ProtectedInFlightTokens
+	if m := l.MaxInFlightTokens; m != nil && reserved > *m {
+		return true
 	}
-	if s := d.SharedCapacity; s != nil {
+	if s := d.Shared; s != nil {
 		// A class without a floor borrows every slot: with no shared slot it
 		// never gets one (MaxConcurrent 0 is a kill switch, not this).
-		if d.MaxConcurrent > 0 && s.Concurrency.Capacity == 0 && c.ProtectedConcurrent == 0 {
+		if d.MaxConcurrent > 0 && s.Slots == 0 && l.ProtectedConcurrent == 0 {
 			return true
 		}
-		if t := s.TokenBudget; t != nil && reserved-floorTokens > t.Capacity {
+		if s.HasTokens && reserved-l.ProtectedInFlightTokens > s.Tokens {
 			return true
 		}
 	}

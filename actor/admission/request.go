@@ -8,11 +8,8 @@ import "math"
 // Input + Output only; CachedInput, CacheCreation and Reasoning are parts
 // of those totals, carried onto events and never used for accounting.
 type Usage struct {
-	Input         int64
-	Output        int64
-	CachedInput   int64
-	CacheCreation int64
-	Reasoning     int64
+	Input, Output                         int64
+	CachedInput, CacheCreation, Reasoning int64
 }
 
 // Total returns Input + Output.
@@ -27,9 +24,6 @@ func (u Usage) Valid() bool {
 }
 
 // Reservation is the engine's form of bulkhead.Reservation; the facade
-// converts it, and the root type documents the fields.
-type Reservation struct {
-	Input     int64
-	MaxOutput int64
-	Reserved  int64
-}
+// converts it with a type conversion, and the root type documents the
+// fields.
+type Reservation struct{ Input, MaxOutput, Reserved int64 }

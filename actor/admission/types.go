@@ -2,6 +2,7 @@ package admission
 
 import (
 	"encoding/hex"
+	"strconv"
 	"time"
 )
 
@@ -69,30 +70,21 @@ func (id ID) UUID() string {
 // MarshalText encodes the ID as its UUID string.
 func (id ID) MarshalText() ([]byte, error) { return []byte(id.String()), nil }
 
-// Resources is the engine's form of bulkhead.Resources; the facade
-// converts it, and the root type documents the fields.
-type Resources struct {
-	BorrowedConcurrency bool
-	BorrowedTokens      int64
-}
-
-// Decision is the engine's form of bulkhead.Decision; the facade
-// converts it, and the root type documents the fields.
-type Decision struct {
-	Admit  bool
-	Reason Reason
-	Detail *RejectDetail
-}
-
-// DrainResult is the engine's form of bulkhead.DrainResult; the facade
-// converts it, and the root type documents the fields.
-type DrainResult struct {
-	Drained     bool
-	InFlight    int
-	Pending     int
-	Bypassed    int
-	DedupActive int
-}
+// The engine's forms of bulkhead.Resources, bulkhead.DrainResult and
+// bulkhead.Timing: the facade converts each with a type conversion, so the
+// fields stay the same, in the same order, and the root types document
+// them.
+type (
+	Resources struct {
+		BorrowedConcurrency bool
+		BorrowedTokens      int64
+	}
+	DrainResult struct {
+		Drained                                  bool
+		InFlight, Pending, Bypassed, DedupActive int
+	}
+	Timing struct{ DecisionDuration, QueueWait, RateWait time.Duration }
+)
 
 // AbandonCause says why a borrowed slot was given back early.
 type AbandonCause uint8
@@ -103,20 +95,20 @@ const (
 	AbandonManual AbandonCause = iota
 	// AbandonDeadline is the expiry of a borrowed-slot deadline.
 	AbandonDeadline
+	numCauses
 )
+
+// NumCauses is the number of abandonment causes; causes index arrays of
+// that size.
+const NumCauses = int(numCauses)
 
 // String returns "manual" or "deadline".
 func (c AbandonCause) String() string {
-	if c == AbandonDeadline {
+	switch c {
+	case AbandonManual:
+		return "manual"
+	case AbandonDeadline:
 		return "deadline"
 	}
-	return "manual"
-}
-
-// Timing is the engine's form of bulkhead.Timing; the facade
-// converts it, and the root type documents the fields.
-type Timing struct {
-	DecisionDuration time.Duration
-	QueueWait        time.Duration
-	RateWait         time.Duration
+	return "cause(" + strconv.Itoa(int(c)) + ")"
 }

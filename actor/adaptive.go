@@ -18,29 +18,29 @@ type Adaptive struct {
 	MinBudget, MaxBudget int64
 }
 
-// adapting is the adaptive limit: its controller is state of the state
+// adaptiveStage is the adaptive limit: its controller is state of the state
 // machine, fed by feedback messages, and every change it makes is a new
 // limits revision, applied in the same step.
-type adapting struct {
+type adaptiveStage struct {
 	cfg                           Adaptive
 	ctl                           *adaptive.Controller
 	samples, increases, decreases int64
 	lastChange                    time.Time
 }
 
-func newAdapting(cfg *Adaptive) *adapting {
+func newAdaptiveStage(cfg *Adaptive) *adaptiveStage {
 	if cfg == nil {
 		return nil
 	}
-	return &adapting{cfg: *cfg, ctl: adaptive.New(cfg.Params)}
+	return &adaptiveStage{cfg: *cfg, ctl: adaptive.New(cfg.Params)}
 }
 
 // epoch numbers the controller's decreases: feedback from a call admitted
 // before the last decrease says nothing of the new limit.
-func (a *adapting) epoch() uint64 { return 1 + a.ctl.Decreases() }
+func (a *adaptiveStage) epoch() uint64 { return 1 + a.ctl.Decreases() }
 
 // budgetFor is the budget that goes with concurrency limit n.
-func (a *adapting) budgetFor(n int) int64 {
+func (a *adaptiveStage) budgetFor(n int) int64 {
 	maxN := a.ctl.Params().Max
 	return max(a.cfg.MinBudget, min(a.cfg.MaxBudget, adaptive.Scale(a.cfg.MaxBudget, min(n, maxN), maxN)))
 }
@@ -88,11 +88,11 @@ func (s *state) adaptiveStats() *admission.AdaptiveStats {
 	}
 	p := a.ctl.Params()
 	st := &admission.AdaptiveStats{
-		Rule: uint8(p.Rule), MaxConcurrent: s.limits.MaxConcurrent, MinConcurrent: p.Min, MaxConcurrentBound: p.Max,
+		Rule: uint8(p.Rule), MinConcurrent: p.Min, MaxConcurrentBound: p.Max,
 		Samples: a.samples, Increases: a.increases, Decreases: a.decreases, LastChange: a.lastChange,
 	}
 	if s.limits.TokenBudget != nil && a.cfg.HasBudget {
-		st.Budget, st.MinBudget, st.MaxBudget = s.limits.TokenBudget.Budget, a.cfg.MinBudget, a.cfg.MaxBudget
+		st.MinBudget, st.MaxBudget = a.cfg.MinBudget, a.cfg.MaxBudget
 	}
 	return st
 }
@@ -136,7 +136,7 @@ func (s *state) feedback(f *Feedback) {
 		}
 	}
 	if f.Headroom != nil {
-		s.cool.report(model, f.Headroom, now)
+		s.cool.head.report(model, f.Headroom, now)
 	}
 	if s.adapt == nil {
 		return
