@@ -1289,3 +1289,23 @@ func TestMeterParsesIntoPooledTrees(t *testing.T) {
 		t.Errorf("metering a plain response allocates %v times; want at most 4", n)
 	}
 }
+
+// TestStrippedStreamKeepsAllButTheUsageChunk: streams of text deltas,
+// comments, usage chunks and [DONE] with line ends of every kind, their
+// blocks split between the body's reads at every boundary (reads of one
+// byte to several KiB) and read into buffers smaller and larger than a
+// block, pass whole but for the usage chunks; a body that fails midway
+// gives the bytes before the failure, then its error.
+func TestStrippedStreamKeepsAllButTheUsageChunk(t *testing.T) {
+	for _, body := range []int{1, 2, 3, 16, 700, 4096, 9000} {
+		for _, caller := range []int{1, 2, 5, 64, 2 << 10, 5000, 40 << 10} {
+			for _, fails := range []bool{false, true} {
+				t.Run(fmt.Sprintf("body-%d/caller-%d/fails-%v", body, caller, fails), func(t *testing.T) {
+					for seed := range int64(40) {
+						checkStrippedStream(t, seed, body, caller, fails)
+					}
+				})
+			}
+		}
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -407,4 +408,89 @@ func equalHeaders(a, b http.Header) bool {
 		}
 	}
 	return true
+}
+
+// rereadingUpstream reads the body of each request it is sent, then reads
+// it again through GetBody, as http.Transport does to retry a request on a
+// fresh connection, and answers a plain chat completion.
+type rereadingUpstream struct {
+	sent          *http.Request
+	body, reread  []byte
+	contentLength int64
+	getBodyErr    error
+}
+
+func (u *rereadingUpstream) RoundTrip(r *http.Request) (*http.Response, error) {
+	u.sent, u.contentLength = r, r.ContentLength
+	u.body, _ = io.ReadAll(r.Body)
+	r.Body.Close()
+	if r.GetBody == nil {
+		u.getBodyErr = errors.New("no GetBody")
+	} else if b, err := r.GetBody(); err != nil {
+		u.getBodyErr = err
+	} else {
+		u.reread, _ = io.ReadAll(b)
+	}
+	return respond(200, "application/json",
+		`{"id":"c","object":"chat.completion","choices":[],"usage":{"prompt_tokens":12,"completion_tokens":3}}`)(r)
+}
+
+// TestTransportSendsARequestItCanSendAgain: whatever the transport changes
+// in a request (nothing, its Accept-Encoding, include_usage in its body),
+// and whether or not the call was read before (WithCall), the request it
+// sends has a body that GetBody gives again, byte for byte, of the length
+// it declares, and the caller's request keeps its headers, body, GetBody
+// and length.
+func TestTransportSendsARequestItCanSendAgain(t *testing.T) {
+	b := newBudgetBulkhead(t, nil)
+	streamed := `{"model":"gpt-4o","max_tokens":200,"stream":true,"messages":[{"role":"user","content":"hi"}]}`
+	for _, body := range []string{chatBody, streamed} {
+		for _, encoding := range []string{"", "gzip"} {
+			for _, withCall := range []bool{false, true} {
+				name := fmt.Sprintf("stream-%v/encoding-%q/with-call-%v", body == streamed, encoding, withCall)
+				t.Run(name, func(t *testing.T) {
+					req, err := http.NewRequest(http.MethodPost, "http://provider.test/v1/chat/completions", strings.NewReader(body))
+					if err != nil {
+						t.Fatal(err)
+					}
+					if encoding != "" {
+						req.Header.Set("Accept-Encoding", encoding)
+					}
+					if withCall {
+						call, err := ReadRequest(req, 0)
+						if err != nil {
+							t.Fatal(err)
+						}
+						req = req.WithContext(WithCall(req.Context(), call))
+					}
+					orig, callersGetBody := req.GetBody, false
+					req.GetBody = func() (io.ReadCloser, error) { callersGetBody = true; return orig() }
+					header, reqBody, length := req.Header.Clone(), req.Body, req.ContentLength
+					up := &rereadingUpstream{}
+					resp, err := (&Transport{Bulkhead: b, Base: up}).RoundTrip(req)
+					if err != nil {
+						t.Fatal(err)
+					}
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if up.getBodyErr != nil || !bytes.Equal(up.body, up.reread) || int64(len(up.body)) != up.contentLength {
+						t.Errorf("sent %q (ContentLength %d); GetBody gave %q, %v", up.body, up.contentLength, up.reread, up.getBodyErr)
+					}
+					if want := body == streamed; bytes.Contains(up.body, []byte(`"include_usage":true`)) != want {
+						t.Errorf("sent %s", up.body)
+					}
+					if ae := up.sent.Header.Get("Accept-Encoding"); ae != "" {
+						t.Errorf("sent Accept-Encoding %q", ae)
+					}
+					callersGetBody = false
+					if _, err := req.GetBody(); err != nil || !callersGetBody {
+						t.Errorf("the caller's GetBody was replaced")
+					}
+					if !equalHeaders(req.Header, header) || req.Body != reqBody || req.ContentLength != length {
+						t.Errorf("the caller's request changed: header %v, body %v, length %d", req.Header, req.Body != reqBody, req.ContentLength)
+					}
+				})
+			}
+		}
+	}
 }
