@@ -255,10 +255,14 @@ func proxy(r Route, index int, g *gate) *routeProxy {
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(upstream)
 			pr.SetXForwarded()
-			// The transport asks for compression itself and decompresses,
-			// so that the meter reads the answer; the request it is given
-			// then needs no copy to drop the client's choice.
-			pr.Out.Header.Del("Accept-Encoding")
+			// The transport asks for compression itself and decompresses
+			// an admitted call's answer, so that the meter reads it; the
+			// request it is given then needs no copy to drop the client's
+			// choice. A call it passes on unadmitted (any method but POST)
+			// keeps the client's, and its answer comes back as encoded.
+			if pr.In.Method == http.MethodPost {
+				pr.Out.Header.Del("Accept-Encoding")
+			}
 			if key != "" {
 				setKey(pr.Out, format, key)
 			}

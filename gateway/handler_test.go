@@ -602,3 +602,46 @@ func TestCompressionLeftToTheUpstreamTransport(t *testing.T) {
 	}
 	wantSettled(t, b, 1, 11)
 }
+
+// TestUnmeteredCallKeepsTheClientsCompression: a request the gateway
+// passes on without admitting it (a GET listing stored chat completions)
+// goes upstream with the client's Accept-Encoding, and its answer comes
+// back as the upstream encoded it: only a metered answer is decompressed.
+func TestUnmeteredCallKeepsTheClientsCompression(t *testing.T) {
+	const list = `{"object":"list","data":[]}`
+	asked := make(chan string, 1)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		asked <- r.Header.Get("Accept-Encoding")
+		w.Header().Set("Content-Type", "application/json")
+		if r.Header.Get("Accept-Encoding") != "gzip" {
+			io.WriteString(w, list)
+			return
+		}
+		w.Header().Set("Content-Encoding", "gzip")
+		zw := gzip.NewWriter(w)
+		io.WriteString(zw, list)
+		zw.Close()
+	}))
+	defer up.Close()
+	gw, _ := newGateway(t, up.URL, budgetConfig(4))
+	req, _ := http.NewRequest("GET", gw.URL+"/v1/chat/completions", nil)
+	req.Header.Set("Accept-Encoding", "gzip")
+	res, err := http.DefaultTransport.RoundTrip(req) // the client's header as it is: no decompression of its own
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	if got := <-asked; got != "gzip" {
+		t.Errorf("the upstream was asked for Accept-Encoding %q; want the client's gzip", got)
+	}
+	if ce := res.Header.Get("Content-Encoding"); ce != "gzip" {
+		t.Fatalf("the client got Content-Encoding %q; want the upstream's gzip", ce)
+	}
+	zr, err := gzip.NewReader(res.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body, err := io.ReadAll(zr); err != nil || string(body) != list {
+		t.Errorf("the client got %q, %v", body, err)
+	}
+}
