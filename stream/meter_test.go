@@ -1309,3 +1309,47 @@ func TestStrippedStreamKeepsAllButTheUsageChunk(t *testing.T) {
 		}
 	}
 }
+
+// TestConcurrentMetersKeepTheirOwnParses: meters reading at once, each
+// parsing its events into trees taken from the shared pool and given back
+// after each event, each record their own response's ID, model and
+// finish reason and their own usage: no tree is read after it went back.
+func TestConcurrentMetersKeepTheirOwnParses(t *testing.T) {
+	const meters, events = 8, 200
+	var wg sync.WaitGroup
+	errs := make(chan error, meters)
+	for k := range meters {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			id, model := fmt.Sprintf("chatcmpl-%d", k), fmt.Sprintf("model-%d", k)
+			var b bytes.Buffer
+			for i := range events { // each event of a shape of its own: every one is parsed in full
+				fmt.Fprintf(&b, `data: {"id":%q,"model":%q,"choices":[{"index":0,"delta":{"content":"x"},"finish_reason":null}],"n%d":%d}`+"\n\n", id, model, i, i)
+			}
+			fmt.Fprintf(&b, `data: {"id":%q,"model":%q,"choices":[{"index":0,"delta":{},"finish_reason":"stop-%d"}]}`+"\n\n", id, model, k)
+			fmt.Fprintf(&b, `data: {"id":%q,"choices":[],"usage":{"prompt_tokens":%d,"completion_tokens":%d}}`+"\n\ndata: [DONE]\n\n", id, 10+k, 100+k)
+			m, err := NewMeter(io.NopCloser(&chunker{b.Bytes(), rand.New(rand.NewSource(int64(k))), 300}), nil,
+				MeterOptions{Format: OpenAIChat, SSE: true, StripUsageChunk: k%2 == 0, RecordResponse: true})
+			if err != nil {
+				errs <- err
+				return
+			}
+			if _, err := io.Copy(io.Discard, m); err != nil {
+				errs <- err
+				return
+			}
+			r := m.Response()
+			u, exact := m.Usage()
+			if r.ID != id || r.Model != model || len(r.FinishReasons) != 1 || r.FinishReasons[0] != fmt.Sprintf("stop-%d", k) ||
+				!exact || u.Input != int64(10+k) || u.Output != int64(100+k) {
+				errs <- fmt.Errorf("meter %d: Response() = %+v, Usage() = %+v, %v", k, r, u, exact)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
