@@ -645,3 +645,38 @@ func TestUnmeteredCallKeepsTheClientsCompression(t *testing.T) {
 		t.Errorf("the client got %q, %v", body, err)
 	}
 }
+
+// TestStrippedStreamWithEventsLargerThanTheCopyBuffer: a streamed answer,
+// copied to the client through a buffer smaller than some of its events
+// and arriving in pieces that split them anywhere, reaches the client
+// whole but for the usage chunk the gateway asked for, in order.
+func TestStrippedStreamWithEventsLargerThanTheCopyBuffer(t *testing.T) {
+	var want strings.Builder
+	for i, size := range []int{10, 2000, 2047, 2048, 2049, 5000, 3, 9000, 40} {
+		end := [...]string{"\n", "\r\n", "\r"}[i%3]
+		fmt.Fprintf(&want, `data: {"id":"c1","choices":[{"index":0,"delta":{"content":"%s"}}]}`+end+end, strings.Repeat("y", size))
+	}
+	want.WriteString(`data: {"id":"c1","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}` + "\n\n")
+	usage := `data: {"id":"c1","choices":[],"usage":{"prompt_tokens":9,"completion_tokens":2,"total_tokens":11}}` + "\r\n\r\n"
+	stream := want.String() + usage + "data: [DONE]\n\n"
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		rc := http.NewResponseController(w)
+		for s, i := stream, 0; len(s) > 0; i++ {
+			n := min(len(s), []int{1000, 1, 777, 2049, 13}[i%5])
+			io.WriteString(w, s[:n])
+			rc.Flush()
+			s = s[n:]
+		}
+	}))
+	defer up.Close()
+	gw, b := newGateway(t, up.URL, budgetConfig(4))
+	res := post(t, context.Background(), gw.URL, `{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"hi"}],"max_tokens":50}`)
+	body, err := io.ReadAll(res.Body)
+	res.Body.Close()
+	if err != nil || string(body) != want.String()+"data: [DONE]\n\n" {
+		t.Fatalf("the client got %d bytes, %v; want %d", len(body), err, len(want.String()+"data: [DONE]\n\n"))
+	}
+	wantSettled(t, b, 1, 11)
+}
