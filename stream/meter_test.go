@@ -1297,11 +1297,11 @@ func TestMeterParsesIntoPooledTrees(t *testing.T) {
 // block, pass whole but for the usage chunks; a body that fails midway
 // gives the bytes before the failure, then its error.
 func TestStrippedStreamKeepsAllButTheUsageChunk(t *testing.T) {
-	for _, body := range []int{1, 2, 3, 16, 700, 4096, 9000} {
-		for _, caller := range []int{1, 2, 5, 64, 2 << 10, 5000, 40 << 10} {
+	for _, body := range []int{1, 3, 16, 700, 4096, 9000} {
+		for _, caller := range []int{1, 5, 64, 2 << 10, 5000, 40 << 10} {
 			for _, fails := range []bool{false, true} {
 				t.Run(fmt.Sprintf("body-%d/caller-%d/fails-%v", body, caller, fails), func(t *testing.T) {
-					for seed := range int64(40) {
+					for seed := range int64(15) {
 						checkStrippedStream(t, seed, body, caller, fails)
 					}
 				})
