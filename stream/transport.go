@@ -126,11 +126,22 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			out.Header, ownHeader = req.Header.Clone(), true
 		}
 	}
+	// fail closes req.Body, as a RoundTripper must on every error, unless
+	// ReadRequest read and closed it already.
+	bodyOpen := true
+	fail := func(err error) (*http.Response, error) {
+		if bodyOpen {
+			req.Body.Close()
+		}
+		return nil, err
+	}
 	call := callOf(req.Context())
 	if call == nil {
 		own(false)
 		var err error
-		if call, err = ReadRequest(out, t.MaxBodyBytes); err != nil { // closes req.Body
+		call, err = ReadRequest(out, t.MaxBodyBytes) // closes req.Body
+		bodyOpen = false
+		if err != nil {
 			return nil, err
 		}
 	}
@@ -140,18 +151,22 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if raw == nil {
 			body, err := out.GetBody()
 			if err != nil {
-				return nil, err
+				return fail(err)
 			}
 			if raw, err = io.ReadAll(body); err != nil {
-				return nil, err
+				return fail(err)
 			}
 		}
 		withUsage, err := addIncludeUsage(raw)
 		if err != nil {
-			return nil, err
+			return fail(err)
 		}
 		own(false)
 		setBody(out, withUsage)
+		if bodyOpen { // what is sent is the new body: the caller's is done with
+			req.Body.Close()
+			bodyOpen = false
+		}
 		strip = true
 	}
 
@@ -171,7 +186,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	permit, err := acquire(req.Context(), &call.Request, opts...)
 	if err != nil {
-		return nil, err
+		return fail(err)
 	}
 	resp, err := sendReleasing(base, out, permit)
 	feedback(permit, resp, err)

@@ -177,6 +177,41 @@ func TestTransportRejection(t *testing.T) {
 	}
 }
 
+// TestTransportClosesTheBodyOfARejectedCallItWasGiven: a call read before
+// RoundTrip (WithCall) and then rejected still has its request body
+// closed, as a RoundTripper must on every error.
+func TestTransportClosesTheBodyOfARejectedCallItWasGiven(t *testing.T) {
+	b, err := bulkhead.New(bulkhead.Interactive("gpt-4o", 0)) // no slot
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Shutdown(context.Background())
+	up := &fakeUpstream{answer: respond(200, "application/json", `{}`)}
+	for _, stream := range []bool{false, true} {
+		body := chatBody
+		if stream {
+			body = `{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+		}
+		req, _ := http.NewRequest(http.MethodPost, "http://provider.test/v1/chat/completions", strings.NewReader(body))
+		call, err := ReadRequest(req, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		counter := &closeCounter{Reader: strings.NewReader(body)}
+		req.Body = counter
+		req = req.WithContext(WithCall(req.Context(), call))
+		if _, err := (&Transport{Bulkhead: b, Base: up}).RoundTrip(req); !errors.Is(err, bulkhead.ErrConcurrencyLimit) {
+			t.Fatalf("stream %v: err = %v, want a concurrency_limit rejection", stream, err)
+		}
+		if counter.closes != 1 {
+			t.Errorf("stream %v: request body closed %d times, want 1", stream, counter.closes)
+		}
+	}
+	if up.count() != 0 {
+		t.Error("a rejected call was sent upstream")
+	}
+}
+
 func TestTransportErrors(t *testing.T) {
 	ev := &events{}
 	b := newBudgetBulkhead(t, ev)
