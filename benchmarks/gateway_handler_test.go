@@ -3,10 +3,13 @@
 package benchmarks
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"strings"
 	"syscall"
 	"testing"
@@ -106,7 +109,10 @@ func cpuTime() time.Duration {
 // runs trace every call (the gateway's span, its admission, its upstream
 // call) into the SDK's batching processor and an exporter that drops what
 // it is given, so they measure the gateway's and the SDK's cost, not an
-// exporter's.
+// exporter's. The "floor-" runs send the same calls through a bare
+// httputil.ReverseProxy that reads the body first (as the gateway does),
+// the floor of a proxy in Go: what the gateway's own work (parsing,
+// admission, metering, the request log) costs is the difference.
 func BenchmarkGatewayHandler(b *testing.B) {
 	release := make(chan struct{})
 	defer close(release)
@@ -114,6 +120,13 @@ func BenchmarkGatewayHandler(b *testing.B) {
 	defer up.Close()
 	plain := `{"model":"gpt-4o-mini","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Say hello in one short sentence."}],"max_tokens":64}`
 	streamed := strings.Replace(plain, `{"model"`, `{"stream":true,"model"`, 1)
+	for _, body := range []struct{ name, body string }{{"plain", plain}, {"streamed", streamed}} {
+		b.Run("floor-"+body.name, func(b *testing.B) {
+			if st := serveCalls(b, bareProxy(b, up.URL), body.body); st != http.StatusOK {
+				b.Fatalf("status %d", st)
+			}
+		})
+	}
 	for _, traced := range []bool{false, true} {
 		suffix := ""
 		if traced {
@@ -162,6 +175,28 @@ func BenchmarkGatewayHandler(b *testing.B) {
 			res.Body.Close()
 		})
 	}
+}
+
+// bareProxy is a bare httputil.ReverseProxy to upstream that reads a
+// request's body before it sends it on, as the gateway does, with
+// keep-alive connections to it.
+func bareProxy(b *testing.B, upstream string) http.Handler {
+	u, err := url.Parse(upstream)
+	if err != nil {
+		b.Fatal(err)
+	}
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConnsPerHost = 256
+	b.Cleanup(t.CloseIdleConnections)
+	proxy := &httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(u) }, Transport: t}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			return
+		}
+		r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+		proxy.ServeHTTP(w, r)
+	})
 }
 
 // dropSpans is a span exporter that drops what it is given.

@@ -85,15 +85,31 @@ var meterStreams = []struct {
 // BenchmarkMeter reads a 1 MB stream through a Meter reporting to a permit
 // on a bulkhead with a token budget, in 32 KiB reads as io.Copy makes them.
 // Each iteration acquires its permit (about a microsecond against the
-// stream's hundreds) and settles it.
+// stream's hundreds) and settles it. The "-strip" runs remove the usage
+// chunk (StripUsageChunk, as the gateway does for a client that did not ask
+// for usage), in 32 KiB reads and in the 2 KiB reads of the gateway's
+// streamed answers.
 func BenchmarkMeter(b *testing.B) {
+	type run struct {
+		name   string
+		format stream.Format
+		data   []byte
+		strip  bool
+		read   int
+	}
+	var runs []run
 	for _, s := range meterStreams {
-		b.Run(s.format.String(), func(b *testing.B) {
+		runs = append(runs, run{s.format.String(), s.format, s.data, false, 32 << 10})
+	}
+	runs = append(runs, run{"openai_chat-strip", stream.OpenAIChat, meterStreams[0].data, true, 32 << 10},
+		run{"openai_chat-strip-2k", stream.OpenAIChat, meterStreams[0].data, true, 2 << 10})
+	for _, s := range runs {
+		b.Run(s.name, func(b *testing.B) {
 			cfg := bulkhead.Interactive("gpt-4o", 4)
 			cfg.TokenBudget = &bulkhead.TokenBudget{Budget: 1 << 40}
 			bh := newBench(b, cfg)
 			req := &bulkhead.Request{Messages: []bulkhead.Message{{Role: "user", Content: "Write a long story."}}, MaxTokens: 1 << 20}
-			buf := make([]byte, 32<<10)
+			buf := make([]byte, s.read)
 			ctx := context.Background()
 			b.SetBytes(int64(len(s.data)))
 			b.ReportAllocs()
@@ -102,7 +118,7 @@ func BenchmarkMeter(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				m, err := stream.NewMeter(io.NopCloser(bytes.NewReader(s.data)), p, stream.MeterOptions{Format: s.format, SSE: true, Model: "gpt-4o"})
+				m, err := stream.NewMeter(io.NopCloser(bytes.NewReader(s.data)), p, stream.MeterOptions{Format: s.format, SSE: true, Model: "gpt-4o", StripUsageChunk: s.strip})
 				if err != nil {
 					b.Fatal(err)
 				}

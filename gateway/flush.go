@@ -30,6 +30,23 @@ type watchedConn struct {
 	net.Conn
 	raw   syscall.RawConn
 	owner atomic.Pointer[coalescer]
+
+	// The read in progress, for readRaw, which is made into readFn once
+	// so that a read allocates nothing: the transport reads a connection
+	// from one goroutine at a time.
+	p       []byte
+	n       int
+	rerr    error
+	flushed bool
+	reader  *coalescer // the owner when the read began
+	readFn  func(fd uintptr) bool
+}
+
+// newWatchedConn watches c, whose raw connection is raw.
+func newWatchedConn(c net.Conn, raw syscall.RawConn) *watchedConn {
+	wc := &watchedConn{Conn: c, raw: raw}
+	wc.readFn = wc.readRaw
+	return wc
 }
 
 // Read reads as net.Conn's Read does; when the connection has no bytes to
@@ -40,25 +57,10 @@ func (c *watchedConn) Read(p []byte) (int, error) {
 	if owner == nil || len(p) == 0 {
 		return c.Conn.Read(p)
 	}
-	var n int
-	var rerr error
-	flushed := false
-	err := c.raw.Read(func(fd uintptr) bool {
-		for {
-			n, rerr = readFD(fd, p)
-			if rerr != syscall.EINTR {
-				break
-			}
-		}
-		if rerr == syscall.EAGAIN {
-			if !flushed {
-				flushed = true
-				owner.flushPending()
-			}
-			return false // wait until there is something to read
-		}
-		return true
-	})
+	c.p, c.reader, c.flushed = p, owner, false
+	err := c.raw.Read(c.readFn)
+	n, rerr, flushed := c.n, c.rerr, c.flushed
+	c.p, c.reader, c.rerr = nil, nil, nil
 	if flushed {
 		owner.readDone()
 	}
@@ -75,6 +77,26 @@ func (c *watchedConn) Read(p []byte) (int, error) {
 		return 0, io.EOF
 	}
 	return n, nil
+}
+
+// readRaw reads the connection's descriptor into p, without waiting; when
+// there is nothing to read it flushes the owner's writes (once a read)
+// and asks to wait.
+func (c *watchedConn) readRaw(fd uintptr) bool {
+	for {
+		c.n, c.rerr = readFD(fd, c.p)
+		if c.rerr != syscall.EINTR {
+			break
+		}
+	}
+	if c.rerr == syscall.EAGAIN {
+		if !c.flushed {
+			c.flushed = true
+			c.reader.flushPending()
+		}
+		return false // wait until there is something to read
+	}
+	return true
 }
 
 // coalescer is the ResponseWriter a streamed call's answer is proxied

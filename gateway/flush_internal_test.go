@@ -156,3 +156,61 @@ func TestStreamOverTLS(t *testing.T) {
 		})
 	}
 }
+
+// TestWatchedConnReadAllocatesNothing: reading a watched connection with an
+// owner allocates nothing, whether the read finds bytes at once or waits
+// for them, flushing what its owner wrote first: a stream reads its
+// upstream once an event, thousands of streams at once.
+func TestWatchedConnReadAllocatesNothing(t *testing.T) {
+	wc, peer := tcpPair(t)
+	rw := &signalingWriter{flushed: make(chan struct{}, 1)}
+	co := &coalescer{ResponseWriter: rw, conn: wc}
+	wc.owner.Store(co)
+	buf := make([]byte, 1)
+	// Bytes there already: the read does not wait.
+	if _, err := peer.Write(make([]byte, 101)); err != nil {
+		t.Fatal(err)
+	}
+	if n := testing.AllocsPerRun(100, func() {
+		if _, err := wc.Read(buf); err != nil {
+			t.Fatal(err)
+		}
+	}); n != 0 {
+		t.Errorf("a read that finds its bytes allocates %v times", n)
+	}
+	// Nothing there: the read flushes what its owner wrote, then waits;
+	// the peer writes once it sees the flush.
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		one := []byte{'y'}
+		for range 101 {
+			<-rw.flushed
+			if _, err := peer.Write(one); err != nil {
+				return
+			}
+		}
+	}()
+	if n := testing.AllocsPerRun(100, func() {
+		co.mu.Lock()
+		co.pending = true
+		co.mu.Unlock()
+		if _, err := wc.Read(buf); err != nil {
+			t.Fatal(err)
+		}
+	}); n != 0 {
+		t.Errorf("a read that flushes and waits allocates %v times", n)
+	}
+	<-done
+}
+
+// signalingWriter is a ResponseWriter that signals each flush.
+type signalingWriter struct {
+	h       http.Header
+	flushed chan struct{}
+}
+
+func (w *signalingWriter) Header() http.Header         { return w.h }
+func (w *signalingWriter) Write(p []byte) (int, error) { return len(p), nil }
+func (w *signalingWriter) WriteHeader(int)             {}
+func (w *signalingWriter) Flush()                      { w.flushed <- struct{}{} }

@@ -191,3 +191,89 @@ func TestStreamHeadBeforeFirstEvent(t *testing.T) {
 	}
 	testutil.WaitFor(t, "the call's release", idle(b))
 }
+
+// sizedBody is a streamed answer's body that notes the size of each read
+// of it: it gives its first event, then waits for release (or Close).
+type sizedBody struct {
+	first   string
+	release chan struct{}
+	closed  chan struct{}
+	once    sync.Once
+
+	mu    sync.Mutex
+	sizes []int
+	sent  bool
+}
+
+func (b *sizedBody) Read(p []byte) (int, error) {
+	b.mu.Lock()
+	b.sizes = append(b.sizes, len(p))
+	sent := b.sent
+	b.sent = true
+	b.mu.Unlock()
+	if !sent {
+		return copy(p, b.first), nil
+	}
+	select {
+	case <-b.release:
+	case <-b.closed:
+	}
+	return 0, io.EOF
+}
+
+func (b *sizedBody) Close() error {
+	b.once.Do(func() { close(b.closed) })
+	return nil
+}
+
+// readSizes returns the size of each read so far.
+func (b *sizedBody) readSizes() []int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]int(nil), b.sizes...)
+}
+
+type roundTripperFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// TestHeldStreamWaitsOnSmallBuffer: while a streamed answer waits for its
+// upstream's next event, the read that waits holds a small buffer (at
+// most 4 KiB), not the 32 KiB a plain answer is copied with: thousands of
+// streams held at once each keep it for as long as they last.
+func TestHeldStreamWaitsOnSmallBuffer(t *testing.T) {
+	body := &sizedBody{first: event(0), release: make(chan struct{}), closed: make(chan struct{})}
+	up, _ := url.Parse("http://upstream.test")
+	b, _ := bulkhead.New(budgetConfig(4))
+	defer b.Shutdown(context.Background())
+	h, err := gateway.New(gateway.Route{Format: stream.OpenAIChat, Upstream: up, Bulkhead: b,
+		Transport: roundTripperFunc(func(r *http.Request) (*http.Response, error) {
+			io.Copy(io.Discard, r.Body)
+			return &http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {"text/event-stream"}}, Body: body,
+				ContentLength: -1, Request: r, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1}, nil
+		})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw := httptest.NewServer(h)
+	defer gw.Close()
+	res, err := http.Post(gw.URL+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	first := make([]byte, len(event(0)))
+	if _, err := io.ReadFull(res.Body, first); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, "the read that waits for the next event", func() bool { return len(body.readSizes()) == 2 })
+	if sizes := body.readSizes(); sizes[1] > 4<<10 {
+		t.Errorf("the read waiting for the next event holds a buffer of %d bytes; want at most 4 KiB", sizes[1])
+	}
+	close(body.release)
+	if _, err := io.Copy(io.Discard, res.Body); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, "the call's release", idle(b))
+}

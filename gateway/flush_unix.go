@@ -17,7 +17,7 @@ func watch(c net.Conn) net.Conn {
 	if err != nil {
 		return c
 	}
-	return &watchedConn{Conn: c, raw: raw}
+	return newWatchedConn(c, raw)
 }
 
 // readFD reads from the connection's descriptor, without waiting.

@@ -251,10 +251,18 @@ func proxy(r Route, index int, g *gate) *routeProxy {
 	if admission == nil && r.Options == nil {
 		admission = func(*http.Request) (string, bool) { return "", false }
 	}
-	return &routeProxy{index: index, maxBody: bodyLimit(r.MaxBodyBytes), gate: g, admission: admission, ReverseProxy: httputil.ReverseProxy{
+	rp := &routeProxy{index: index, maxBody: bodyLimit(r.MaxBodyBytes), gate: g, admission: admission, ReverseProxy: httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(upstream)
 			pr.SetXForwarded()
+			// The transport asks for compression itself and decompresses
+			// an admitted call's answer, so that the meter reads it; the
+			// request it is given then needs no copy to drop the client's
+			// choice. A call it passes on unadmitted (any method but POST)
+			// keeps the client's, and its answer comes back as encoded.
+			if pr.In.Method == http.MethodPost {
+				pr.Out.Header.Del("Accept-Encoding")
+			}
 			if key != "" {
 				setKey(pr.Out, format, key)
 			}
@@ -299,6 +307,9 @@ func proxy(r Route, index int, g *gate) *routeProxy {
 			}
 		},
 	}}
+	rp.streamed = rp.ReverseProxy
+	rp.streamed.BufferPool = streamBuffers
+	return rp
 }
 
 // endWatch is an admitted call's metered answer as the proxy reads it from
@@ -342,10 +353,10 @@ func (t *table) logProxyErrors(logger *slog.Logger) {
 	l := slog.NewLogLogger(logger.Handler(), slog.LevelWarn)
 	for _, fr := range t.formats {
 		for _, rp := range fr.byModel {
-			rp.ErrorLog = l
+			rp.ErrorLog, rp.streamed.ErrorLog = l, l
 		}
 		if fr.other != nil {
-			fr.other.ErrorLog = l
+			fr.other.ErrorLog, fr.other.streamed.ErrorLog = l, l
 		}
 	}
 }
@@ -373,11 +384,22 @@ var defaultTransport = func() *http.Transport {
 // makes, for an upstream with header_timeout).
 const DefaultMaxIdleConnsPerHost = 256
 
-// copyBuffers are the proxies' buffers for copying response bodies.
-var copyBuffers = &bufferPool{pool: sync.Pool{New: func() any { return new([32 << 10]byte) }}}
+// copyBuffers are the proxies' buffers for copying plain response bodies,
+// which come whole: 32 KiB, as io.Copy's. streamBuffers are those of
+// streamed answers: a stream waits for its next event in a read of its
+// buffer, so it holds one for as long as it lasts, thousands of streams at
+// once, and an event is a few hundred bytes.
+var (
+	copyBuffers   = &bufferPool{pool: sync.Pool{New: func() any { return new([32 << 10]byte) }}}
+	streamBuffers = &streamBufferPool{pool: sync.Pool{New: func() any { return new([2 << 10]byte) }}}
+)
 
-// bufferPool is an httputil.BufferPool over a sync.Pool.
-type bufferPool struct{ pool sync.Pool }
+// bufferPool is an httputil.BufferPool of 32 KiB buffers over a sync.Pool,
+// and streamBufferPool one of 2 KiB buffers.
+type (
+	bufferPool       struct{ pool sync.Pool }
+	streamBufferPool struct{ pool sync.Pool }
+)
 
 func (p *bufferPool) Get() []byte { return p.pool.Get().(*[32 << 10]byte)[:] }
 
@@ -387,9 +409,20 @@ func (p *bufferPool) Put(b []byte) {
 	}
 }
 
-// routeProxy is one route's reverse proxy.
+func (p *streamBufferPool) Get() []byte { return p.pool.Get().(*[2 << 10]byte)[:] }
+
+func (p *streamBufferPool) Put(b []byte) {
+	if len(b) == 2<<10 {
+		p.pool.Put((*[2 << 10]byte)(b))
+	}
+}
+
+// routeProxy is one route's reverse proxy, for plain calls, and streamed,
+// the same but for the buffer it copies the answer with (see
+// streamBuffers).
 type routeProxy struct {
 	httputil.ReverseProxy
+	streamed  httputil.ReverseProxy
 	index     int   // the route's index in New's list
 	maxBody   int64 // the route's body limit
 	gate      *gate // its bulkhead's
@@ -462,7 +495,7 @@ func (h *Handler) serve(w http.ResponseWriter, req *http.Request, t *table) {
 			h.refuseEarly(w, req, format, fr.maxBody, notFound(format, "no route for "+req.Method+" "+req.URL.Path), endRefused)
 			return
 		}
-		forward(w, req, fr.other, "")
+		forward(w, req, fr.other, "", false)
 		return
 	}
 	if fr.sole != nil && h.shedEarly(w, req, format, fr.sole) {
@@ -505,15 +538,20 @@ func (h *Handler) serve(w http.ResponseWriter, req *http.Request, t *table) {
 			}()
 			w, ctx = c, httptrace.WithClientTrace(ctx, c.trace())
 		}
-		forward(w, req.WithContext(ctx), rp, model)
+		forward(w, req.WithContext(ctx), rp, model, call.Stream)
 	}
 }
 
 // forward sends req on through route rp, noting the route and the model
-// for the request log.
-func forward(w http.ResponseWriter, req *http.Request, rp *routeProxy, model string) {
+// for the request log; streamed is true for a call that asked for a
+// streamed answer.
+func forward(w http.ResponseWriter, req *http.Request, rp *routeProxy, model string, streamed bool) {
 	if n := noteOf(req.Context()); n != nil {
 		n.route, n.model = rp.index, model
+	}
+	if streamed {
+		rp.streamed.ServeHTTP(w, req)
+		return
 	}
 	rp.ServeHTTP(w, req)
 }

@@ -2,6 +2,7 @@ package gateway_test
 
 import (
 	"bufio"
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"errors"
@@ -561,4 +562,121 @@ routes: [{api: openai-chat, upstream: up, bulkhead: main}]
 			t.Errorf("base_url %s: %d, upstream saw %q; want %q", tc.base, res.StatusCode, got, tc.want)
 		}
 	}
+}
+
+// TestCompressionLeftToTheUpstreamTransport: a client's Accept-Encoding
+// does not go upstream; the gateway's transport asks for gzip itself and
+// decompresses, so the meter reads the answer (and settles its usage) and
+// the client gets it plain.
+func TestCompressionLeftToTheUpstreamTransport(t *testing.T) {
+	const answer = `{"id":"c1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hello"},"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":2,"total_tokens":11}}`
+	asked := make(chan string, 1)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		asked <- r.Header.Get("Accept-Encoding")
+		w.Header().Set("Content-Type", "application/json")
+		if r.Header.Get("Accept-Encoding") != "gzip" {
+			io.WriteString(w, answer)
+			return
+		}
+		w.Header().Set("Content-Encoding", "gzip")
+		zw := gzip.NewWriter(w)
+		io.WriteString(zw, answer)
+		zw.Close()
+	}))
+	defer up.Close()
+	gw, b := newGateway(t, up.URL, budgetConfig(4))
+	req, _ := http.NewRequest("POST", gw.URL+"/v1/chat/completions", strings.NewReader(`{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}],"max_tokens":50}`))
+	req.Header.Set("Accept-Encoding", "br")
+	res, err := http.DefaultTransport.RoundTrip(req) // the client's header as it is, no gzip of its own
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if got := <-asked; got != "gzip" {
+		t.Errorf("the upstream was asked for Accept-Encoding %q; want the transport's own gzip", got)
+	}
+	if string(body) != answer || res.Header.Get("Content-Encoding") != "" {
+		t.Errorf("the client got %q (Content-Encoding %q); want the answer plain", body, res.Header.Get("Content-Encoding"))
+	}
+	wantSettled(t, b, 1, 11)
+}
+
+// TestUnmeteredCallKeepsTheClientsCompression: a request the gateway
+// passes on without admitting it (a GET listing stored chat completions)
+// goes upstream with the client's Accept-Encoding, and its answer comes
+// back as the upstream encoded it: only a metered answer is decompressed.
+func TestUnmeteredCallKeepsTheClientsCompression(t *testing.T) {
+	const list = `{"object":"list","data":[]}`
+	asked := make(chan string, 1)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		asked <- r.Header.Get("Accept-Encoding")
+		w.Header().Set("Content-Type", "application/json")
+		if r.Header.Get("Accept-Encoding") != "gzip" {
+			io.WriteString(w, list)
+			return
+		}
+		w.Header().Set("Content-Encoding", "gzip")
+		zw := gzip.NewWriter(w)
+		io.WriteString(zw, list)
+		zw.Close()
+	}))
+	defer up.Close()
+	gw, _ := newGateway(t, up.URL, budgetConfig(4))
+	req, _ := http.NewRequest("GET", gw.URL+"/v1/chat/completions", nil)
+	req.Header.Set("Accept-Encoding", "gzip")
+	res, err := http.DefaultTransport.RoundTrip(req) // the client's header as it is: no decompression of its own
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	if got := <-asked; got != "gzip" {
+		t.Errorf("the upstream was asked for Accept-Encoding %q; want the client's gzip", got)
+	}
+	if ce := res.Header.Get("Content-Encoding"); ce != "gzip" {
+		t.Fatalf("the client got Content-Encoding %q; want the upstream's gzip", ce)
+	}
+	zr, err := gzip.NewReader(res.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body, err := io.ReadAll(zr); err != nil || string(body) != list {
+		t.Errorf("the client got %q, %v", body, err)
+	}
+}
+
+// TestStrippedStreamWithEventsLargerThanTheCopyBuffer: a streamed answer,
+// copied to the client through a buffer smaller than some of its events
+// and arriving in pieces that split them anywhere, reaches the client
+// whole but for the usage chunk the gateway asked for, in order.
+func TestStrippedStreamWithEventsLargerThanTheCopyBuffer(t *testing.T) {
+	var want strings.Builder
+	for i, size := range []int{10, 2000, 2047, 2048, 2049, 5000, 3, 9000, 40} {
+		end := [...]string{"\n", "\r\n", "\r"}[i%3]
+		fmt.Fprintf(&want, `data: {"id":"c1","choices":[{"index":0,"delta":{"content":"%s"}}]}`+end+end, strings.Repeat("y", size))
+	}
+	want.WriteString(`data: {"id":"c1","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}` + "\n\n")
+	usage := `data: {"id":"c1","choices":[],"usage":{"prompt_tokens":9,"completion_tokens":2,"total_tokens":11}}` + "\r\n\r\n"
+	stream := want.String() + usage + "data: [DONE]\n\n"
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		rc := http.NewResponseController(w)
+		for s, i := stream, 0; len(s) > 0; i++ {
+			n := min(len(s), []int{1000, 1, 777, 2049, 13}[i%5])
+			io.WriteString(w, s[:n])
+			rc.Flush()
+			s = s[n:]
+		}
+	}))
+	defer up.Close()
+	gw, b := newGateway(t, up.URL, budgetConfig(4))
+	res := post(t, context.Background(), gw.URL, `{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"hi"}],"max_tokens":50}`)
+	body, err := io.ReadAll(res.Body)
+	res.Body.Close()
+	if err != nil || string(body) != want.String()+"data: [DONE]\n\n" {
+		t.Fatalf("the client got %d bytes, %v; want %d", len(body), err, len(want.String()+"data: [DONE]\n\n"))
+	}
+	wantSettled(t, b, 1, 11)
 }

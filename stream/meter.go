@@ -140,8 +140,7 @@ type Meter struct {
 	// stripMode is StripUsageChunk: Read goes through the buffers below.
 	stripMode bool
 	record    bool   // RecordResponse
-	rbuf      []byte // what the body returned
-	out       []byte // bytes ready for the caller
+	out       []byte // bytes ready for the caller, beside its buffer
 	outPos    int
 	rerr      error // what Read returns once out is drained
 
@@ -170,13 +169,15 @@ type Meter struct {
 
 	sc  sseScanner
 	js  jsonSplitter
-	doc jsondom.Doc
 	tpl template
 
 	stripping bool   // still removing the usage chunk
-	hold      []byte // the bytes of the block being read, in stripMode
-	chunk     []byte // the chunk being scanned, in stripMode
+	hold      []byte // the bytes of the block being read, in stripMode, between two reads
+	chunk     []byte // the bytes being scanned, in stripMode: the caller's buffer (or, in spill mode, the body's read)
+	off       int    // where in chunk the bytes fed to the scanner start (after hold's)
 	cbs       int    // where in chunk the current block starts
+	w         int    // the end of the bytes that go out, at the start of chunk
+	spill     bool   // hold did not fit in the caller's buffer: chunk is beside it, and what goes out goes to out
 }
 
 // NewMeter wraps body, reporting to a. The admission's reservation is read
@@ -355,13 +356,18 @@ func (m *Meter) ended(err error) error {
 
 // readStripped is Read for StripUsageChunk: the bytes of each block of
 // lines wait until its blank line shows whether it is the usage chunk.
+// The body is read into p, the caller's buffer, where the blocks that go
+// out are moved together: the meter has no read buffer of its own, and
+// while the stream waits for its next event it keeps only the bytes of a
+// block split between two reads (hold), which go first in p at the next
+// read. A block too long for p is kept beside it (spill mode).
 func (m *Meter) readStripped(p []byte) (int, error) {
 	for {
 		if m.outPos < len(m.out) {
 			n := copy(p, m.out[m.outPos:])
 			m.outPos += n
 			if m.outPos == len(m.out) {
-				m.out, m.outPos = m.out[:0], 0
+				m.out, m.outPos = nil, 0
 			}
 			return n, nil
 		}
@@ -371,55 +377,78 @@ func (m *Meter) readStripped(p []byte) (int, error) {
 		if len(p) == 0 {
 			return 0, nil
 		}
-		if m.rbuf == nil {
-			m.rbuf = readBuffers.Get().(*[readBufferSize]byte)[:]
+		h := len(m.hold)
+		spill := h >= len(p)
+		buf := p
+		if !spill {
+			buf = p[copy(p, m.hold):]
 		}
-		n, err := m.body.Read(m.rbuf)
+		n, err := m.body.Read(buf)
 		m.mu.Lock()
-		m.chunk, m.cbs = m.rbuf[:n], 0
-		if n > 0 && m.metering {
-			m.feed(m.chunk)
+		m.spill, m.cbs, m.w = spill, 0, 0
+		if spill {
+			m.chunk, m.off = buf[:n], 0
+		} else {
+			m.chunk, m.off = p[:h+n], h
+			m.hold = m.hold[:0] // its bytes are at the start of chunk
 		}
-		if m.metering && m.stripping && len(m.hold)+n-m.cbs <= m.sc.max {
-			m.hold = append(m.hold, m.chunk[m.cbs:]...)
-		} else { // nothing more to strip: what is held goes out
-			m.stripping = false
-			m.out = append(append(m.out, m.hold...), m.chunk[m.cbs:]...)
+		if n > 0 && m.metering {
+			m.feed(buf[:n])
+		}
+		tail := m.chunk[m.cbs:]
+		switch {
+		case m.metering && m.stripping && len(m.hold)+len(tail) <= m.sc.max:
+			m.hold = append(m.hold, tail...)
+		case spill:
+			m.stripping = false // nothing more to strip: what is held goes out
+			m.out = append(append(m.out, m.hold...), tail...)
 			m.hold = m.hold[:0]
+		default:
+			m.stripping = false
+			m.w += copy(p[m.w:], tail)
 		}
 		m.chunk, m.cbs = nil, 0
 		if err != nil {
-			m.rerr = m.ended(err)
+			m.rerr = m.ended(err) // what is held goes out, after p[:w]
 			m.out = append(m.out, m.hold...)
 			m.hold = nil
-			// The body is done with: no Read uses the buffer again.
-			readBuffers.Put((*[readBufferSize]byte)(m.rbuf))
-			m.rbuf = nil
+		} else if len(m.hold) == 0 && cap(m.hold) > maxKeptHold {
+			m.hold = nil // nothing to keep while the stream waits
 		}
+		w := m.w
 		m.mu.Unlock()
-		if n == 0 && err == nil {
+		switch {
+		case w > 0:
+			return w, nil
+		case n == 0 && err == nil:
 			return 0, nil
 		}
 	}
 }
 
-// readBufferSize is the size of the buffer readStripped reads the body
-// into; readBuffers keeps them between streams, so a stream costs the
-// garbage collector nothing for it.
-const readBufferSize = 32 << 10
-
-var readBuffers = sync.Pool{New: func() any { return new([readBufferSize]byte) }}
+// maxKeptHold is the most capacity an empty hold keeps between reads, for
+// the next split block.
+const maxKeptHold = 4 << 10
 
 // blockEnd is the sseSink's: in stripMode a block's bytes go out, or are
-// dropped. mu is held.
+// dropped: moved to the caller's buffer after the blocks before it, or,
+// in spill mode or at the body's end, appended to out. mu is held.
 func (m *Meter) blockEnd(pos int, drop bool) {
 	if !m.stripping {
 		return
 	}
-	if !drop {
-		m.out = append(append(m.out, m.hold...), m.chunk[m.cbs:pos]...)
+	if m.chunk == nil || m.spill {
+		if !drop {
+			m.out = append(append(m.out, m.hold...), m.chunk[m.cbs:pos]...)
+		}
+		m.hold, m.cbs = m.hold[:0], pos
+		return
 	}
-	m.hold, m.cbs = m.hold[:0], pos
+	pos += m.off
+	if !drop {
+		m.w += copy(m.chunk[m.w:], m.chunk[m.cbs:pos])
+	}
+	m.cbs = pos
 }
 
 // event is the sseSink's: one event of the stream. mu is held.
@@ -435,11 +464,13 @@ func (m *Meter) event(name, data []byte) (drop bool) {
 		m.applyText(chars, m.tpl.started)
 		return false
 	}
-	if jsondom.Parse(&m.doc, data) != nil {
+	doc := getDoc() // the tree goes back to the pool: a waiting stream keeps none
+	defer putDoc(doc)
+	if jsondom.Parse(doc, data) != nil {
 		return false // not JSON: nothing to meter
 	}
 	var e eventInfo
-	root := m.doc.Root()
+	root := doc.Root()
 	parseEvent(m.format, name, root, true, &e)
 	if m.record {
 		describe(m.format, name, root, &m.resp)
@@ -476,13 +507,15 @@ var fastPathCheck func(f Format, block, name, data []byte, got eventInfo)
 // value is the jsonSink's: one JSON document, or one element of a
 // top-level array. mu is held.
 func (m *Meter) value(doc []byte) {
-	if jsondom.Parse(&m.doc, doc) != nil {
+	d := getDoc()
+	defer putDoc(d)
+	if jsondom.Parse(d, doc) != nil {
 		return
 	}
 	var e eventInfo
-	parseEvent(m.format, nil, m.doc.Root(), false, &e)
+	parseEvent(m.format, nil, d.Root(), false, &e)
 	if m.record {
-		describe(m.format, nil, m.doc.Root(), &m.resp)
+		describe(m.format, nil, d.Root(), &m.resp)
 	}
 	if m.js.base > 0 {
 		e.terminal = false // one response of an array: the array's end settles

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -1061,6 +1062,9 @@ func TestMeterProviderErrorAtEOF(t *testing.T) {
 
 // TestMeterAllocs: once warmed up, metering an event allocates nothing.
 func TestMeterAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector's sync.Pool drops items at random")
+	}
 	check := fastPathCheck // the check parses into a new Doc
 	fastPathCheck = nil
 	defer func() { fastPathCheck = check }()
@@ -1122,5 +1126,230 @@ func TestMeterTruncatedJSON(t *testing.T) {
 	_, releases := ev.wait(t, 1)
 	if u := releases[0].Usage; u == nil || u.Output < 400*5/4 {
 		t.Errorf("released with %v, want an output estimate of at least the 2000 characters that arrived", u)
+	}
+}
+
+// strippedStream is an OpenAI chat stream of n text deltas of varied
+// lengths, with comments, a two-line event and line ends of every kind,
+// then the usage chunk include_usage adds and [DONE]; want is what a
+// caller reads of it with the usage chunk stripped.
+func strippedStream(n int) (in, want []byte) {
+	var b bytes.Buffer
+	for i := range n {
+		text := strings.Repeat("wörd ", 1+i%37)
+		end := [...]string{"\n", "\r\n", "\r"}[i%3]
+		switch {
+		case i%50 == 7:
+			b.WriteString(": keep-alive" + end + end)
+		case i%50 == 23: // one event in two data lines
+			fmt.Fprintf(&b, `data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,`+end+`data: "delta":{"content":%q},"finish_reason":null}]}`+end+end, text)
+			continue
+		}
+		fmt.Fprintf(&b, `data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":%q},"finish_reason":null}],"obfuscation":"%s"}`+end+end,
+			text, strings.Repeat("x", i%11))
+	}
+	b.WriteString(`data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}` + "\n\n")
+	want = append([]byte(nil), b.Bytes()...)
+	b.WriteString(`data: {"id":"c","object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":12,"completion_tokens":900,"total_tokens":912}}` + "\n\n")
+	b.WriteString("data: [DONE]\n\n")
+	want = append(want, "data: [DONE]\n\n"...)
+	return b.Bytes(), want
+}
+
+// TestStrippedStreamKeepsEveryByteInAnyCallerBuffer: a stream whose usage
+// chunk is stripped, read into caller buffers of any size (smaller than an
+// event, one byte, larger than the body) and cut anyhow by its body, loses
+// no byte, reorders none, and removes only the usage chunk.
+func TestStrippedStreamKeepsEveryByteInAnyCallerBuffer(t *testing.T) {
+	in, want := strippedStream(600)
+	for _, size := range []int{1, 2, 7, 64, 301, 1024, 4096, 1 << 20} {
+		for _, c := range chunkings {
+			t.Run(fmt.Sprintf("buffer-%d/%s", size, c.name), func(t *testing.T) {
+				m, err := NewMeter(io.NopCloser(c.r(in)), nil, MeterOptions{Format: OpenAIChat, SSE: true, StripUsageChunk: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				var out []byte
+				buf := make([]byte, size)
+				for {
+					n, err := m.Read(buf)
+					out = append(out, buf[:n]...)
+					if err == io.EOF {
+						break
+					}
+					if err != nil {
+						t.Fatal(err)
+					}
+				}
+				if !bytes.Equal(out, want) {
+					i := 0
+					for i < min(len(out), len(want)) && out[i] == want[i] {
+						i++
+					}
+					t.Fatalf("read %d bytes, want %d; first difference at byte %d: %q, want %q", len(out), len(want), i,
+						out[i:min(len(out), i+40)], want[i:min(len(want), i+40)])
+				}
+				if u, exact := m.Usage(); !exact || u.Output != 900 {
+					t.Fatalf("Usage() = %+v, %v; want the usage chunk's", u, exact)
+				}
+			})
+		}
+	}
+}
+
+// pausedBody returns its data, then has nothing more to give for now
+// (0, nil), as a stream waiting for its next event.
+type pausedBody struct{ data []byte }
+
+func (b *pausedBody) Read(p []byte) (int, error) {
+	n := copy(p, b.data)
+	b.data = b.data[n:]
+	return n, nil
+}
+
+// TestWaitingStrippedStreamHoldsNoReadBuffer: a stream whose usage chunk
+// is stripped holds no buffer of its own while it waits for its next
+// event: the bytes it read went to the caller's buffer, and only what it
+// must keep of the stream (a split event, the scanner's state) stays.
+func TestWaitingStrippedStreamHoldsNoReadBuffer(t *testing.T) {
+	in, _ := strippedStream(40)
+	first := in[:bytes.Index(in, []byte("wörd wörd wörd wörd wörd wörd wörd wörd wörd wörd "))]
+	const streams = 256
+	heap := func() uint64 {
+		runtime.GC()
+		runtime.GC() // and what sync.Pool kept past the first
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return ms.HeapAlloc
+	}
+	buf := make([]byte, 32<<10) // the caller's, as a proxy copies with
+	meters := make([]*Meter, streams)
+	before := heap()
+	for i := range meters {
+		m, err := NewMeter(io.NopCloser(&pausedBody{data: first}), nil, MeterOptions{Format: OpenAIChat, SSE: true, StripUsageChunk: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		read := 0
+		for {
+			n, err := m.Read(buf)
+			if err != nil {
+				t.Fatalf("Read: %v", err)
+			}
+			if n == 0 {
+				break
+			}
+			read += n
+		}
+		if read == 0 {
+			t.Fatal("no event read")
+		}
+		meters[i] = m
+	}
+	per := float64(heap()-before) / streams
+	runtime.KeepAlive(meters)
+	if per > 8<<10 {
+		t.Fatalf("a waiting stream holds %.0f bytes; want at most 8 KiB", per)
+	}
+	t.Logf("a waiting stream holds %.0f bytes", per)
+}
+
+// TestMeterParsesIntoPooledTrees: the tree a meter parses an event or a
+// plain response into comes from a pool and goes back to it, so metering
+// a response grows no new tree (a growing tree is several allocations per
+// response), and a stream keeps none between its events.
+func TestMeterParsesIntoPooledTrees(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector's sync.Pool drops items at random")
+	}
+	check := fastPathCheck // the check parses into a new Doc
+	fastPathCheck = nil
+	defer func() { fastPathCheck = check }()
+	body := []byte(`{"id":"chatcmpl-1","object":"chat.completion","created":1755137933,"model":"gpt-4o-mini","choices":[{"index":0,"message":{"role":"assistant","content":"Hello! How can I help you today?","refusal":null},"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":9,"total_tokens":21}}`)
+	buf := make([]byte, 32<<10)
+	meter := func() {
+		r := bytes.NewReader(body)                                                 // 1 allocation, and 1 for its NopCloser
+		m, err := NewMeter(io.NopCloser(r), nil, MeterOptions{Format: OpenAIChat}) // 1
+		if err != nil {
+			t.Fatal(err)
+		}
+		for { // 1: the document, kept until it is complete
+			if _, err := m.Read(buf); err == io.EOF {
+				break
+			} else if err != nil {
+				t.Fatal(err)
+			}
+		}
+		if u, exact := m.Usage(); !exact || u.Output != 9 {
+			t.Fatalf("Usage() = %+v, %v", u, exact)
+		}
+	}
+	meter()
+	if n := testing.AllocsPerRun(100, meter); n > 4 {
+		t.Errorf("metering a plain response allocates %v times; want at most 4", n)
+	}
+}
+
+// TestStrippedStreamKeepsAllButTheUsageChunk: streams of text deltas,
+// comments, usage chunks and [DONE] with line ends of every kind, their
+// blocks split between the body's reads at every boundary (reads of one
+// byte to several KiB) and read into buffers smaller and larger than a
+// block, pass whole but for the usage chunks; a body that fails midway
+// gives the bytes before the failure, then its error.
+func TestStrippedStreamKeepsAllButTheUsageChunk(t *testing.T) {
+	for _, body := range []int{1, 3, 16, 700, 4096, 9000} {
+		for _, caller := range []int{1, 5, 64, 2 << 10, 5000, 40 << 10} {
+			for _, fails := range []bool{false, true} {
+				t.Run(fmt.Sprintf("body-%d/caller-%d/fails-%v", body, caller, fails), func(t *testing.T) {
+					for seed := range int64(15) {
+						checkStrippedStream(t, seed, body, caller, fails)
+					}
+				})
+			}
+		}
+	}
+}
+
+// TestConcurrentMetersKeepTheirOwnParses: meters reading at once, each
+// parsing its events into trees taken from the shared pool and given back
+// after each event, each record their own response's ID, model and
+// finish reason and their own usage: no tree is read after it went back.
+func TestConcurrentMetersKeepTheirOwnParses(t *testing.T) {
+	const meters, events = 8, 200
+	var wg sync.WaitGroup
+	errs := make(chan error, meters)
+	for k := range meters {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			id, model := fmt.Sprintf("chatcmpl-%d", k), fmt.Sprintf("model-%d", k)
+			var b bytes.Buffer
+			for i := range events { // each event of a shape of its own: every one is parsed in full
+				fmt.Fprintf(&b, `data: {"id":%q,"model":%q,"choices":[{"index":0,"delta":{"content":"x"},"finish_reason":null}],"n%d":%d}`+"\n\n", id, model, i, i)
+			}
+			fmt.Fprintf(&b, `data: {"id":%q,"model":%q,"choices":[{"index":0,"delta":{},"finish_reason":"stop-%d"}]}`+"\n\n", id, model, k)
+			fmt.Fprintf(&b, `data: {"id":%q,"choices":[],"usage":{"prompt_tokens":%d,"completion_tokens":%d}}`+"\n\ndata: [DONE]\n\n", id, 10+k, 100+k)
+			m, err := NewMeter(io.NopCloser(&chunker{b.Bytes(), rand.New(rand.NewSource(int64(k))), 300}), nil,
+				MeterOptions{Format: OpenAIChat, SSE: true, StripUsageChunk: k%2 == 0, RecordResponse: true})
+			if err != nil {
+				errs <- err
+				return
+			}
+			if _, err := io.Copy(io.Discard, m); err != nil {
+				errs <- err
+				return
+			}
+			r := m.Response()
+			u, exact := m.Usage()
+			if r.ID != id || r.Model != model || len(r.FinishReasons) != 1 || r.FinishReasons[0] != fmt.Sprintf("stop-%d", k) ||
+				!exact || u.Input != int64(10+k) || u.Output != int64(100+k) {
+				errs <- fmt.Errorf("meter %d: Response() = %+v, Usage() = %+v, %v", k, r, u, exact)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
 	}
 }

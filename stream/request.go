@@ -284,7 +284,8 @@ func parse(f Format, body []byte, route string) (*Call, error) {
 	return c, nil
 }
 
-// docs keeps parsed documents' storage for the next body.
+// docs keeps parsed documents' storage for the next body, and for the
+// next event or response a Meter parses.
 var docs = sync.Pool{New: func() any { return new(jsondom.Doc) }}
 
 func getDoc() *jsondom.Doc { return docs.Get().(*jsondom.Doc) }

@@ -111,29 +111,62 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 
-	out := req.Clone(req.Context())
+	// out is what goes to the base transport: req itself, unless the
+	// transport must change something, which it changes in a copy: of the
+	// request alone for its body (as WithContext copies it), of its
+	// headers too for a header.
+	out := req
+	copied, ownHeader := false, false
+	own := func(header bool) {
+		if !copied {
+			c := *req
+			out, copied = &c, true
+		}
+		if header && !ownHeader {
+			out.Header, ownHeader = req.Header.Clone(), true
+		}
+	}
+	// fail closes req.Body, as a RoundTripper must on every error, unless
+	// ReadRequest read and closed it already.
+	bodyOpen := true
+	fail := func(err error) (*http.Response, error) {
+		if bodyOpen {
+			req.Body.Close()
+		}
+		return nil, err
+	}
 	call := callOf(req.Context())
 	if call == nil {
+		own(false)
 		var err error
-		if call, err = ReadRequest(out, t.MaxBodyBytes); err != nil { // closes req.Body
+		call, err = ReadRequest(out, t.MaxBodyBytes) // closes req.Body
+		bodyOpen = false
+		if err != nil {
 			return nil, err
 		}
 	}
 	strip := false
 	if call.Format == OpenAIChat && call.Stream && !call.IncludeUsage && !t.KeepStreamOptions {
-		body, err := out.GetBody()
-		if err != nil {
-			return nil, err
-		}
-		raw, err := io.ReadAll(body)
-		if err != nil {
-			return nil, err
+		raw := call.body // the request's body, as ReadRequest read it
+		if raw == nil {
+			body, err := out.GetBody()
+			if err != nil {
+				return fail(err)
+			}
+			if raw, err = io.ReadAll(body); err != nil {
+				return fail(err)
+			}
 		}
 		withUsage, err := addIncludeUsage(raw)
 		if err != nil {
-			return nil, err
+			return fail(err)
 		}
+		own(false)
 		setBody(out, withUsage)
+		if bodyOpen { // what is sent is the new body: the caller's is done with
+			req.Body.Close()
+			bodyOpen = false
+		}
 		strip = true
 	}
 
@@ -143,14 +176,17 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	// Let the base transport negotiate compression and decompress, so the
 	// meter reads the body as the caller will.
-	out.Header.Del("Accept-Encoding")
+	if _, ok := out.Header["Accept-Encoding"]; ok {
+		own(true)
+		out.Header.Del("Accept-Encoding")
+	}
 	acquire := t.Acquire
 	if acquire == nil {
 		acquire = t.Bulkhead.Acquire
 	}
 	permit, err := acquire(req.Context(), &call.Request, opts...)
 	if err != nil {
-		return nil, err
+		return fail(err)
 	}
 	resp, err := sendReleasing(base, out, permit)
 	feedback(permit, resp, err)

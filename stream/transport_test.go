@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -176,6 +177,41 @@ func TestTransportRejection(t *testing.T) {
 	}
 }
 
+// TestTransportClosesTheBodyOfARejectedCallItWasGiven: a call read before
+// RoundTrip (WithCall) and then rejected still has its request body
+// closed, as a RoundTripper must on every error.
+func TestTransportClosesTheBodyOfARejectedCallItWasGiven(t *testing.T) {
+	b, err := bulkhead.New(bulkhead.Interactive("gpt-4o", 0)) // no slot
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Shutdown(context.Background())
+	up := &fakeUpstream{answer: respond(200, "application/json", `{}`)}
+	for _, stream := range []bool{false, true} {
+		body := chatBody
+		if stream {
+			body = `{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+		}
+		req, _ := http.NewRequest(http.MethodPost, "http://provider.test/v1/chat/completions", strings.NewReader(body))
+		call, err := ReadRequest(req, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		counter := &closeCounter{Reader: strings.NewReader(body)}
+		req.Body = counter
+		req = req.WithContext(WithCall(req.Context(), call))
+		if _, err := (&Transport{Bulkhead: b, Base: up}).RoundTrip(req); !errors.Is(err, bulkhead.ErrConcurrencyLimit) {
+			t.Fatalf("stream %v: err = %v, want a concurrency_limit rejection", stream, err)
+		}
+		if counter.closes != 1 {
+			t.Errorf("stream %v: request body closed %d times, want 1", stream, counter.closes)
+		}
+	}
+	if up.count() != 0 {
+		t.Error("a rejected call was sent upstream")
+	}
+}
+
 func TestTransportErrors(t *testing.T) {
 	ev := &events{}
 	b := newBudgetBulkhead(t, ev)
@@ -336,5 +372,160 @@ func TestTransportAdmitsThroughItsAcquire(t *testing.T) {
 	checkSettled(t, b, releases, bulkhead.Usage{Input: 12, Output: 3})
 	if calls != 1 || releases[0].Tag != "t-2" {
 		t.Errorf("Acquire called %d times, release %v; want once, tag t-2", calls, releases[0])
+	}
+}
+
+// TestTransportChangesOnlyItsOwnCopy: a call whose request the transport
+// must change (an Accept-Encoding to drop, include_usage to add) goes out
+// as a copy and leaves the caller's request as it was; one it has nothing
+// to change in (a proxy that read the body already, with WithCall, and
+// left compression to the base transport) goes out as it is, without a
+// copy of the request and its headers, which a streamed call holds for as
+// long as it lasts.
+func TestTransportChangesOnlyItsOwnCopy(t *testing.T) {
+	b := newBudgetBulkhead(t, nil)
+	streamed := `{"model":"gpt-4o","max_tokens":200,"stream":true,"messages":[{"role":"user","content":"hi"}]}`
+	cases := []struct {
+		name, body, encoding string
+		same                 bool
+	}{
+		{"nothing to change", chatBody, "", true},
+		{"accept-encoding", chatBody, "gzip", false},
+		{"include_usage", streamed, "", false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			up := &fakeUpstream{answer: respond(200, "application/json",
+				`{"id":"c","object":"chat.completion","choices":[],"usage":{"prompt_tokens":12,"completion_tokens":3}}`)}
+			tr := &Transport{Bulkhead: b, Base: up}
+			req, err := http.NewRequest(http.MethodPost, "http://provider.test/v1/chat/completions", strings.NewReader(tc.body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.encoding != "" {
+				req.Header.Set("Accept-Encoding", tc.encoding)
+			}
+			call, err := ReadRequest(req, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			req = req.WithContext(WithCall(req.Context(), call))
+			header, body := req.Header.Clone(), req.Body
+			resp, err := tr.RoundTrip(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if sent := up.sent[0]; (sent == req) != tc.same {
+				t.Errorf("sent the caller's request itself: %v, want %v", sent == req, tc.same)
+			}
+			if !equalHeaders(req.Header, header) || req.Body != body {
+				t.Errorf("the caller's request changed: %v", req.Header)
+			}
+			if ae := up.sent[0].Header.Get("Accept-Encoding"); ae != "" {
+				t.Errorf("sent Accept-Encoding %q", ae)
+			}
+			if want := tc.body != streamed; strings.Contains(string(up.bodies[0]), "include_usage") == want {
+				t.Errorf("sent %s", up.bodies[0])
+			}
+		})
+	}
+}
+
+func equalHeaders(a, b http.Header) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if strings.Join(v, "\x00") != strings.Join(b[k], "\x00") {
+			return false
+		}
+	}
+	return true
+}
+
+// rereadingUpstream reads the body of each request it is sent, then reads
+// it again through GetBody, as http.Transport does to retry a request on a
+// fresh connection, and answers a plain chat completion.
+type rereadingUpstream struct {
+	sent          *http.Request
+	body, reread  []byte
+	contentLength int64
+	getBodyErr    error
+}
+
+func (u *rereadingUpstream) RoundTrip(r *http.Request) (*http.Response, error) {
+	u.sent, u.contentLength = r, r.ContentLength
+	u.body, _ = io.ReadAll(r.Body)
+	r.Body.Close()
+	if r.GetBody == nil {
+		u.getBodyErr = errors.New("no GetBody")
+	} else if b, err := r.GetBody(); err != nil {
+		u.getBodyErr = err
+	} else {
+		u.reread, _ = io.ReadAll(b)
+	}
+	return respond(200, "application/json",
+		`{"id":"c","object":"chat.completion","choices":[],"usage":{"prompt_tokens":12,"completion_tokens":3}}`)(r)
+}
+
+// TestTransportSendsARequestItCanSendAgain: whatever the transport changes
+// in a request (nothing, its Accept-Encoding, include_usage in its body),
+// and whether or not the call was read before (WithCall), the request it
+// sends has a body that GetBody gives again, byte for byte, of the length
+// it declares, and the caller's request keeps its headers, body, GetBody
+// and length.
+func TestTransportSendsARequestItCanSendAgain(t *testing.T) {
+	b := newBudgetBulkhead(t, nil)
+	streamed := `{"model":"gpt-4o","max_tokens":200,"stream":true,"messages":[{"role":"user","content":"hi"}]}`
+	for _, body := range []string{chatBody, streamed} {
+		for _, encoding := range []string{"", "gzip"} {
+			for _, withCall := range []bool{false, true} {
+				name := fmt.Sprintf("stream-%v/encoding-%q/with-call-%v", body == streamed, encoding, withCall)
+				t.Run(name, func(t *testing.T) {
+					req, err := http.NewRequest(http.MethodPost, "http://provider.test/v1/chat/completions", strings.NewReader(body))
+					if err != nil {
+						t.Fatal(err)
+					}
+					if encoding != "" {
+						req.Header.Set("Accept-Encoding", encoding)
+					}
+					if withCall {
+						call, err := ReadRequest(req, 0)
+						if err != nil {
+							t.Fatal(err)
+						}
+						req = req.WithContext(WithCall(req.Context(), call))
+					}
+					orig, callersGetBody := req.GetBody, false
+					req.GetBody = func() (io.ReadCloser, error) { callersGetBody = true; return orig() }
+					header, reqBody, length := req.Header.Clone(), req.Body, req.ContentLength
+					up := &rereadingUpstream{}
+					resp, err := (&Transport{Bulkhead: b, Base: up}).RoundTrip(req)
+					if err != nil {
+						t.Fatal(err)
+					}
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if up.getBodyErr != nil || !bytes.Equal(up.body, up.reread) || int64(len(up.body)) != up.contentLength {
+						t.Errorf("sent %q (ContentLength %d); GetBody gave %q, %v", up.body, up.contentLength, up.reread, up.getBodyErr)
+					}
+					if want := body == streamed; bytes.Contains(up.body, []byte(`"include_usage":true`)) != want {
+						t.Errorf("sent %s", up.body)
+					}
+					if ae := up.sent.Header.Get("Accept-Encoding"); ae != "" {
+						t.Errorf("sent Accept-Encoding %q", ae)
+					}
+					callersGetBody = false
+					if _, err := req.GetBody(); err != nil || !callersGetBody {
+						t.Errorf("the caller's GetBody was replaced")
+					}
+					if !equalHeaders(req.Header, header) || req.Body != reqBody || req.ContentLength != length {
+						t.Errorf("the caller's request changed: header %v, body %v, length %d", req.Header, req.Body != reqBody, req.ContentLength)
+					}
+				})
+			}
+		}
 	}
 }

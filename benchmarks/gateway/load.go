@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"sort"
 	"strconv"
@@ -303,4 +304,117 @@ func ms(d time.Duration) string {
 		return "∞"
 	}
 	return fmt.Sprintf("%.2f", float64(d)/float64(time.Millisecond))
+}
+
+// held is what the load generator saw of one held stream.
+type held struct {
+	lats   []int32 // the trip of each stamped event, from its stamp to its arrival, in microseconds
+	status int
+	done   bool  // read to its end
+	err    error // what ended it early
+}
+
+// hold sends one streamed call on a connection of its own and reads its
+// answer to its end, timing each stamped event (see stampedDelta): from
+// the time the upstream wrote it to the time the chunk that completes it
+// was read. lats is appended to.
+func (t *target) hold(deadline time.Time, lats []int32) held {
+	h := held{lats: lats}
+	nc, err := net.DialTimeout("tcp", t.addr, callTimeout)
+	if err != nil {
+		h.err = err
+		return h
+	}
+	defer nc.Close()
+	if err := nc.SetDeadline(deadline); err != nil {
+		h.err = err
+		return h
+	}
+	if _, err := nc.Write(t.req); err != nil {
+		h.err = err
+		return h
+	}
+	r := bufio.NewReaderSize(nc, 4<<10)
+	line, err := r.ReadSlice('\n')
+	if err != nil {
+		h.err = err
+		return h
+	}
+	if len(line) < 12 || !bytes.HasPrefix(line, []byte("HTTP/1.1 ")) {
+		h.err = errBadResponse
+		return h
+	}
+	h.status, _ = strconv.Atoi(string(line[9:12]))
+	chunked := false
+	for {
+		line, err := r.ReadSlice('\n')
+		if err != nil {
+			h.err = err
+			return h
+		}
+		line = bytes.TrimRight(line, "\r\n")
+		if len(line) == 0 {
+			break
+		}
+		if name, value, ok := bytes.Cut(line, []byte(":")); ok && headerIs(name, "transfer-encoding") {
+			chunked = bytes.EqualFold(bytes.TrimSpace(value), []byte("chunked"))
+		}
+	}
+	if h.status != 200 || !chunked {
+		h.err = fmt.Errorf("status %d, chunked %v", h.status, chunked)
+		return h
+	}
+	var pending []byte // the bytes of the event being read
+	for {
+		line, err := r.ReadSlice('\n')
+		if err != nil {
+			h.err = err
+			return h
+		}
+		size, _, _ := bytes.Cut(bytes.TrimRight(line, "\r\n"), []byte(";"))
+		n, err := strconv.ParseInt(string(size), 16, 64)
+		if err != nil || n < 0 {
+			h.err = errBadResponse
+			return h
+		}
+		if n == 0 { // the last chunk: trailers, then a blank line
+			for {
+				line, err := r.ReadSlice('\n')
+				if err != nil {
+					h.err = err
+					return h
+				}
+				if len(bytes.TrimRight(line, "\r\n")) == 0 {
+					h.done = true
+					return h
+				}
+			}
+		}
+		start := len(pending)
+		pending = append(pending, make([]byte, n)...)
+		if _, err := io.ReadFull(r, pending[start:]); err != nil {
+			h.err = err
+			return h
+		}
+		if _, err := r.Discard(2); err != nil {
+			h.err = err
+			return h
+		}
+		now := time.Now().UnixNano()
+		for {
+			end := bytes.Index(pending, []byte("\n\n"))
+			if end < 0 {
+				break
+			}
+			if i := bytes.Index(pending[:end], []byte(stampMark)); i >= 0 {
+				digits := pending[i+len(stampMark) : end]
+				if j := bytes.IndexByte(digits, '"'); j > 0 {
+					if stamp, err := strconv.ParseInt(string(digits[:j]), 10, 64); err == nil {
+						h.lats = append(h.lats, int32(min((now-stamp)/1e3, 1<<31-1)))
+					}
+				}
+			}
+			pending = pending[:copy(pending, pending[end+2:])]
+		}
+	}
 }

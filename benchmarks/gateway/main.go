@@ -19,7 +19,19 @@
 //     per call, up to the rate where the p99 of all calls first exceeds
 //     100 ms (a call that is not served counts as slower than any), then
 //     twice and four times that rate; it prints goodput (calls served per
-//     second) and the p99 of the served calls.
+//     second) and the p99 of the served calls;
+//   - held (not run by default): -held-streams streams held open at once,
+//     each lasting -held-dur with an event every -held-gap (the fake
+//     upstream's slow drip, each event stamped with the time it was
+//     written), against fresh processes with room for them: each event's
+//     trip and what each proxy adds to it over the same streams sent
+//     direct, the proxy's CPU per 1,000 events (in a window with nothing
+//     but the events), its peak memory per held stream over its idle
+//     memory, and short calls at -held-rate beside the held streams
+//     against the same calls with no stream held. -pprof runs the gateway
+//     in this benchmark's binary, with a profiling endpoint, and saves its
+//     heap and goroutine profiles at the held load; -gateway-env sets
+//     GOMEMLIMIT or GOGC for it.
 //
 // The machine is shared: compare the figures of one run, as ratios.
 package main
@@ -31,6 +43,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -63,9 +76,22 @@ type options struct {
 	perf               string
 	modes              []string
 	keep, goproxy      bool
+
+	heldStreams int           // streams held at once in the held phase
+	heldDur     time.Duration // the length of one held stream
+	heldGap     time.Duration // the time between two of its events
+	heldRamp    time.Duration // the time over which the streams are opened
+	heldRate    float64       // short calls per second beside the held streams
+	heldRounds  int
+	pprof       string   // a directory for the in-process gateway's profiles at the held load
+	gatewayEnv  []string // KEY=VALUE pairs added to the gateway's environment (GOMEMLIMIT, GOGC)
 }
 
 func main() {
+	if len(os.Args) > 3 && os.Args[1] == "gateway-inproc" {
+		fmt.Fprintln(os.Stderr, serveGatewayInProcess(os.Args[2], os.Args[3]))
+		os.Exit(1)
+	}
 	if len(os.Args) > 2 && (os.Args[1] == "upstream" || os.Args[1] == "goproxy") {
 		ln, err := net.Listen("tcp", os.Args[2])
 		if err != nil {
@@ -75,6 +101,9 @@ func main() {
 		if os.Args[1] == "upstream" {
 			err = serveUpstream(ln)
 		} else {
+			if len(os.Args) > 4 { // with a profiling endpoint
+				servePprof(os.Args[4])
+			}
 			err = serveGoProxy(ln, os.Args[3])
 		}
 		fmt.Fprintln(os.Stderr, err)
@@ -96,13 +125,24 @@ func main() {
 	flag.Float64Var(&o.factor, "sweep-factor", 1.25, "the ratio of two rates of the sweep")
 	flag.Float64Var(&o.sweepMax, "sweep-max", 12000, "the highest rate of the sweep")
 	flag.Float64Var(&o.knee, "knee", 0, "skip the sweep: run 1x, 2x and 4x this rate for every proxy")
-	phases := flag.String("phases", "latency,shed,overload", "the phases to run")
+	flag.IntVar(&o.heldStreams, "held-streams", 2000, "streams held open at once in the held phase")
+	flag.DurationVar(&o.heldDur, "held-dur", 20*time.Second, "the length of one held stream")
+	flag.DurationVar(&o.heldGap, "held-gap", 50*time.Millisecond, "the time between two events of a held stream")
+	flag.DurationVar(&o.heldRamp, "held-ramp", 2*time.Second, "the time over which the held streams are opened")
+	flag.Float64Var(&o.heldRate, "held-rate", 200, "short calls per second sent beside the held streams (and with none held, to compare)")
+	flag.IntVar(&o.heldRounds, "held-rounds", 2, "rounds of each target in the held phase")
+	flag.StringVar(&o.pprof, "pprof", "", "run the gateway in this benchmark's process (the same code, built from this checkout), and it and the bare Go proxy with a profiling endpoint; write the gateway's CPU, heap and goroutine profiles at the held load into this directory")
+	gatewayEnv := flag.String("gateway-env", "", "environment variables for the gateway (not the baseline), such as GOMEMLIMIT=128MiB, separated by commas")
+	phases := flag.String("phases", "latency,shed,overload", "the phases to run (latency, shed, overload, held)")
 	flag.StringVar(&o.perf, "perf", "", "record the gateway with perf (perf record -g) into this file, over every phase")
 	modes := flag.String("modes", "plain,streamed", "the kinds of call to measure")
 	flag.BoolVar(&o.goproxy, "goproxy", false, "measure a bare httputil.ReverseProxy too (the floor of a Go proxy)")
 	flag.BoolVar(&o.keep, "keep", false, "keep the working directory (configurations, logs)")
 	flag.Parse()
 	o.modes = strings.Split(*modes, ",")
+	if *gatewayEnv != "" {
+		o.gatewayEnv = strings.Split(*gatewayEnv, ",")
+	}
 	o.phases = map[string]bool{}
 	for _, p := range strings.Split(*phases, ",") {
 		o.phases[p] = true
@@ -145,25 +185,82 @@ func run(o options) error {
 	} else {
 		defer os.RemoveAll(dir)
 	}
-	b := &bench{o: o, dir: dir, procs: map[string]*proc{}, addrs: map[string]string{}}
+	b := &bench{o: o, dir: dir}
 	b.upstream = freePort()
-	up, err := launch("upstream", dir, b.upstream, false, os.Args[0], "upstream", b.upstream)
+	up, err := launch("upstream", dir, b.upstream, false, nil, os.Args[0], "upstream", b.upstream)
 	if err != nil {
 		return err
 	}
 	defer up.stop()
 	b.up = up
-	b.names = append(b.names, "direct")
-	b.addrs["direct"] = b.upstream
-	defer func() {
-		for _, p := range b.procs {
-			p.stop()
+	fmt.Printf("%d CPUs; load average %s at the start\n", runtime.NumCPU(), loadAverage())
+	defer func() { fmt.Printf("\nload average %s at the end\n", loadAverage()) }()
+	if o.phases["latency"] || o.phases["shed"] || o.phases["overload"] {
+		if err := b.start(dir, o.limit); err != nil {
+			b.stopAll()
+			return err
 		}
-	}()
+		fmt.Printf("limit %d calls at once (gateway queue %d); request log %s; rounds of %v\n", o.limit, o.queue, o.logMode, o.dur)
+		stopPerf, err := b.perf(o.perf)
+		if err != nil {
+			b.stopAll()
+			return err
+		}
+		served := map[string]float64{}
+		if o.phases["latency"] {
+			served = b.latency()
+		}
+		if o.phases["shed"] {
+			b.shedCost(served)
+		}
+		if o.phases["overload"] {
+			b.overload()
+		}
+		stopPerf()
+		b.stopAll()
+	}
+	if o.phases["held"] {
+		// Fresh processes, with room for the held streams and the short
+		// calls beside them: their idle memory is the baseline.
+		hdir := filepath.Join(dir, "held")
+		if err := os.Mkdir(hdir, 0o700); err != nil {
+			return err
+		}
+		hb := &bench{o: o, dir: hdir, upstream: b.upstream, up: b.up}
+		defer hb.stopAll()
+		if err := hb.start(hdir, o.heldStreams+heldMargin); err != nil {
+			return err
+		}
+		perfFile := o.perf
+		if perfFile != "" && b.procs != nil {
+			perfFile += ".held"
+		}
+		stopPerf, err := hb.perf(perfFile)
+		if err != nil {
+			return err
+		}
+		defer stopPerf()
+		if err := hb.held(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// heldMargin is the room the held phase's proxies have beyond the held
+// streams, for the short calls sent beside them.
+const heldMargin = 1024
+
+// start launches the proxies, with their files in dir, each letting limit
+// calls through at once (nginx's limit_conn, the gateways' bulkhead).
+func (b *bench) start(dir string, limit int) error {
+	o := b.o
+	b.procs, b.addrs = map[string]*proc{}, map[string]string{"direct": b.upstream}
+	b.names = []string{"direct"}
 	if o.nginx == "" {
 		fmt.Println("nginx is not installed (apt-get install nginx): the nginx floor is skipped")
 	} else {
-		p, addr, err := startNginx(o.nginx, dir, b.upstream, o.limit, o.logMode != "none")
+		p, addr, err := startNginx(o.nginx, dir, b.upstream, limit, o.logMode != "none")
 		if err != nil {
 			return err
 		}
@@ -171,9 +268,18 @@ func run(o options) error {
 	}
 	if o.goproxy {
 		addr := freePort()
-		p, err := launch("goproxy", dir, addr, false, os.Args[0], "goproxy", addr, b.upstream)
+		args := []string{"goproxy", addr, b.upstream}
+		pprof := ""
+		if o.pprof != "" {
+			pprof = freePort()
+			args = append(args, pprof)
+		}
+		p, err := launch("goproxy", dir, addr, false, nil, os.Args[0], args...)
 		if err != nil {
 			return err
+		}
+		if p.pprof = pprof; pprof != "" {
+			fmt.Printf("goproxy: profiling endpoint http://%s/debug/pprof/\n", pprof)
 		}
 		b.add("goproxy", p, addr)
 	}
@@ -181,37 +287,59 @@ func run(o options) error {
 		if g.bin == "" {
 			continue // no -baseline
 		}
-		p, addr, err := startGateway(g.name, g.bin, dir, b.upstream, o.limit, o.queue, o.logMode)
+		bin := g.bin
+		if g.name == "gateway" && o.pprof != "" {
+			bin = "" // in this process's binary, with a profiling endpoint (see serveGatewayInProcess)
+		}
+		var env []string
+		if g.name == "gateway" {
+			env = o.gatewayEnv
+		}
+		p, addr, err := startGateway(g.name, bin, dir, b.upstream, limit, o.queue, o.logMode, env)
 		if err != nil {
 			return err
 		}
 		b.add(g.name, p, addr)
 	}
-
-	fmt.Printf("%d CPUs; limit %d calls at once (gateway queue %d); request log %s; rounds of %v\n",
-		runtime.NumCPU(), o.limit, o.queue, o.logMode, o.dur)
-	if o.perf != "" {
-		perf := exec.Command("perf", "record", "-F", "499", "-g", "-o", o.perf, "-p", strconv.Itoa(b.procs["gateway"].cmd.Process.Pid))
-		perf.Stdout, perf.Stderr = io.Discard, io.Discard
-		if err := perf.Start(); err != nil {
-			return fmt.Errorf("perf: %w", err)
-		}
-		defer func() {
-			_ = perf.Process.Signal(syscall.SIGINT)
-			_ = perf.Wait()
-		}()
-	}
-	served := map[string]float64{}
-	if o.phases["latency"] {
-		served = b.latency()
-	}
-	if o.phases["shed"] {
-		b.shedCost(served)
-	}
-	if o.phases["overload"] {
-		b.overload()
-	}
 	return nil
+}
+
+// stopAll stops the proxies start launched.
+func (b *bench) stopAll() {
+	for _, p := range b.procs {
+		p.stop()
+	}
+	b.procs = nil
+}
+
+// perf records the gateway with perf into file, until the returned func
+// is called; nothing for an empty file.
+func (b *bench) perf(file string) (stop func(), err error) {
+	if file == "" {
+		return func() {}, nil
+	}
+	perf := exec.Command("perf", "record", "-F", "499", "-g", "-o", file, "-p", strconv.Itoa(b.procs["gateway"].cmd.Process.Pid))
+	perf.Stdout, perf.Stderr = io.Discard, io.Discard
+	if err := perf.Start(); err != nil {
+		return nil, fmt.Errorf("perf: %w", err)
+	}
+	return func() {
+		_ = perf.Process.Signal(syscall.SIGINT)
+		_ = perf.Wait()
+	}, nil
+}
+
+// loadAverage is the machine's load average over 1, 5 and 15 minutes.
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
 }
 
 // measured is the results of one target's rounds, with its processes'
@@ -334,7 +462,7 @@ func (b *bench) latency() map[string]float64 {
 		}
 	}
 	tw.Flush()
-	for _, other := range []string{"nginx", "baseline"} {
+	for _, other := range []string{"nginx", "goproxy", "baseline"} {
 		if _, ok := b.procs[other]; !ok {
 			continue
 		}

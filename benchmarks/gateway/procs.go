@@ -26,6 +26,9 @@ type proc struct {
 	// pids lists the processes whose CPU and memory count: the process,
 	// and for nginx its workers.
 	pids func() []int
+	// pprof is the address of the process's profiling endpoint, if it
+	// has one.
+	pprof string
 }
 
 // usage is what /proc says of a proc's processes: CPU time (user and
@@ -99,6 +102,15 @@ func machineCPU() (busy, total float64) {
 		}
 	}
 	return busy, total
+}
+
+// rss is the resident set size of the proc's processes now.
+func (p *proc) rss() int64 {
+	var n int64
+	for _, pid := range p.pids() {
+		n += statusKB(pid, "VmRSS:") << 10
+	}
+	return n
 }
 
 // statusKB reads a "kB" line of /proc/<pid>/status.
@@ -204,21 +216,32 @@ routes:
 
 // startGateway runs the gateway command bin, as target name, with a
 // configuration for the upstream; its output (the request log) goes to
-// dir/<name>.out.
-func startGateway(name, bin, dir, upstream string, limit, queue int, logMode string) (*proc, string, error) {
+// dir/<name>.out, with env in its environment. An empty bin runs the gateway in this benchmark's
+// binary, with a profiling endpoint (see serveGatewayInProcess).
+func startGateway(name, bin, dir, upstream string, limit, queue int, logMode string, env []string) (*proc, string, error) {
 	addr := freePort()
 	cfg := filepath.Join(dir, name+".yaml")
 	if err := os.WriteFile(cfg, []byte(gatewayConfig(addr, upstream, limit, queue, logMode)), 0o600); err != nil {
 		return nil, "", err
 	}
-	p, err := launch(name, dir, addr, false, bin, "gateway", "-config", cfg)
+	if bin == "" {
+		pprof := freePort()
+		p, err := launch(name, dir, addr, false, env, os.Args[0], "gateway-inproc", cfg, pprof)
+		if p != nil {
+			p.pprof = pprof
+			fmt.Printf("%s: in process, profiling endpoint http://%s/debug/pprof/\n", name, pprof)
+		}
+		return p, addr, err
+	}
+	p, err := launch(name, dir, addr, false, env, bin, "gateway", "-config", cfg)
 	return p, addr, err
 }
 
-// launch starts bin with args, its output in dir/<name>.out, and waits
+// launch starts bin with args (and env added to this process's
+// environment), its output in dir/<name>.out, and waits
 // until it listens on addr. The proc counts the process, and its children
 // too when withChildren is set (nginx's workers).
-func launch(name, dir, addr string, withChildren bool, bin string, args ...string) (*proc, error) {
+func launch(name, dir, addr string, withChildren bool, env []string, bin string, args ...string) (*proc, error) {
 	out, err := os.Create(filepath.Join(dir, name+".out"))
 	if err != nil {
 		return nil, err
@@ -226,6 +249,9 @@ func launch(name, dir, addr string, withChildren bool, bin string, args ...strin
 	defer out.Close() // the process has its own
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = out, out
+	if len(env) > 0 {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
@@ -257,6 +283,7 @@ func nginxConfig(dir, listen, upstream string, limit int, log bool) string {
 	}
 	return fmt.Sprintf(`%[6]s
 worker_processes 2;
+worker_rlimit_nofile 65536;
 daemon off;
 pid %[1]s/nginx.pid;
 error_log %[1]s/nginx.error.log warn;
@@ -349,6 +376,6 @@ func startNginx(bin, dir, upstream string, limit int, log bool) (*proc, string, 
 	if err := os.WriteFile(cfg, []byte(nginxConfig(dir, addr, upstream, limit, log)), 0o600); err != nil {
 		return nil, "", err
 	}
-	p, err := launch("nginx", dir, addr, true, bin, "-c", cfg, "-p", dir, "-e", filepath.Join(dir, "nginx.error.log"))
+	p, err := launch("nginx", dir, addr, true, nil, bin, "-c", cfg, "-p", dir, "-e", filepath.Join(dir, "nginx.error.log"))
 	return p, addr, err
 }

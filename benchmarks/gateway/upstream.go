@@ -21,6 +21,12 @@ import (
 //	X-Bench-Events    the streamed answer's text deltas (default 10)
 //	X-Bench-Gap-Us    the wait between two events (default 0: each is
 //	                  still written, and flushed, on its own)
+//	X-Bench-Stamp     with any value, the slow drip of a held stream: the
+//	                  deltas are due every gap from the first event, on a
+//	                  schedule that does not drift, and each carries the
+//	                  wall-clock time it was written, in nanoseconds, as
+//	                  its obfuscation string (see stampedDelta), for the
+//	                  load generator to time its trip
 //
 // A body with "stream":true gets a text/event-stream of chat chunks, each
 // in its own HTTP chunk, with the usage chunk when the body asks for
@@ -63,6 +69,25 @@ var (
 	usageEvent  = chunk(`data: {"id":"chatcmpl-bench","object":"chat.completion.chunk","created":1755137933,"model":"gpt-4o-mini-2024-07-18","choices":[],` +
 		`"usage":{"prompt_tokens":12,"completion_tokens":11,"total_tokens":23}}` + "\n\n")
 	doneEvent = chunk("data: [DONE]\n\n")
+)
+
+// stampedDelta appends to b a delta event, framed as one chunk, whose
+// obfuscation string is t in Unix nanoseconds (19 digits until 2286).
+func stampedDelta(b []byte, t time.Time) []byte {
+	var e [len(stampedPrefix) + 19 + len(stampedSuffix)]byte
+	ev := append(strconv.AppendInt(append(e[:0], stampedPrefix...), t.UnixNano(), 10), stampedSuffix...)
+	b = strconv.AppendInt(b, int64(len(ev)), 16)
+	b = append(b, "\r\n"...)
+	b = append(b, ev...)
+	return append(b, "\r\n"...)
+}
+
+// The bytes of a stamped delta around its stamp; stampMark is what the
+// load generator looks for.
+const (
+	stampMark     = `"obfuscation":"`
+	stampedPrefix = "data: " + chunkHead + `{"content":" word"},"logprobs":null,"finish_reason":null}],"usage":null,` + stampMark
+	stampedSuffix = "\"}\n\n"
 )
 
 // chunk frames e as one chunk of a chunked body.
@@ -108,7 +133,17 @@ func writeStream(w *bufio.Writer, req request, usage bool) bool {
 	if !event(firstEvent) {
 		return false
 	}
+	start := time.Now()
+	var stamped []byte
 	for i := 0; i < req.events; i++ {
+		if req.stamp {
+			time.Sleep(time.Until(start.Add(time.Duration(i+1) * req.gap)))
+			stamped = stampedDelta(stamped[:0], time.Now())
+			if !event(stamped) {
+				return false
+			}
+			continue
+		}
 		if req.gap > 0 {
 			time.Sleep(req.gap)
 		}
@@ -129,6 +164,7 @@ type request struct {
 	delay  time.Duration
 	gap    time.Duration
 	events int
+	stamp  bool
 	close  bool
 }
 
@@ -172,6 +208,8 @@ func readRequest(r *bufio.Reader, body []byte) (request, error) {
 			req.gap = time.Duration(n) * time.Microsecond
 		case headerIs(name, "x-bench-events"):
 			req.events, _ = strconv.Atoi(string(value))
+		case headerIs(name, "x-bench-stamp"):
+			req.stamp = true
 		}
 	}
 	var err error
