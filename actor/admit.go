@@ -29,6 +29,8 @@ func (s *state) acquire(r *AcquireRequest) {
 	case r.gone != nil:
 		s.reject(r, admission.Aborted, true, r.gone, "")
 		return
+	case s.checkRetry(r):
+		return
 	}
 	if _, err := s.rateSet(r); err != nil {
 		r.Err = err // a rate the store cannot name: invalid input, counted nowhere
@@ -141,6 +143,7 @@ func (s *state) admit(r *AcquireRequest) {
 	}
 	l.timing = s.timing(r)
 	l.shadow = r.Shadow
+	s.countRetry(l, r)
 	s.noteGrant(l)
 	s.q.served(r.Class, reserved)
 	if set, remote := s.remoteStages(r); remote {
@@ -163,6 +166,9 @@ func (s *state) admit(r *AcquireRequest) {
 func (s *state) count(l *Lease) {
 	s.calls++
 	s.admissions.Admitted++
+	if l.retry {
+		s.retries[l.classID]++
+	}
 	if s.hasBudget {
 		s.ledger.Reserved = admission.AddSat(s.ledger.Reserved, l.held)
 	}
@@ -203,6 +209,7 @@ func (s *state) rollback(l *Lease, why admission.Reason, ext *admission.External
 	s.provisional--
 	s.returnSlot()
 	s.q.unserve(l.classID, l.Reservation.Reserved)
+	s.uncountRetry(l)
 	held := l.held
 	if s.hasBudget {
 		s.tokens -= held
@@ -232,7 +239,7 @@ func (s *state) rejectOutside(req any, p admission.Priority, res admission.Reser
 	d := s.detail(p, res.Reserved, c, "")
 	if ext != nil {
 		d.Constraint, d.Rate, d.Fleet, d.NeverFits = ext.Constraint, ext.Rate, ext.Fleet, ext.NeverFits
-		d.Cooldown = ext.Cooldown
+		d.Cooldown, d.RetryBudget = ext.Cooldown, ext.Retry
 	}
 	s.rejected(req, p, res, c, why, d, t)
 	return &admission.RejectedError{Reason: why, Detail: d, Cause: cause}

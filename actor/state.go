@@ -135,6 +135,11 @@ type state struct {
 	// booking counts the overruns being booked on rates kept in Redis,
 	// after their release: Drain waits for them.
 	booking int
+
+	// retry is the retry budgets, nil for none; retries counts the retries
+	// admitted, by class handle (index 0 without classes).
+	retry   *retryStage
+	retries []int64
 }
 
 // newState returns the state machine for limits (assumed valid but for
@@ -172,6 +177,10 @@ func newState(limits admission.Limits, qp QueuePolicy, sc stageConfig, fx effect
 		return nil, err
 	}
 	s.q = q
+	if s.retry, err = newRetryStage(sc.retry, s.tab, sc.origin); err != nil {
+		return nil, err
+	}
+	s.retries = make([]int64, s.tab.Len()+1)
 	return s, nil
 }
 

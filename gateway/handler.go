@@ -65,6 +65,11 @@ type Route struct {
 	// stream.DefaultMaxBodyBytes.
 	MaxBodyBytes int64
 
+	// AttemptHeader names the request header that says which attempt of
+	// a call a request is (see stream.Transport.AttemptHeader); empty
+	// means stream.DefaultAttemptHeader, which the official SDKs send.
+	AttemptHeader string
+
 	// admission, set by Build, gives a call's class and priority from its
 	// request alone, what Options gives the bulkhead: with it (or without
 	// Options) the Handler can turn a call away before reading its body.
@@ -251,7 +256,7 @@ func proxy(r Route, index int, g *gate) *routeProxy {
 	if admission == nil && r.Options == nil {
 		admission = func(*http.Request) (string, bool) { return "", false }
 	}
-	return &routeProxy{index: index, maxBody: bodyLimit(r.MaxBodyBytes), gate: g, admission: admission, ReverseProxy: httputil.ReverseProxy{
+	return &routeProxy{index: index, maxBody: bodyLimit(r.MaxBodyBytes), gate: g, admission: admission, attempt: r.AttemptHeader, ReverseProxy: httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(upstream)
 			pr.SetXForwarded()
@@ -260,12 +265,13 @@ func proxy(r Route, index int, g *gate) *routeProxy {
 			}
 		},
 		Transport: &stream.Transport{
-			Bulkhead:     r.Bulkhead,
-			Base:         base,
-			Options:      r.Options,
-			Acquire:      r.acquire,
-			MaxBodyBytes: r.MaxBodyBytes,
-			Meter:        stream.MeterOptions{RecordResponse: r.recordResponse},
+			Bulkhead:      r.Bulkhead,
+			Base:          base,
+			Options:       r.Options,
+			AttemptHeader: r.AttemptHeader,
+			Acquire:       r.acquire,
+			MaxBodyBytes:  r.MaxBodyBytes,
+			Meter:         stream.MeterOptions{RecordResponse: r.recordResponse},
 		},
 		// No FlushInterval: the proxy flushes every write of an event
 		// stream and of a body of unknown length by itself (a streamed
@@ -394,6 +400,7 @@ type routeProxy struct {
 	maxBody   int64 // the route's body limit
 	gate      *gate // its bulkhead's
 	admission func(*http.Request) (class string, high bool)
+	attempt   string // the attempt header (Route.AttemptHeader)
 }
 
 // setKey puts the upstream's credentials in out, in the header of
