@@ -70,7 +70,8 @@ func (s *state) proceed(r *AcquireRequest) {
 		s.fx.armHold(d)
 		return
 	}
-	if s.inFlight >= s.limits.MaxConcurrent || s.q.ahead(r.Class, r.Priority) {
+	ahead := s.q.ahead(r.Class, r.Priority, r.Retry, s.apartNow())
+	if s.inFlight >= s.limits.MaxConcurrent || ahead {
 		// It would wait: a call the queue has no room for is turned away
 		// before it books a paced turn.
 		if why := s.gateReason(); why != admission.NoReason {
@@ -81,7 +82,7 @@ func (s *state) proceed(r *AcquireRequest) {
 	if s.bookTurn(r) {
 		return
 	}
-	if s.q.ahead(r.Class, r.Priority) && (s.q.wait || s.inFlight < s.limits.MaxConcurrent) {
+	if ahead && (s.q.wait || s.inFlight < s.limits.MaxConcurrent) {
 		// First in, first out within a class: a call that fits waits behind
 		// its class's waiters, which wait for capacity or are held back.
 		if why := s.gateReason(); why != admission.NoReason {
@@ -304,10 +305,11 @@ func (s *state) timing(r *AcquireRequest) admission.Timing {
 }
 
 // wouldAdmit answers an advisory question without changing anything: why
-// a call of class c and priority p reserving res would be turned away
+// a call of class c and priority p reserving res, a retry or not, would be
+// turned away
 // (NoReason: it would be admitted, or would queue), with the capacity
 // snapshot when asked for.
-func (s *state) wouldAdmit(c classes.Class, p admission.Priority, res admission.Reservation, detail bool) (admission.Reason, *admission.RejectDetail) {
+func (s *state) wouldAdmit(c classes.Class, p admission.Priority, res admission.Reservation, retry, detail bool) (admission.Reason, *admission.RejectDetail) {
 	why, cons := admission.NoReason, admission.Constraint("")
 	switch {
 	case s.closed:
@@ -319,7 +321,7 @@ func (s *state) wouldAdmit(c classes.Class, p admission.Priority, res admission.
 			if s.mayWait(p, res.Reserved, c) {
 				why, cons = admission.NoReason, "" // would wait for capacity
 			}
-		case s.inFlight >= s.limits.MaxConcurrent || s.q.ahead(c, p):
+		case s.inFlight >= s.limits.MaxConcurrent || s.q.ahead(c, p, retry, s.apartNow()):
 			if why = s.gateReason(); why != admission.NoReason {
 				cons = s.globalConstraint()
 			}

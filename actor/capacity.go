@@ -137,6 +137,15 @@ func (s *state) dequeue(r *AcquireRequest) {
 	}
 }
 
+// apartNow reads the clock when retries wait apart from first attempts,
+// whose order depends on how long they have waited; zero otherwise.
+func (s *state) apartNow() time.Time {
+	if s.q.apart > 0 {
+		return s.fx.now()
+	}
+	return time.Time{}
+}
+
 // pump admits waiters while slots are free, then answers waiting Drains if
 // the engine is idle. Plain, waiters go in arrival order; fair, the class
 // with the lowest virtual token counter goes next; either way, first
@@ -145,10 +154,7 @@ func (s *state) dequeue(r *AcquireRequest) {
 // on its way.
 func (s *state) pump() {
 	s.q.clearBlocked()
-	var now time.Time
-	if s.q.apart > 0 {
-		now = s.fx.now() // first attempts go ahead of the retries that have not waited long
-	}
+	now := s.apartNow()
 	if s.q.fair {
 		for s.inFlight < s.limits.MaxConcurrent {
 			w := s.q.next(now)
@@ -172,6 +178,14 @@ func (s *state) pump() {
 			if !w.ctxEnded() && !s.q.blocked[w.Class] && !s.serve(w) {
 				break
 			}
+		}
+	}
+	if s.q.apart > 0 && s.pending > 0 && s.inFlight < s.limits.MaxConcurrent {
+		// Waiters left with a slot free (waiting for capacity, or held):
+		// when a retry has waited its aging the order changes, and the
+		// queue is served again then, on the hold timer.
+		if d, ok := s.q.untilAged(now); ok {
+			s.fx.armHold(d)
 		}
 	}
 	s.checkDrains()

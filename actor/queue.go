@@ -94,10 +94,12 @@ type queue struct {
 	wait bool
 	// aging is QueuePolicy.RetryAging; seq numbers the pushes, so that the
 	// lines, each in push order, merge in it; apart counts the retries set
-	// apart (the clock is read for them only).
-	aging time.Duration
-	seq   uint64
-	apart int
+	// apart (the clock is read for them only), and apartIn those of each
+	// class handle.
+	aging   time.Duration
+	seq     uint64
+	apart   int
+	apartIn []int
 
 	// Per class handle (index 0 is classes.None): the lines (fair only:
 	// High first attempts, High retries, Normal first attempts, Normal
@@ -124,7 +126,8 @@ const unit = 1_000_000
 // newQueue returns the queue of a bulkhead with n classes (0 without) and
 // the policy p, whose weights are resolved through tab.
 func newQueue(p QueuePolicy, n int, tab *classes.Table) (queue, error) {
-	q := queue{fair: p.Fair, wait: p.WaitForCapacity, aging: p.RetryAging, waiting: make([]int, n+1), blocked: make([]bool, n+1)}
+	q := queue{fair: p.Fair, wait: p.WaitForCapacity, aging: p.RetryAging, waiting: make([]int, n+1), blocked: make([]bool, n+1),
+		apartIn: make([]int, n+1)}
 	if !p.Fair {
 		return q, nil
 	}
@@ -171,14 +174,34 @@ func (q *queue) lane(r *AcquireRequest) *line {
 	return &q.lanes[r.Class][i]
 }
 
-// ahead reports whether a new call of class c and priority p would wait
-// behind waiters of its class: any of them, or with fair queuing, for a
-// High priority call, the class's High priority waiters.
-func (q *queue) ahead(c classes.Class, p admission.Priority) bool {
-	if q.fair && p == admission.High {
-		return q.lanes[c][0].head != nil || q.lanes[c][1].head != nil
+// ahead reports whether a new call of class c and priority p, a retry or
+// a first attempt, would wait behind waiters of its class at now: any of
+// them, or with fair queuing, for a High priority call, the class's High
+// priority waiters; but a first attempt goes ahead of the retries set
+// apart that have not waited the aging.
+func (q *queue) ahead(c classes.Class, p admission.Priority, retry bool, now time.Time) bool {
+	if retry || q.apartIn[c] == 0 {
+		if q.fair && p == admission.High {
+			return q.lanes[c][0].head != nil || q.lanes[c][1].head != nil
+		}
+		return q.waiting[c] > 0
 	}
-	return q.waiting[c] > 0
+	agedHead := func(l *line) bool { return l.head != nil && q.aged(l.head, now) }
+	l := &q.lanes
+	switch {
+	case q.fair && p == admission.High:
+		return (*l)[c][0].head != nil || agedHead(&(*l)[c][1])
+	case q.fair:
+		return (*l)[c][0].head != nil || (*l)[c][1].head != nil || (*l)[c][2].head != nil || agedHead(&(*l)[c][3])
+	case q.waiting[c] > q.apartIn[c]:
+		return true // a first attempt of c waits
+	}
+	for w := q.retries.head; w != nil && q.aged(w, now); w = w.next {
+		if w.Class == c {
+			return true
+		}
+	}
+	return false
 }
 
 // setsApart reports whether r waits apart from the first attempts: a
@@ -202,6 +225,32 @@ func (q *queue) pick(f, rt *AcquireRequest, now time.Time) *AcquireRequest {
 	return rt
 }
 
+// untilAged is how long after now the first retry set apart that has not
+// waited aging yet will have, false when there is none.
+func (q *queue) untilAged(now time.Time) (time.Duration, bool) {
+	var soonest time.Duration
+	found := false
+	check := func(l *line) {
+		w := l.head
+		for w != nil && q.aged(w, now) {
+			w = w.next
+		}
+		if w != nil {
+			if d := w.pushedAt.Add(q.aging).Sub(now); !found || d < soonest {
+				soonest, found = d, true
+			}
+		}
+	}
+	if !q.fair {
+		check(&q.retries)
+	}
+	for c := range q.lanes {
+		check(&q.lanes[c][1])
+		check(&q.lanes[c][3])
+	}
+	return soonest, found
+}
+
 // push adds r at the end of its line. A retry set apart must have its
 // push time (pushedAt) set.
 func (q *queue) push(r *AcquireRequest) {
@@ -210,6 +259,7 @@ func (q *queue) push(r *AcquireRequest) {
 	if q.setsApart(r) {
 		r.apart = true
 		q.apart++
+		q.apartIn[r.Class]++
 	}
 	c := r.Class
 	if q.waiting[c] == 0 {
@@ -230,6 +280,7 @@ func (q *queue) remove(r *AcquireRequest) {
 	if r.apart {
 		r.apart = false
 		q.apart--
+		q.apartIn[r.Class]--
 	}
 	if q.waiting[r.Class]--; q.waiting[r.Class] == 0 {
 		q.classes--

@@ -447,3 +447,34 @@ func TestNewFirstAttemptPassesRetriesWaitingForCapacity(t *testing.T) {
 	s.cancel(&cancelMsg{r: r, cause: errors.New("gone")})
 	wantAnswers(t, rec, "retry", aborted)
 }
+
+// TestAgedRetryIsServedWhenItAges: with waiting for capacity, a retry
+// that fits waits behind a first attempt that does not (the queue holds
+// back behind a call short of the token budget) only until it has waited
+// its aging: the engine's hold timer serves the queue again then, and the
+// retry, now ahead, is admitted while the first attempt still waits.
+func TestAgedRetryIsServedWhenItAges(t *testing.T) {
+	s, rec := newRetryState(t, budgetLimits(4, 4, 100), QueuePolicy{WaitForCapacity: true, RetryAging: 3 * time.Second}, nil)
+	s.acquire(newReq("held1", 30))
+	held2 := newReq("held2", 30)
+	s.acquire(held2)
+	r := retryReq("retry")
+	r.Reservation = admission.Reservation{Input: 50, Reserved: 50}
+	s.acquire(r) // waits for 50 tokens
+	rec.clock = rec.clock.Add(time.Second)
+	f := newReq("first", 75)
+	s.acquire(f) // waits for 75 tokens, ahead of the retry
+	wantAnswers(t, rec, "held1", admitted, "held2", admitted)
+	rec.holds = nil
+	release(s, held2) // 50 fit, 75 do not: the first attempt holds the queue back
+	wantAnswers(t, rec)
+	if !reflect.DeepEqual(rec.holds, []time.Duration{2 * time.Second}) {
+		t.Fatalf("hold timer %v, want 2s: when the retry will have waited 3s", rec.holds)
+	}
+	rec.clock = rec.clock.Add(2 * time.Second)
+	s.holdEnded()
+	wantAnswers(t, rec, "retry", admitted)
+	if !f.queued {
+		t.Fatal("the first attempt left the queue")
+	}
+}

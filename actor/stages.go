@@ -660,7 +660,7 @@ func (s *state) wouldAdmitRequest(q *wouldAdmitRequest) {
 	cooling := s.cool.armed()
 	// While a cool-down may run, the detail says whether the queue has
 	// room to hold the call.
-	why, d := s.wouldAdmit(q.class, q.priority, q.reservation, q.detail || cooling)
+	why, d := s.wouldAdmit(q.class, q.priority, q.reservation, q.retry, q.detail || cooling)
 	model := q.model
 	if model == "" {
 		model = s.model

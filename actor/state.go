@@ -25,7 +25,8 @@ type effects interface {
 	// stopTimer stops r's queue timeout, if one runs.
 	stopTimer(r *AcquireRequest)
 	// armHold makes a holdMsg come back to the state once d has passed,
-	// unless one is due sooner; stopHold stops that.
+	// unless one is due sooner (the end of a cool-down, a waiting retry's
+	// aging); stopHold stops that.
 	armHold(d time.Duration)
 	stopHold()
 	// answer hands r's answer (r.Err, and r.Lease when admitted) to its
