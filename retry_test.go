@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math"
 	"reflect"
 	"strings"
 	"sync"
@@ -149,12 +150,17 @@ func TestRetryBudgetsAreValidated(t *testing.T) {
 		{"nothing set", bulkhead.RetryBudgets{}, nil, "Config.RetryBudgets"},
 		{"ratio above 1", bulkhead.RetryBudgets{Bulkhead: bulkhead.RetryLimit{Ratio: 1.5}}, nil, "Config.RetryBudgets.Bulkhead.Ratio"},
 		{"negative ratio", bulkhead.RetryBudgets{Bulkhead: bulkhead.RetryLimit{Ratio: -0.1}}, nil, "Config.RetryBudgets.Bulkhead.Ratio"},
+		{"NaN ratio", bulkhead.RetryBudgets{Bulkhead: bulkhead.RetryLimit{Ratio: math.NaN(), MinRetries: 3}}, nil, "Config.RetryBudgets.Bulkhead.Ratio"},
+		{"infinite ratio", bulkhead.RetryBudgets{Bulkhead: bulkhead.RetryLimit{Ratio: math.Inf(1)}}, nil, "Config.RetryBudgets.Bulkhead.Ratio"},
+		{"negative infinite ratio", bulkhead.RetryBudgets{Bulkhead: bulkhead.RetryLimit{Ratio: math.Inf(-1)}}, nil, "Config.RetryBudgets.Bulkhead.Ratio"},
 		{"negative floor", bulkhead.RetryBudgets{Bulkhead: bulkhead.RetryLimit{Ratio: 0.1, MinRetries: -1}}, nil, "Config.RetryBudgets.Bulkhead.MinRetries"},
 		{"short window", bulkhead.RetryBudgets{Window: time.Millisecond, Bulkhead: bulkhead.RetryLimit{Ratio: 0.1}}, nil, "Config.RetryBudgets.Window"},
 		{"long window", bulkhead.RetryBudgets{Window: 2 * time.Hour, Bulkhead: bulkhead.RetryLimit{Ratio: 0.1}}, nil, "Config.RetryBudgets.Window"},
 		{"negative window", bulkhead.RetryBudgets{Window: -time.Second, Bulkhead: bulkhead.RetryLimit{Ratio: 0.1}}, nil, "Config.RetryBudgets.Window"},
 		{"per class without classes", bulkhead.RetryBudgets{PerClass: map[string]bulkhead.RetryLimit{"web": {Ratio: 0.1}}}, nil, "Config.RetryBudgets.PerClass"},
 		{"unknown class", bulkhead.RetryBudgets{PerClass: map[string]bulkhead.RetryLimit{"gold": {Ratio: 0.1}}}, classes, `Config.RetryBudgets.PerClass["gold"]`},
+		{"the empty class name", bulkhead.RetryBudgets{PerClass: map[string]bulkhead.RetryLimit{"": {Ratio: 0.1}}}, classes, `Config.RetryBudgets.PerClass[""]`},
+		{"NaN class ratio", bulkhead.RetryBudgets{PerClass: map[string]bulkhead.RetryLimit{"batch": {Ratio: math.NaN()}}}, classes, `Config.RetryBudgets.PerClass["batch"].Ratio`},
 		{"bad class ratio", bulkhead.RetryBudgets{PerClass: map[string]bulkhead.RetryLimit{"web": {Ratio: 2}}}, classes, `Config.RetryBudgets.PerClass["web"].Ratio`},
 	}
 	for _, tt := range tests {

@@ -478,3 +478,72 @@ func TestAgedRetryIsServedWhenItAges(t *testing.T) {
 		t.Fatal("the first attempt left the queue")
 	}
 }
+
+// TestFairQueueServesAgedRetryWhenItAges: in the fair queue too, a retry
+// that fits waits behind a first attempt of its class and priority that
+// does not (short of the token budget) only until it has waited its aging:
+// the hold timer serves the queue again then, and the retry is admitted.
+func TestFairQueueServesAgedRetryWhenItAges(t *testing.T) {
+	limits := budgetLimits(4, 4, 100)
+	limits.Classes = &admission.Classes{Default: "a", Limits: map[string]admission.ClassLimits{"a": {}, "b": {}}}
+	s, rec := newRetryState(t, limits, QueuePolicy{Fair: true, WaitForCapacity: true, RetryAging: 3 * time.Second}, nil)
+	a, _ := s.tab.Lookup("a")
+	mk := func(name string, reserved int64, retry bool) *AcquireRequest {
+		r := newReq(name, reserved)
+		r.Class, r.Retry = a, retry
+		return r
+	}
+	s.acquire(mk("held1", 30, false))
+	held2 := mk("held2", 30, false)
+	s.acquire(held2)
+	r := mk("retry", 50, true)
+	s.acquire(r) // waits for 50 tokens
+	rec.clock = rec.clock.Add(time.Second)
+	f := mk("first", 75, false)
+	s.acquire(f) // waits for 75 tokens, ahead of the retry
+	wantAnswers(t, rec, "held1", admitted, "held2", admitted)
+	rec.holds = nil
+	release(s, held2) // 50 fit, 75 do not: the first attempt holds the queue back
+	wantAnswers(t, rec)
+	if !reflect.DeepEqual(rec.holds, []time.Duration{2 * time.Second}) {
+		t.Fatalf("hold timer %v, want 2s: when the retry will have waited 3s", rec.holds)
+	}
+	rec.clock = rec.clock.Add(2 * time.Second)
+	s.holdEnded()
+	wantAnswers(t, rec, "retry", admitted)
+	if !f.queued {
+		t.Fatal("the first attempt left the queue")
+	}
+}
+
+// TestRetryRefusedAtItsGrantInTheFairQueueFreesItsSlot: in the fair queue,
+// a waiting retry whose budget was spent while it waited is refused as it
+// is granted its slot, and the slot goes on to the next waiter: nothing
+// is left held.
+func TestRetryRefusedAtItsGrantInTheFairQueueFreesItsSlot(t *testing.T) {
+	limits := admission.Limits{MaxConcurrent: 1, MaxQueue: 5, Classes: &admission.Classes{Default: "a",
+		Limits: map[string]admission.ClassLimits{"a": {}, "b": {}}}}
+	s, rec := newRetryState(t, limits, QueuePolicy{Fair: true, RetryAging: -1}, bulkBudget(10*time.Second, 0, 1))
+	a, _ := s.tab.Lookup("a")
+	b, _ := s.tab.Lookup("b")
+	mk := func(name string, c classes.Class, retry bool) *AcquireRequest {
+		r := newReq(name, 0)
+		r.Class, r.Retry = c, retry
+		return r
+	}
+	held := mk("held", a, false)
+	s.acquire(held)
+	ra, rb, w := mk("a-retry", a, true), mk("b-retry", b, true), mk("b-first", b, false)
+	s.acquire(ra)
+	s.acquire(rb)
+	s.acquire(w)
+	wantAnswers(t, rec, "held", admitted)
+	release(s, held) // the classes tie, a goes first: a-retry takes the one retry
+	wantAnswers(t, rec, "a-retry", admitted)
+	release(s, ra) // b's turn: b-retry finds the budget spent, and b-first gets the slot
+	wantAnswers(t, rec, "b-retry", retryBudget, "b-first", admitted)
+	st := s.stats(external{})
+	if st.InFlight != 1 || st.Pending != 0 || st.Retries.Admitted != 1 || st.Admissions.Rejected[retryBudget] != 1 {
+		t.Fatalf("in flight %d, pending %d, retries %+v, rejected %v", st.InFlight, st.Pending, st.Retries, st.Admissions.Rejected)
+	}
+}
