@@ -53,7 +53,8 @@ type RetryBudgets struct {
 // the bulkhead admits.
 type RetryLimit struct {
 	// Ratio is the share of the first attempts that may be retried, from
-	// 0 to 1, counted to the millionth.
+	// 0 to 1, counted to the millionth (a ratio above 0 is at least
+	// 0.000001).
 	Ratio float64
 	// MinRetries is the floor: the retries allowed whatever the first
 	// attempts, at least 0.
@@ -174,6 +175,10 @@ func retryConfig(cfg *Config) (*admission.RetryConfig, error) {
 func (l RetryLimit) engine(field string) (admission.RetryLimit, error) {
 	if math.IsNaN(l.Ratio) || l.Ratio < 0 || l.Ratio > 1 {
 		return admission.RetryLimit{}, invalidf(field+".Ratio", "must be between 0 and 1, got %v", l.Ratio)
+	}
+	if l.Ratio > 0 && l.Ratio < 1e-6 {
+		// Counted in millionths, it would be 0: a budget of no retry at all.
+		return admission.RetryLimit{}, invalidf(field+".Ratio", "must be 0 or at least 0.000001 (a millionth), got %v", l.Ratio)
 	}
 	if l.MinRetries < 0 {
 		return admission.RetryLimit{}, invalidf(field+".MinRetries", "must be >= 0, got %d", l.MinRetries)

@@ -153,6 +153,7 @@ func TestRetryBudgetsAreValidated(t *testing.T) {
 		{"NaN ratio", bulkhead.RetryBudgets{Bulkhead: bulkhead.RetryLimit{Ratio: math.NaN(), MinRetries: 3}}, nil, "Config.RetryBudgets.Bulkhead.Ratio"},
 		{"infinite ratio", bulkhead.RetryBudgets{Bulkhead: bulkhead.RetryLimit{Ratio: math.Inf(1)}}, nil, "Config.RetryBudgets.Bulkhead.Ratio"},
 		{"negative infinite ratio", bulkhead.RetryBudgets{Bulkhead: bulkhead.RetryLimit{Ratio: math.Inf(-1)}}, nil, "Config.RetryBudgets.Bulkhead.Ratio"},
+		{"ratio below a millionth", bulkhead.RetryBudgets{Bulkhead: bulkhead.RetryLimit{Ratio: 4e-7}}, nil, "Config.RetryBudgets.Bulkhead.Ratio"},
 		{"negative floor", bulkhead.RetryBudgets{Bulkhead: bulkhead.RetryLimit{Ratio: 0.1, MinRetries: -1}}, nil, "Config.RetryBudgets.Bulkhead.MinRetries"},
 		{"short window", bulkhead.RetryBudgets{Window: time.Millisecond, Bulkhead: bulkhead.RetryLimit{Ratio: 0.1}}, nil, "Config.RetryBudgets.Window"},
 		{"long window", bulkhead.RetryBudgets{Window: 2 * time.Hour, Bulkhead: bulkhead.RetryLimit{Ratio: 0.1}}, nil, "Config.RetryBudgets.Window"},

@@ -118,8 +118,9 @@ func (s *state) refuse(r *AcquireRequest, why admission.Reason, atGate bool, con
 	s.reject(r, why, atGate, nil, constraint)
 }
 
-// admit commits a request whose slot is already granted. A request made
-// with Confirm is only held: it is counted and announced by confirm.
+// admit commits a request whose slot is already granted. A request with
+// remote stages to pass is only held, provisional: it is counted and
+// announced by confirm once they admit it.
 func (s *state) admit(r *AcquireRequest) {
 	reserved := r.Reservation.Reserved
 	if s.hasBudget {

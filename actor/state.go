@@ -90,8 +90,9 @@ type state struct {
 	// The admission layer.
 	calls  int64 // admitted - released
 	tokens int64 // tokens held by admitted calls, provisional ones included
-	// provisional counts the admissions waiting for the facade's verdict
-	// (AcquireRequest.Confirm): Drain waits for them too.
+	// provisional counts the admissions waiting for the verdict of their
+	// remote stages (the fleet pool, a rate in Redis): Drain waits for
+	// them too.
 	provisional int64
 
 	// gate counts the slots and the gate-level rejections, admissions

@@ -216,6 +216,8 @@ func (h *Handler) newTable(routes []Route) (*table, error) {
 			return nil, &bulkhead.ConfigError{Field: field + ".Upstream", Problem: "must be an absolute URL, such as https://api.openai.com"}
 		case r.Bulkhead == nil:
 			return nil, &bulkhead.ConfigError{Field: field + ".Bulkhead", Problem: "must not be nil"}
+		case r.AttemptHeader != "" && !validHeaderName(r.AttemptHeader):
+			return nil, &bulkhead.ConfigError{Field: field + ".AttemptHeader", Problem: fmt.Sprintf("must be a header name, got %q", r.AttemptHeader)}
 		}
 		rp := proxy(r, i, h.gateOf(r.Bulkhead))
 		if fr.n++; fr.n == 1 {
