@@ -197,8 +197,8 @@ func (m *machine) wakeCooling() []expect {
 // for turns inside it: with HoldCooldown every call waiting for its turn
 // gives it back and waits in the cooling line (or, when it may not wait
 // that long, is turned away Cooldown); with ShedCooldown those whose turns
-// fall inside it are turned away. The turns given back go back to the rate
-// unless a turn kept comes after them.
+// fall inside it are turned away. The turns given back go back to each
+// rate they booked weight in, unless a turn kept there comes after them.
 func (m *machine) coolTurns() []expect {
 	now := m.clk.Now()
 	inside := slices.ContainsFunc(m.parked, func(w *waiter) bool {
@@ -208,21 +208,18 @@ func (m *machine) coolTurns() []expect {
 		return nil
 	}
 	var give []*waiter
-	var from time.Time
 	for _, w := range m.parked {
 		if w.park == parkTurn && w.turnAt.After(now) && (m.hold || w.turnAt.Before(m.coolUntil)) {
 			give = append(give, w)
-			if from.IsZero() || w.turnAt.Before(from) {
-				from = w.turnAt
-			}
 		}
 	}
-	kept := slices.ContainsFunc(m.parked, func(w *waiter) bool {
-		return w.park == parkTurn && !slices.Contains(give, w) && !w.turnAt.Before(from)
-	})
-	if !kept {
-		m.rate.giveBack(m, from)
+	var kept []*waiter
+	for _, w := range m.parked {
+		if w.park == parkTurn && !slices.Contains(give, w) {
+			kept = append(kept, w)
+		}
 	}
+	m.rate.giveBack(m, give, kept)
 	var es []expect
 	for _, w := range give {
 		m.endPark(w)

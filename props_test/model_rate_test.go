@@ -353,15 +353,34 @@ func (o *rateOracle) turn(m *machine, res bulkhead.Reservation, maxWait time.Dur
 	return out.Delay, nil
 }
 
-// giveBack gives back, as the bulkhead does on its own store, the turns
-// booked from at on (a store in Redis takes none back).
-func (o *rateOracle) giveBack(m *machine, at time.Time) {
-	if o.cfg.Store != nil {
+// giveBack gives back, as the bulkhead does on its own store, the turns of
+// give (a store in Redis takes none back): each rate that one of them
+// booked weight in goes back to the earliest of their turns there, unless
+// a turn of kept that booked weight in it comes at or after that.
+func (o *rateOracle) giveBack(m *machine, give, kept []*waiter) {
+	if o.cfg.Store != nil || len(give) == 0 {
 		return
 	}
-	m.seen["paced: turns given back"]++
+	from := make([]time.Time, len(o.members))
+	for _, w := range give {
+		for i, wt := range o.weights(w.res) {
+			if wt > 0 && (from[i].IsZero() || w.turnAt.Before(from[i])) {
+				from[i] = w.turnAt
+			}
+		}
+	}
+	for _, w := range kept {
+		for i, wt := range o.weights(w.res) {
+			if wt > 0 && !from[i].IsZero() && !w.turnAt.Before(from[i]) {
+				from[i] = time.Time{} // a turn kept after the ones given back
+			}
+		}
+	}
 	o.at(m)
-	for _, p := range o.comp.Members() {
-		o.table.Rewind(p.Name(), "bulkhead", at)
+	for i, at := range from {
+		if !at.IsZero() {
+			m.seen["paced: turns given back"]++
+			o.table.Rewind(o.members[i].p.Name(), "bulkhead", at)
+		}
 	}
 }
