@@ -48,6 +48,10 @@ func New(cfg Config) (*Bulkhead, error) {
 	if err != nil {
 		return nil, err
 	}
+	retry, err := retryConfig(&cfg)
+	if err != nil {
+		return nil, err
+	}
 	adapt, err := adaptiveConfig(&cfg)
 	if err != nil {
 		return nil, err
@@ -81,8 +85,9 @@ func New(cfg Config) (*Bulkhead, error) {
 		limits.Classes = cfg.Classes
 	}
 	eng, err := actor.Start(actor.Config{Limits: engineLimits(limits), Clock: cfg.Clock, Logger: cfg.Logger, Dedup: cfg.Dedup != nil,
-		Queue: actor.QueuePolicy{Fair: cfg.Queue.Fair, Weights: cfg.Queue.Weights, WaitForCapacity: cfg.Queue.WaitForCapacity},
-		Model: cfg.Model, ShedCooldown: shed, Adaptive: adapt, Rates: rates, Fleet: cfg.Fleet})
+		Queue: actor.QueuePolicy{Fair: cfg.Queue.Fair, Weights: cfg.Queue.Weights, WaitForCapacity: cfg.Queue.WaitForCapacity,
+			RetryAging: retryAging(cfg.Queue.RetryAging)},
+		Model: cfg.Model, ShedCooldown: shed, Adaptive: adapt, Rates: rates, Fleet: cfg.Fleet, Retry: retry})
 	if err != nil {
 		return nil, publicError(err)
 	}
@@ -193,7 +198,8 @@ func (b *Bulkhead) prepare(ctx context.Context, req *Request, o *callOptions, me
 	}
 	r.Spare = nil
 	r.Ctx = ctx
-	r.Request = call(req, o.tag)
+	r.Request = call(req, o.tag, o.attempt)
+	r.Retry = o.attempt > 0
 	r.Priority = admission.Priority(o.priority)
 	r.Reservation = admission.Reservation(res)
 	r.QueueTimeout = b.timeout
@@ -263,15 +269,16 @@ func (b *Bulkhead) check(req *Request, o *callOptions, method string, queueing b
 // room in the queue to be held in. It does not ask the fleet pool
 // (Config.Fleet). It is advisory: by the
 // time the caller acts, other calls may have changed the answer. Invalid
-// input is an error, even on a closed bulkhead. Options: WithPriority,
-// WithClass, WithReservation, WithDetail.
+// input is an error, even on a closed bulkhead. A retry (WithAttempt above
+// 0) that its retry budget has no room for answers RetryBudget. Options:
+// WithPriority, WithClass, WithReservation, WithAttempt, WithDetail.
 func (b *Bulkhead) WouldAdmit(req *Request, opts ...Option) (Decision, error) {
 	o := resolve(opts)
 	class, res, err := b.check(req, &o, "WouldAdmit", false)
 	if err != nil {
 		return Decision{}, err
 	}
-	why, d := b.eng.WouldAdmit(class, admission.Priority(o.priority), admission.Reservation(res), b.modelOf(req.model()), b.timeout, o.detail)
+	why, d := b.eng.WouldAdmit(class, admission.Priority(o.priority), admission.Reservation(res), b.modelOf(req.model()), b.timeout, o.attempt > 0, o.detail)
 	return Decision{Admit: why == admission.NoReason, Reason: Reason(why), Detail: rejectDetailFor(d, Reason(why))}, nil
 }
 

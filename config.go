@@ -68,6 +68,11 @@ type Config struct {
 	// the limits move only when the caller applies them.
 	Adaptive *Adaptive
 
+	// RetryBudgets bound the retries the bulkhead admits (calls made with
+	// WithAttempt above 0) to a share of the first attempts it admits. Nil
+	// means none: a retry is admitted as any call.
+	RetryBudgets *RetryBudgets
+
 	// Dedup turns on in-flight deduplication for Run: identical calls made
 	// while one of them is in flight share its result instead of each
 	// calling the provider. Nil means off.
@@ -158,6 +163,17 @@ type QueuePolicy struct {
 	// queue full is rejected for the capacity it lacked. False, the
 	// default, rejects such calls at once: only a slot is waited for.
 	WaitForCapacity bool
+
+	// RetryAging bounds how long first attempts go ahead of a waiting
+	// retry (a call made with WithAttempt above 0). In the queue a first
+	// attempt goes ahead of the retries waiting before it (in the fair
+	// queue, those of its class and priority), so that under overload the
+	// calls whose users are still waiting get the capacity; once a retry
+	// has waited RetryAging, it goes in arrival order with the first
+	// attempts, so that no retry waits for ever: it waits at most
+	// RetryAging longer than it would in arrival order. Zero means
+	// DefaultRetryAging; a negative value keeps retries in arrival order.
+	RetryAging time.Duration
 }
 
 // Interactive returns a Config for latency-sensitive traffic: no queue, so a

@@ -102,6 +102,7 @@ func rejectDetailFor(d *admission.RejectDetail, why Reason) *RejectDetail {
 		InFlight: d.InFlight, MaxConcurrent: d.MaxConcurrent, Pending: d.Pending, MaxQueue: d.MaxQueue,
 		WouldBorrow: Resources(d.WouldBorrow),
 		Rate:        (*RateDetail)(clonePtr(d.Rate)), Fleet: (*FleetDetail)(clonePtr(d.Fleet)), Cooldown: (*CooldownDetail)(clonePtr(d.Cooldown)),
+		RetryBudget: retryDetail(d.RetryBudget),
 	}
 	if b := d.TokenBudget; b != nil {
 		out.TokenBudget = &BudgetDetail{Budget: b.Budget, EffectiveBudget: b.EffectiveBudget, InFlightTokens: b.InFlightTokens,
@@ -186,6 +187,7 @@ func stats(s admission.Stats) Stats {
 			out.Adaptive.Budget = b.Budget
 		}
 	}
+	out.Retries = retryStats(s.Retries)
 	cd := &s.Cooldown
 	out.Cooldown = CooldownStats{Active: cd.Active, Started: cd.Started, Held: cd.Held, HeadroomReports: cd.HeadroomReports}
 	if len(cd.Headroom) > 0 {
@@ -202,7 +204,7 @@ func stats(s admission.Stats) Stats {
 				ClassUse: classUse(k.ClassUse), Pending: k.Pending, Admitted: k.Admitted, Released: k.Released,
 				TotalReserved: k.Ledger.Reserved, TotalConsumed: k.Ledger.Consumed, TotalRefunded: k.Ledger.Refunded, TotalOverrun: k.Ledger.Overrun,
 				TotalBorrowedAdmissions: k.BorrowedAdmissions, TotalBorrowedTokensReserved: k.BorrowedTokensReserved,
-				Deadlines: DeadlineStats(k.Deadlines),
+				Deadlines: DeadlineStats(k.Deadlines), Retries: retryStats(k.Retries),
 			}
 			c.Abandoned, c.AbandonedByCause = tally[AbandonCause](k.Abandoned[:])
 			c.Rejected, c.RejectedByReason = tally[Reason](k.Rejected[:])
@@ -212,20 +214,21 @@ func stats(s admission.Stats) Stats {
 	return out
 }
 
-// taggedCall is what the engine carries for a call with a tag; a call
-// without one carries its *Request alone, so tagging costs nothing when it
-// is not used.
+// taggedCall is what the engine carries for a call with a tag or an
+// attempt number above 0; a call with neither carries its *Request alone,
+// so tagging costs nothing when it is not used.
 type taggedCall struct {
-	req *Request
-	tag string
+	req     *Request
+	tag     string
+	attempt int
 }
 
-// call returns what the engine carries for req and tag.
-func call(req *Request, tag string) any {
-	if tag == "" {
+// call returns what the engine carries for req, tag and attempt.
+func call(req *Request, tag string, attempt int) any {
+	if tag == "" && attempt == 0 {
 		return req
 	}
-	return &taggedCall{req: req, tag: tag}
+	return &taggedCall{req: req, tag: tag, attempt: attempt}
 }
 
 // callOf unpacks what call packed.
@@ -239,6 +242,14 @@ func callOf(v any) (*Request, string) {
 	return nil, ""
 }
 
+// attemptOf is the attempt number of what call packed.
+func attemptOf(v any) int {
+	if c, ok := v.(*taggedCall); ok {
+		return c.attempt
+	}
+	return 0
+}
+
 // withTag sets the tag of a rejection.
 func withTag(err error, tag string) error {
 	if rej, ok := err.(*RejectedError); ok {
@@ -250,7 +261,7 @@ func withTag(err error, tag string) error {
 // identity builds the Admission of an engine event.
 func identity(e *admission.Event) Admission {
 	r, tag := callOf(e.Request)
-	return Admission{ID: ID(e.ID), Request: r, Tag: tag, Priority: Priority(e.Priority), Class: e.Class,
+	return Admission{ID: ID(e.ID), Request: r, Tag: tag, Attempt: attemptOf(e.Request), Priority: Priority(e.Priority), Class: e.Class,
 		LimitRevision: e.Revision, Reserved: e.Reservation.Reserved, Resources: Resources(e.Resources)}
 }
 

@@ -93,8 +93,9 @@ func (f *filler) fill(v reflect.Value) {
 		case errorType:
 			v.Set(reflect.ValueOf(fmt.Errorf("error %d", f.next())))
 		case anyType:
-			// What the engine carries for a call: its request and tag.
-			v.Set(reflect.ValueOf(&taggedCall{req: &Request{Model: fmt.Sprint("m", f.next())}, tag: "tag"}))
+			// What the engine carries for a call: its request, tag and
+			// attempt number.
+			v.Set(reflect.ValueOf(&taggedCall{req: &Request{Model: fmt.Sprint("m", f.next())}, tag: "tag", attempt: 3}))
 		}
 	}
 }

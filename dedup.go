@@ -261,12 +261,17 @@ func (d *deduper) key(b *Bulkhead, req *Request, r *actor.AcquireRequest, o *cal
 
 // appendPartition appends the parameters of a call that its admission
 // depends on, besides its scope and class: its priority, its mode and
-// shadow reasons, and its reservation when WithReservation overrides it
-// (as reserve resolved it). Only calls with equal
+// shadow reasons, whether it is a retry (a retry budget may refuse it), and
+// its reservation when WithReservation overrides it (as reserve resolved
+// it). Only calls with equal
 // parameters share, so a follower never gets a rejection that it, alone,
 // would not get for these. Fixed size but for the override.
 func appendPartition(buf []byte, r *actor.AcquireRequest, o *callOptions) []byte {
-	buf = append(buf, byte(r.Priority), byte(o.mode), byte(r.Shadow), byte(r.Shadow>>8))
+	retry := byte(0)
+	if r.Retry {
+		retry = 1
+	}
+	buf = append(buf, byte(r.Priority), byte(o.mode), byte(r.Shadow), byte(r.Shadow>>8), retry)
 	if o.reservation == nil {
 		return append(buf, 0)
 	}

@@ -53,6 +53,12 @@ type RejectDetail struct {
 	// Cooldown is the cool-down that decided a Cooldown rejection, nil for
 	// every other.
 	Cooldown *CooldownDetail
+
+	// RetryBudget is the retry budget that decided a RetryBudget
+	// rejection, nil for every other. With classes, Constraint says whose
+	// it is: ConstraintGlobal for the bulkhead's, ConstraintClass for the
+	// class's own.
+	RetryBudget *RetryBudgetDetail
 }
 
 // String formats the detail with its pointers followed.
@@ -117,6 +123,11 @@ func (d *RejectDetail) LogValue() slog.Value {
 	if c := d.Cooldown; c != nil {
 		attrs = append(attrs, slog.Group("cooldown", slog.String("model", c.Model),
 			slog.Time("until", c.Until), slog.Duration("retry_after", c.RetryAfter), slog.Bool("headroom", c.Headroom)))
+	}
+	if r := d.RetryBudget; r != nil {
+		attrs = append(attrs, slog.Group("retry_budget", slog.String("class", r.Class), slog.Float64("ratio", r.Ratio),
+			slog.Int("min_retries", r.MinRetries), slog.Duration("window", r.Window), slog.Int64("first_attempts", r.FirstAttempts),
+			slog.Int64("retries", r.Retries), slog.Int64("allowed", r.Allowed)))
 	}
 	return slog.GroupValue(attrs...)
 }

@@ -48,6 +48,11 @@ const (
 	// and a Retry-After that has not passed yet (see Bulkhead.Feedback);
 	// RetryAfter says when the cool-down ends.
 	Cooldown
+	// RetryBudget: the call is a retry (WithAttempt above 0) and its
+	// retry budget (Config.RetryBudgets) has no room left; the detail's
+	// RetryBudget says which budget, with its numbers. Retrying again does
+	// not help: the budget frees as first attempts are admitted.
+	RetryBudget
 	numReasons
 )
 
@@ -80,6 +85,7 @@ var (
 	ErrRateUnavailable   = errors.New("bulkhead: rejected: rate_unavailable")
 	ErrFleetUnavailable  = errors.New("bulkhead: rejected: fleet_unavailable")
 	ErrCooldown          = errors.New("bulkhead: rejected: cooldown")
+	ErrRetryBudget       = errors.New("bulkhead: rejected: retry_budget")
 )
 
 var sentinels = [...]error{
@@ -94,6 +100,7 @@ var sentinels = [...]error{
 	RateUnavailable:   ErrRateUnavailable,
 	FleetUnavailable:  ErrFleetUnavailable,
 	Cooldown:          ErrCooldown,
+	RetryBudget:       ErrRetryBudget,
 }
 
 // RejectedError is the error of a call the bulkhead did not admit.
@@ -222,6 +229,8 @@ func explain(why Reason, d *RejectDetail) string {
 		return d.Rate.explain(why)
 	case why == Cooldown && d.Cooldown != nil:
 		return d.Cooldown.explain()
+	case why == RetryBudget && d.RetryBudget != nil:
+		return d.RetryBudget.explain()
 	case d.Fleet != nil:
 		return d.Fleet.explain(why, d.reserved())
 	}

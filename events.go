@@ -10,6 +10,9 @@ type Admission struct {
 	Request *Request
 	// Tag is the caller's tag for the call (see WithTag), "" for none.
 	Tag string
+	// Attempt is the call's attempt number (see WithAttempt): 0 for a
+	// first attempt, 1 for the first retry, and so on.
+	Attempt int
 	// Priority is the call's priority.
 	Priority Priority
 	// Class is the call's admission class, "" without classes.

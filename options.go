@@ -23,6 +23,7 @@ type callOptions struct {
 	detail          bool
 	class           string
 	tag             string
+	attempt         int
 
 	// Run only.
 	borrowedDeadline    time.Duration
@@ -59,6 +60,9 @@ func (o *callOptions) validate(method string, queueing bool) error {
 	}
 	if o.priority != Normal && o.priority != High {
 		return invalidf("WithPriority", "unknown priority %d", o.priority)
+	}
+	if o.attempt < 0 {
+		return invalidf("WithAttempt", "must be >= 0, got %d", o.attempt)
 	}
 	if o.tag != "" && !queueing {
 		return invalidf("WithTag", "applies to calls that may be admitted, not %s", method)
@@ -196,3 +200,20 @@ const MaxTagLen = 256
 // and the error's message) and by its Permit. At most MaxTagLen bytes. For
 // Acquire, AcquireAsync and Run; WouldAdmit has nothing to carry it.
 func WithTag(tag string) Option { return tagOption(tag) }
+
+type attemptOption int
+
+func (n attemptOption) apply(o callOptions) callOptions {
+	o.attempt = int(n)
+	return o
+}
+
+// WithAttempt says which attempt of a call this is: 0 for the first (the
+// default), 1 for its first retry, and so on, as the official OpenAI and
+// Anthropic SDKs count in the X-Stainless-Retry-Count header. A retry is
+// admitted only while its retry budget has room (see Config.RetryBudgets),
+// and in the queue first attempts go ahead of it for a while (see
+// QueuePolicy.RetryAging); events carry the number (Admission.Attempt). A
+// negative n is a *ConfigError. For Acquire, AcquireAsync, Run and
+// WouldAdmit.
+func WithAttempt(n int) Option { return attemptOption(n) }

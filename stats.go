@@ -29,6 +29,10 @@ type Stats struct {
 	Cooldown CooldownStats
 	// Adaptive is the adaptive limits, nil without Config.Adaptive.
 	Adaptive *AdaptiveStats
+	// Retries is the retries admitted and the retry budget's use (see
+	// Config.RetryBudgets). The retries it refused are in
+	// Calls.RejectedByReason, as RetryBudget.
+	Retries RetryStats
 	// Events is the delivery of events to listeners.
 	Events EventStats
 	// LedgerDrift counts the times the bulkhead found its books out of
@@ -160,6 +164,10 @@ type ClassStats struct {
 
 	// Deadlines counts the class's borrowed-slot deadlines.
 	Deadlines DeadlineStats
+
+	// Retries is the class's retries admitted, and its own retry budget's
+	// use (nil Budget without one).
+	Retries RetryStats
 }
 
 // DeadlineStats counts a class's borrowed-slot deadlines.

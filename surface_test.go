@@ -410,7 +410,7 @@ func TestReasonsAndSentinels(t *testing.T) {
 			t.Fatalf("MarshalText = %q", b)
 		}
 	}
-	if len(seen) != 11 || bulkhead.Reason(0).String() != "" || bulkhead.Reason(200).String() != "reason(200)" {
+	if len(seen) != 12 || bulkhead.Reason(0).String() != "" || bulkhead.Reason(200).String() != "reason(200)" {
 		t.Fatalf("reason table: %v", seen)
 	}
 	bde := fmt.Errorf("wrapped: %w", &bulkhead.BorrowedDeadlineError{Class: "bg"})

@@ -29,6 +29,8 @@ func (s *state) acquire(r *AcquireRequest) {
 	case r.gone != nil:
 		s.reject(r, admission.Aborted, true, r.gone, "")
 		return
+	case s.checkRetry(r):
+		return
 	}
 	if _, err := s.rateSet(r); err != nil {
 		r.Err = err // a rate the store cannot name: invalid input, counted nowhere
@@ -68,7 +70,8 @@ func (s *state) proceed(r *AcquireRequest) {
 		s.fx.armHold(d)
 		return
 	}
-	if s.inFlight >= s.limits.MaxConcurrent || s.q.ahead(r.Class, r.Priority) {
+	ahead := s.q.ahead(r.Class, r.Priority, r.Retry, s.apartNow())
+	if s.inFlight >= s.limits.MaxConcurrent || ahead {
 		// It would wait: a call the queue has no room for is turned away
 		// before it books a paced turn.
 		if why := s.gateReason(); why != admission.NoReason {
@@ -79,7 +82,7 @@ func (s *state) proceed(r *AcquireRequest) {
 	if s.bookTurn(r) {
 		return
 	}
-	if s.q.ahead(r.Class, r.Priority) && (s.q.wait || s.inFlight < s.limits.MaxConcurrent) {
+	if ahead && (s.q.wait || s.inFlight < s.limits.MaxConcurrent) {
 		// First in, first out within a class: a call that fits waits behind
 		// its class's waiters, which wait for capacity or are held back.
 		if why := s.gateReason(); why != admission.NoReason {
@@ -115,8 +118,9 @@ func (s *state) refuse(r *AcquireRequest, why admission.Reason, atGate bool, con
 	s.reject(r, why, atGate, nil, constraint)
 }
 
-// admit commits a request whose slot is already granted. A request made
-// with Confirm is only held: it is counted and announced by confirm.
+// admit commits a request whose slot is already granted. A request with
+// remote stages to pass is only held, provisional: it is counted and
+// announced by confirm once they admit it.
 func (s *state) admit(r *AcquireRequest) {
 	reserved := r.Reservation.Reserved
 	if s.hasBudget {
@@ -141,6 +145,7 @@ func (s *state) admit(r *AcquireRequest) {
 	}
 	l.timing = s.timing(r)
 	l.shadow = r.Shadow
+	s.countRetry(l, r)
 	s.noteGrant(l)
 	s.q.served(r.Class, reserved)
 	if set, remote := s.remoteStages(r); remote {
@@ -163,6 +168,9 @@ func (s *state) admit(r *AcquireRequest) {
 func (s *state) count(l *Lease) {
 	s.calls++
 	s.admissions.Admitted++
+	if l.retry {
+		s.retries[l.classID]++
+	}
 	if s.hasBudget {
 		s.ledger.Reserved = admission.AddSat(s.ledger.Reserved, l.held)
 	}
@@ -203,6 +211,7 @@ func (s *state) rollback(l *Lease, why admission.Reason, ext *admission.External
 	s.provisional--
 	s.returnSlot()
 	s.q.unserve(l.classID, l.Reservation.Reserved)
+	s.uncountRetry(l)
 	held := l.held
 	if s.hasBudget {
 		s.tokens -= held
@@ -232,7 +241,7 @@ func (s *state) rejectOutside(req any, p admission.Priority, res admission.Reser
 	d := s.detail(p, res.Reserved, c, "")
 	if ext != nil {
 		d.Constraint, d.Rate, d.Fleet, d.NeverFits = ext.Constraint, ext.Rate, ext.Fleet, ext.NeverFits
-		d.Cooldown = ext.Cooldown
+		d.Cooldown, d.RetryBudget = ext.Cooldown, ext.Retry
 	}
 	s.rejected(req, p, res, c, why, d, t)
 	return &admission.RejectedError{Reason: why, Detail: d, Cause: cause}
@@ -297,10 +306,11 @@ func (s *state) timing(r *AcquireRequest) admission.Timing {
 }
 
 // wouldAdmit answers an advisory question without changing anything: why
-// a call of class c and priority p reserving res would be turned away
+// a call of class c and priority p reserving res, a retry or not, would be
+// turned away
 // (NoReason: it would be admitted, or would queue), with the capacity
 // snapshot when asked for.
-func (s *state) wouldAdmit(c classes.Class, p admission.Priority, res admission.Reservation, detail bool) (admission.Reason, *admission.RejectDetail) {
+func (s *state) wouldAdmit(c classes.Class, p admission.Priority, res admission.Reservation, retry, detail bool) (admission.Reason, *admission.RejectDetail) {
 	why, cons := admission.NoReason, admission.Constraint("")
 	switch {
 	case s.closed:
@@ -312,7 +322,7 @@ func (s *state) wouldAdmit(c classes.Class, p admission.Priority, res admission.
 			if s.mayWait(p, res.Reserved, c) {
 				why, cons = admission.NoReason, "" // would wait for capacity
 			}
-		case s.inFlight >= s.limits.MaxConcurrent || s.q.ahead(c, p):
+		case s.inFlight >= s.limits.MaxConcurrent || s.q.ahead(c, p, retry, s.apartNow()):
 			if why = s.gateReason(); why != admission.NoReason {
 				cons = s.globalConstraint()
 			}

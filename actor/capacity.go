@@ -113,6 +113,9 @@ func (s *state) returnSlot() {
 
 func (s *state) enqueue(r *AcquireRequest) {
 	r.queued = true
+	if s.q.setsApart(r) {
+		r.pushedAt = s.fx.now()
+	}
 	s.q.push(r)
 	s.pending++
 	if !r.Start.IsZero() {
@@ -134,27 +137,55 @@ func (s *state) dequeue(r *AcquireRequest) {
 	}
 }
 
+// apartNow reads the clock when retries wait apart from first attempts,
+// whose order depends on how long they have waited; zero otherwise.
+func (s *state) apartNow() time.Time {
+	if s.q.apart > 0 {
+		return s.fx.now()
+	}
+	return time.Time{}
+}
+
 // pump admits waiters while slots are free, then answers waiting Drains if
 // the engine is idle. Plain, waiters go in arrival order; fair, the class
-// with the lowest virtual token counter goes next. A waiter whose context
+// with the lowest virtual token counter goes next; either way, first
+// attempts go ahead of retries until these have waited their aging. A waiter whose context
 // has ended is passed over: its cancel message, with the context's cause, is
 // on its way.
 func (s *state) pump() {
 	s.q.clearBlocked()
+	now := s.apartNow()
 	if s.q.fair {
 		for s.inFlight < s.limits.MaxConcurrent {
-			w := s.q.next()
+			w := s.q.next(now)
 			if w == nil || !s.serve(w) {
 				break
 			}
 		}
 	} else {
-		for w := s.q.plain.head; w != nil && s.inFlight < s.limits.MaxConcurrent && !s.q.allBlocked(); {
-			next := w.next
+		// The first attempts and the retries, merged (see queue.pick).
+		a, b := s.q.plain.head, s.q.retries.head
+		for s.inFlight < s.limits.MaxConcurrent && !s.q.allBlocked() {
+			w := s.q.pick(a, b, now)
+			if w == nil {
+				break
+			}
+			if w == a {
+				a = a.next
+			} else {
+				b = b.next
+			}
 			if !w.ctxEnded() && !s.q.blocked[w.Class] && !s.serve(w) {
 				break
 			}
-			w = next
+		}
+	}
+	if s.q.apart > 0 && s.pending > 0 && s.inFlight < s.limits.MaxConcurrent {
+		// Waiters left with a slot free (waiting for capacity, or held):
+		// when a retry has waited its aging the order changes, and the
+		// queue is served again then, on the hold timer.
+		if d, ok := s.q.untilAged(now); ok {
+			s.fx.armHold(d)
 		}
 	}
 	s.checkDrains()

@@ -118,7 +118,7 @@ func (c *cooldownStage) stats(now time.Time) admission.CooldownStats {
 
 // holdEnded looks again, once a hold's time has passed, at the calls the
 // cool-downs hold back: the paced ones waiting before their turns, then
-// the queue.
+// the queue (where a retry may also have waited its aging).
 func (s *state) holdEnded() {
 	s.wakeCooling()
 	s.pump()

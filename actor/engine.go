@@ -58,6 +58,9 @@ type Config struct {
 	Adaptive *Adaptive
 	Rates    *Rates
 	Fleet    *fleet.Pool
+	// Retry is the retry budgets; nil for none. Their windows are counted
+	// from the clock's time at Start.
+	Retry *admission.RetryConfig
 }
 
 // ErrInternal wraps a panic recovered inside the admission actor.
@@ -134,7 +137,8 @@ func Start(cfg Config) (*Engine, error) {
 	adm := &admissionActor{engine: e, withDedup: cfg.Dedup}
 	var seed [32]byte
 	_, _ = rand.Read(seed[:])
-	sc := stageConfig{model: cfg.Model, shed: cfg.ShedCooldown, adaptive: cfg.Adaptive, rates: cfg.Rates, fleet: cfg.Fleet}
+	sc := stageConfig{model: cfg.Model, shed: cfg.ShedCooldown, adaptive: cfg.Adaptive, rates: cfg.Rates, fleet: cfg.Fleet,
+		retry: cfg.Retry, origin: e.clk.Now()}
 	st, err := newState(cfg.Limits, cfg.Queue, sc, adm, seed)
 	if err != nil {
 		return nil, err
@@ -325,12 +329,12 @@ func (e *Engine) call(msg any, done chan struct{}) {
 // would queue), with the capacity snapshot when detail asks for it. A rate
 // kept in Redis is asked here, on the caller's goroutine, once the engine
 // has answered for everything else; like the rest, it books nothing.
-func (e *Engine) WouldAdmit(c classes.Class, p admission.Priority, res admission.Reservation, model string, timeout time.Duration, detail bool) (admission.Reason, *admission.RejectDetail) {
+func (e *Engine) WouldAdmit(c classes.Class, p admission.Priority, res admission.Reservation, model string, timeout time.Duration, retry, detail bool) (admission.Reason, *admission.RejectDetail) {
 	q := e.wouldAdmitRequests.Get().(*wouldAdmitRequest)
-	q.class, q.priority, q.reservation, q.model, q.timeout, q.detail = c, p, res, model, timeout, detail
+	q.class, q.priority, q.reservation, q.model, q.timeout, q.retry, q.detail = c, p, res, model, timeout, retry, detail
 	e.call(q, q.done)
 	why, d, set, rs := q.why, q.snapshot, q.remote, q.rates
-	q.why, q.snapshot, q.detail, q.remote, q.rates = admission.NoReason, nil, false, nil, nil
+	q.why, q.snapshot, q.detail, q.retry, q.remote, q.rates = admission.NoReason, nil, false, false, nil, nil
 	e.wouldAdmitRequests.Put(q)
 	if set != nil {
 		if rwhy, rd := rs.peek(background, set, &res); rwhy != admission.NoReason {

@@ -116,13 +116,25 @@ func (s *state) stats(ext external) admission.Stats {
 		DoubleReleases: ext.doubleReleases, ListenerPanics: ext.listenerPanics, LedgerDrift: s.drift + s.tab.Drift(),
 		Cooldown: s.cool.stats(s.fx.now()), Adaptive: s.adaptiveStats(), Fleet: s.fleet.stats(),
 	}
+	var perClass []*admission.RetryBudgetStats
+	for _, n := range s.retries {
+		st.Retries.Admitted += n
+	}
+	if s.retry != nil {
+		st.Retries.Budget, perClass = s.retry.stats(s.fx.now(), s.tab.Len())
+	}
 	if s.tab != nil {
 		st.Classes = s.tab.Stats(s.capacity(admission.High, false)) // High: the whole budget
 		for i, dl := range ext.deadlines {
 			st.Classes.Classes[i].Deadlines = dl
 		}
 		for c := 1; c < len(s.q.waiting); c++ {
-			st.Classes.Classes[c-1].Pending = s.q.waiting[c]
+			k := &st.Classes.Classes[c-1]
+			k.Pending = s.q.waiting[c]
+			k.Retries.Admitted = s.retries[c]
+			if perClass != nil {
+				k.Retries.Budget = perClass[c-1]
+			}
 		}
 	}
 	if st.Rate = s.rates.stats(); st.Rate != nil {

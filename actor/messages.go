@@ -63,6 +63,10 @@ type AcquireRequest struct {
 	// for none: a call that would have to wait past it (a cool-down, a
 	// paced turn) is turned away at once.
 	Deadline time.Time
+	// Retry marks a retry of an earlier attempt: the retry budgets count
+	// it against the first attempts, and in the queue first attempts go
+	// ahead of it (for a while).
+	Retry bool
 
 	// Err is the rejection, nil when admitted. Set by the engine.
 	Err error
@@ -111,9 +115,13 @@ type AcquireRequest struct {
 	// anything else of the request is read.
 	gen uint64
 
-	// Owned by the engine while the request is queued.
+	// Owned by the engine while the request is queued: its place, its
+	// push number and, for a retry set apart (apart), its push time.
 	prev, next *AcquireRequest
 	queued     bool
+	apart      bool
+	seq        uint64
+	pushedAt   time.Time
 	enqueuedAt time.Time
 	// queuedAt is when a request with a queue timeout was queued.
 	queuedAt time.Time
@@ -155,6 +163,7 @@ func (r *AcquireRequest) reset() {
 	r.Class, r.BorrowedDeadline, r.Shadow = classes.None, 0, 0
 	r.Follower, r.FollowerCause = admission.NoReason, nil
 	r.Model, r.Deadline, r.RateWait, r.Panic = "", time.Time{}, 0, nil
+	r.Retry = false
 }
 
 func (r *AcquireRequest) MailboxNode() *mpscNode { return &r.node }
@@ -248,6 +257,10 @@ type Lease struct {
 
 	classID   classes.Class
 	abandoned bool
+	// retry marks a retry's admission; retryBucket is the bucket of the
+	// retry budgets' windows it was counted in (see retryStage.take).
+	retry       bool
+	retryBucket int64
 	// deadline is the borrowed-slot deadline, zero when none runs; expired
 	// is closed when it expires first. deadlineOff is set when EndDeadline
 	// stopped it before the release: it can no longer expire.
@@ -393,6 +406,7 @@ type wouldAdmitRequest struct {
 	reservation admission.Reservation
 	model       string
 	timeout     time.Duration // the bulkhead's queue timeout
+	retry       bool
 	detail      bool
 	// why and snapshot are the answer: why the call would be turned away,
 	// and the capacity snapshot when asked for (or while a cool-down may

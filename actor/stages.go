@@ -13,7 +13,9 @@ import (
 
 // The admission pipeline, in the order every call meets its stages:
 //
-//  1. closed, then the caller's context (validation is the facade's);
+//  1. closed, then the caller's context (validation is the facade's), then
+//     a retry's budgets (retry.go): a retry they have no room for is
+//     turned away RetryBudget;
 //  2. a cool-down or the provider's headroom: a call that may not wait for
 //     it (ShedCooldown, or it outlasts the call's queue timeout or
 //     deadline) is turned away Cooldown; one that may is held back, in
@@ -49,6 +51,8 @@ type stageConfig struct {
 	adaptive *Adaptive
 	rates    *Rates
 	fleet    *fleet.Pool
+	retry    *admission.RetryConfig
+	origin   time.Time
 }
 
 // parkReason is why a paced call waits outside the queue.
@@ -503,7 +507,8 @@ func (s *state) rejectStage(r *AcquireRequest, why admission.Reason, ext *admiss
 	s.answer(r)
 }
 
-// grantStages is stage 5, for r whose slot was just granted: its model
+// grantStages is stage 5, for r whose slot was just granted: a retry must
+// still have room in its retry budgets, its model
 // must not be cooling down (a call that was waiting in the queue when the
 // cool-down began is turned away with the time left rather than sent into
 // another 429), it spends from the model's headroom, and then its rates,
@@ -512,6 +517,14 @@ func (s *state) rejectStage(r *AcquireRequest, why admission.Reason, ext *admiss
 // taken the hold. It reports whether r passes; when it does not, the
 // slot went back and r was rejected.
 func (s *state) grantStages(r *AcquireRequest) bool {
+	if r.Retry && s.retry != nil {
+		// A retry that waited may find its budget's room taken.
+		if d := s.retry.over(r.Class, s.fx.now(), s.tab); d != nil {
+			s.returnSlot()
+			s.rejectStage(r, admission.RetryBudget, s.retryVerdict(d), nil)
+			return false
+		}
+	}
 	var gen uint64
 	if s.cool.armed() {
 		now := s.fx.now()
@@ -629,15 +642,25 @@ func (s *state) closeStages() {
 	}
 }
 
-// wouldAdmitRequest answers q: capacity, then the cool-down (a call that
+// wouldAdmitRequest answers q: a retry's budgets, then capacity, then the cool-down (a call that
 // may not wait for it, or would find no room in the queue to be held in,
 // is turned away Cooldown), then the rates (not paced: a paced call waits
 // for its turn). The rates kept in Redis are left to the caller (q.remote).
 func (s *state) wouldAdmitRequest(q *wouldAdmitRequest) {
+	if q.retry && s.retry != nil && !s.closed {
+		if rd := s.retry.over(q.class, s.fx.now(), s.tab); rd != nil {
+			q.why = admission.RetryBudget
+			if q.detail {
+				q.snapshot = s.detail(q.priority, q.reservation.Reserved, q.class, s.retryVerdict(rd).Constraint)
+				q.snapshot.RetryBudget = rd
+			}
+			return
+		}
+	}
 	cooling := s.cool.armed()
 	// While a cool-down may run, the detail says whether the queue has
 	// room to hold the call.
-	why, d := s.wouldAdmit(q.class, q.priority, q.reservation, q.detail || cooling)
+	why, d := s.wouldAdmit(q.class, q.priority, q.reservation, q.retry, q.detail || cooling)
 	model := q.model
 	if model == "" {
 		model = s.model

@@ -25,7 +25,8 @@ type effects interface {
 	// stopTimer stops r's queue timeout, if one runs.
 	stopTimer(r *AcquireRequest)
 	// armHold makes a holdMsg come back to the state once d has passed,
-	// unless one is due sooner; stopHold stops that.
+	// unless one is due sooner (the end of a cool-down, a waiting retry's
+	// aging); stopHold stops that.
 	armHold(d time.Duration)
 	stopHold()
 	// repump makes a pumpMsg come back to the state, unless one is on its
@@ -93,8 +94,9 @@ type state struct {
 	// The admission layer.
 	calls  int64 // admitted - released
 	tokens int64 // tokens held by admitted calls, provisional ones included
-	// provisional counts the admissions waiting for the facade's verdict
-	// (AcquireRequest.Confirm): Drain waits for them too.
+	// provisional counts the admissions waiting for the verdict of their
+	// remote stages (the fleet pool, a rate in Redis): Drain waits for
+	// them too.
 	provisional int64
 
 	// gate counts the slots and the gate-level rejections, admissions
@@ -139,6 +141,11 @@ type state struct {
 	// booking counts the overruns being booked on rates kept in Redis,
 	// after their release: Drain waits for them.
 	booking int
+
+	// retry is the retry budgets, nil for none; retries counts the retries
+	// admitted, by class handle (index 0 without classes).
+	retry   *retryStage
+	retries []int64
 }
 
 // newState returns the state machine for limits (assumed valid but for
@@ -176,6 +183,10 @@ func newState(limits admission.Limits, qp QueuePolicy, sc stageConfig, fx effect
 		return nil, err
 	}
 	s.q = q
+	if s.retry, err = newRetryStage(sc.retry, s.tab, sc.origin); err != nil {
+		return nil, err
+	}
+	s.retries = make([]int64, s.tab.Len()+1)
 	return s, nil
 }
 

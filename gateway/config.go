@@ -93,6 +93,12 @@ type Config struct {
 	Class ClassFrom `yaml:"class"`
 	// Priority says which header carries a call's priority.
 	Priority PriorityFrom `yaml:"priority"`
+	// AttemptHeader names the request header that says which attempt of
+	// a call a request is (0 for the first, 1 for its first retry, ...):
+	// a retry counts against its bulkhead's retry budget and waits behind
+	// first attempts in its queue. Empty means X-Stainless-Retry-Count,
+	// which the official OpenAI and Anthropic SDKs send.
+	AttemptHeader string `yaml:"attempt_header"`
 	// Telemetry sends OpenTelemetry traces of the calls and the
 	// bulkheads' metrics over OTLP; off by default (see TelemetryConfig).
 	Telemetry TelemetryConfig `yaml:"telemetry"`
@@ -239,14 +245,69 @@ type BulkheadConfig struct {
 	Adaptive *AdaptiveConfig `yaml:"adaptive"`
 	// Queue is how waiting calls are served (see bulkhead.QueuePolicy).
 	Queue QueueConfig `yaml:"queue"`
+	// RetryBudget, when set, bounds the retries the bulkhead admits (see
+	// RetryBudgetConfig).
+	RetryBudget *RetryBudgetConfig `yaml:"retry_budget"`
 }
 
 // QueueConfig is a bulkhead's queue policy (see bulkhead.QueuePolicy):
-// fair queuing across its classes, with weights, and waiting for capacity.
+// fair queuing across its classes, with weights, waiting for capacity,
+// and how long first attempts go ahead of a waiting retry (retry_aging;
+// left out, bulkhead.DefaultRetryAging; 0s keeps retries in arrival
+// order).
 type QueueConfig struct {
 	Fair            bool           `yaml:"fair"`
 	Weights         map[string]int `yaml:"weights"`
 	WaitForCapacity bool           `yaml:"wait_for_capacity"`
+	RetryAging      *Duration      `yaml:"retry_aging"`
+}
+
+// policy is q as the bulkhead takes it.
+func (q QueueConfig) policy() bulkhead.QueuePolicy {
+	p := bulkhead.QueuePolicy{Fair: q.Fair, Weights: q.Weights, WaitForCapacity: q.WaitForCapacity}
+	if a := q.RetryAging; a != nil {
+		p.RetryAging = time.Duration(*a)
+		if *a == 0 {
+			p.RetryAging = -1 // in arrival order
+		}
+	}
+	return p
+}
+
+// RetryBudgetConfig is a bulkhead's retry budget (see
+// bulkhead.RetryBudgets): over the window, the retries admitted may be at
+// most ratio times the first attempts admitted, or min_retries when that
+// is more; per_class gives classes budgets of their own, which their
+// retries must fit too. A retry over budget is answered at once with
+// x-should-retry: false, so the SDK raises instead of trying again.
+//
+//	retry_budget: {ratio: 0.1, min_retries: 3, window: 10s, per_class: {batch: {ratio: 0.05, min_retries: 1}}}
+type RetryBudgetConfig struct {
+	// Window is how long an admission counts; left out, 10s.
+	Window Duration `yaml:"window"`
+	// RetryLimit is the bulkhead's own budget, inline: ratio and
+	// min_retries. Both left out means none (per_class only).
+	RetryLimit `yaml:",inline"`
+	// PerClass are budgets of their own for the classes it names.
+	PerClass map[string]RetryLimit `yaml:"per_class"`
+}
+
+// RetryLimit is one retry budget (see bulkhead.RetryLimit).
+type RetryLimit struct {
+	Ratio      float64 `yaml:"ratio"`
+	MinRetries int     `yaml:"min_retries"`
+}
+
+// budgets is r as the bulkhead takes it.
+func (r *RetryBudgetConfig) budgets() *bulkhead.RetryBudgets {
+	out := &bulkhead.RetryBudgets{Window: time.Duration(r.Window), Bulkhead: bulkhead.RetryLimit(r.RetryLimit)}
+	if len(r.PerClass) > 0 {
+		out.PerClass = make(map[string]bulkhead.RetryLimit, len(r.PerClass))
+		for name, l := range r.PerClass {
+			out.PerClass[name] = bulkhead.RetryLimit(l)
+		}
+	}
+	return out
 }
 
 // AdaptiveConfig is a bulkhead's adaptive limits (see bulkhead.Adaptive).
@@ -893,6 +954,9 @@ func (v *validator) checkClients(c *Config) {
 	if c.Priority.Header != "" && !c.TrustHeaders && !high {
 		v.failf([]string{"priority", "header"}, "counts only with trust_headers: true, or for clients with allow_high_priority")
 	}
+	if h := c.AttemptHeader; h != "" && !validHeaderName(h) {
+		v.failf([]string{"attempt_header"}, "want a header name, such as X-Retry-Attempt, got %q", h)
+	}
 }
 
 func sortedKeys[V any](m map[string]V) []string {
@@ -902,4 +966,15 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// validHeaderName reports whether h is a valid HTTP header name (a token).
+func validHeaderName(h string) bool {
+	for i := range len(h) {
+		c := h[i]
+		if c <= ' ' || c >= 0x7f || strings.IndexByte(`()<>@,;:\"/[]?={}`, c) >= 0 {
+			return false
+		}
+	}
+	return h != ""
 }

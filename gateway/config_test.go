@@ -527,6 +527,16 @@ func TestConfigErrorsNameYAMLKeys(t *testing.T) {
 			"gw.yaml:7: bulkheads.b.adaptive.max_concurrent: must be >= min_concurrent (4), got 2 (zero means max_concurrent)"},
 		{"    max_concurrent: 4\n    adaptive: {min_budget: 10}\n", "gw.yaml:7: bulkheads.b.adaptive.min_budget: applies only with token_budget"},
 		{"    max_concurrent: 4\n    token_budget: 1000\n    adaptive: {min_budget: 100, max_budget: 10}\n", "gw.yaml:8: bulkheads.b.adaptive.min_budget: must not exceed max_budget (10), got 100"},
+		{"    retry_budget: {ratio: 2}\n", "gw.yaml:6: bulkheads.b.retry_budget.ratio: must be between 0 and 1, got 2"},
+		{"    retry_budget: {window: 10s}\n", "gw.yaml:6: bulkheads.b.retry_budget: sets no budget: set ratio or min_retries, or per_class"},
+		{"    retry_budget: {ratio: 0.1, window: 100ms}\n", "gw.yaml:6: bulkheads.b.retry_budget.window: must be between 1s and 1h0m0s (or 0 for 10s), got 100ms"},
+		{"    retry_budget: {min_retries: -1}\n", "gw.yaml:6: bulkheads.b.retry_budget.min_retries: must be >= 0, got -1"},
+		{"    retry_budget: {per_class: {web: {ratio: 0.1}}}\n", "gw.yaml:6: bulkheads.b.retry_budget.per_class: needs classes"},
+		{"    classes: {default: web, limits: {web: {}}}\n    retry_budget:\n      per_class:\n        gold: {ratio: 0.1}\n",
+			"gw.yaml:9: bulkheads.b.retry_budget.per_class.gold: is not one of classes"},
+		{"    classes: {default: web, limits: {web: {}}}\n    retry_budget:\n      per_class:\n        web: {ratio: -0.5}\n",
+			"gw.yaml:9: bulkheads.b.retry_budget.per_class.web.ratio: must be between 0 and 1, got -0.5"},
+		{"    queue: {retry_aging: -1s}\n", `gw.yaml:6: bulkheads.b.queue.retry_aging: want a duration such as 2s or 1m30s, got "-1s"`},
 		{"    fleet: {redis: main, pool: p, token_budget: 1000}\n",
 			"gw.yaml:6: bulkheads.b.fleet: has a token budget (1000), which needs token_budget: its estimator makes the reservations the pool holds"},
 		// From the gateway's own checks, where the bulkhead's would name Go.
@@ -787,4 +797,131 @@ routes: [{api: openai-chat, upstream: up, bulkhead: b}]
 		t.Fatalf("a call while Redis pauses 200 ms, under a 5 s timeout: %v", err)
 	}
 	_ = p.Release(nil)
+}
+
+// TestConfigRetryBudget: a bulkhead's retry_budget refuses a retry over it
+// (the SDKs' attempt header, or the one attempt_header names) at once,
+// with x-should-retry: false and no retry-after, before anything goes
+// upstream; the request log shows the attempt and the reason, and
+// /metrics the budget.
+func TestConfigRetryBudget(t *testing.T) {
+	up := newFakeOpenAI(t)
+	logs := &testutil.Buffer{}
+	g, srv := buildGateway(t, `log: {format: json}
+upstreams:
+  openai: {base_url: "`+up.srv.URL+`"}
+bulkheads:
+  main:
+    model: gpt-4o
+    max_concurrent: 4
+    retry_budget: {ratio: 0.5, min_retries: 0, window: 30s}
+    queue: {retry_aging: 2s}
+routes:
+  - {api: openai-chat, upstream: openai, bulkhead: main}
+`, nil, logs)
+	call := func(tag string, header ...string) *http.Response {
+		t.Helper()
+		req, _ := http.NewRequest("POST", srv.URL+"/v1/chat/completions", strings.NewReader(`{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}`))
+		req.Header.Set("X-Request-Id", tag)
+		for i := 0; i+1 < len(header); i += 2 {
+			req.Header.Set(header[i], header[i+1])
+		}
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+		return res
+	}
+	for _, tag := range []string{"first-1", "first-2"} {
+		if res := call(tag, "X-Stainless-Retry-Count", "0"); res.StatusCode != 200 {
+			t.Fatalf("%s: %d", tag, res.StatusCode)
+		}
+		<-up.auth
+	}
+	if res := call("retry-ok", "X-Stainless-Retry-Count", "1"); res.StatusCode != 200 { // 1 of 1 allowed
+		t.Fatalf("retry within budget: %d", res.StatusCode)
+	}
+	<-up.auth
+	res := call("retry-over", "X-Stainless-Retry-Count", "2")
+	if res.StatusCode != 503 || res.Header.Get("X-Should-Retry") != "false" || res.Header.Get("Retry-After") != "" ||
+		res.Header.Get("X-Bulkhead-Reason") != "retry_budget" {
+		t.Fatalf("retry over budget: %d %v", res.StatusCode, res.Header)
+	}
+	if res := call("bad-attempt", "X-Stainless-Retry-Count", "x"); res.StatusCode != 400 {
+		t.Fatalf("a bad attempt header: %d", res.StatusCode)
+	}
+	if n := len(up.requestIDs()); n != 3 {
+		t.Fatalf("%d calls reached the upstream, want 3", n)
+	}
+	testutil.WaitFor(t, "the log lines", func() bool { return strings.Count(logs.String(), `"msg":"request"`) == 5 })
+	lines := logLines(t, logs)
+	if l := lineOf(t, lines, "retry-over"); l["retry"] != 2.0 || l["shed"] != "retry_budget" || l["status"] != 503.0 || l["end"] != "shed" {
+		t.Errorf("log line %v", l)
+	}
+	if l := lineOf(t, lines, "first-1"); l["retry"] != 0.0 {
+		t.Errorf("log line %v", l)
+	}
+	for _, want := range []string{`bulkhead_rejected_total{bulkhead="main",class="",reason="retry_budget"} 1`,
+		`bulkhead_retries_admitted_total{bulkhead="main"} 1`, `bulkhead_retry_budget_first_attempts{bulkhead="main"} 2`,
+		`bulkhead_retry_budget_allowed{bulkhead="main"} 1`} {
+		if m := metric(t, srv.URL, want[:strings.LastIndexByte(want, ' ')]); m != want {
+			t.Errorf("/metrics: %q, want %q", m, want)
+		}
+	}
+	if st := g.Bulkheads["main"].Stats(); st.Retries.Budget == nil || st.Retries.Budget.Window != 30*time.Second {
+		t.Errorf("budget %+v", st.Retries.Budget)
+	}
+}
+
+// TestConfigAttemptHeader: attempt_header names the header a gateway reads
+// the attempt from (and logs); the SDKs' header then counts for nothing.
+// A name that is not a header name is an error.
+func TestConfigAttemptHeader(t *testing.T) {
+	up := newFakeOpenAI(t)
+	logs := &testutil.Buffer{}
+	_, srv := buildGateway(t, `log: {format: json}
+attempt_header: X-Attempt
+upstreams:
+  openai: {base_url: "`+up.srv.URL+`"}
+bulkheads:
+  main: {model: gpt-4o, max_concurrent: 4, retry_budget: {ratio: 0.1}}
+routes:
+  - {api: openai-chat, upstream: openai, bulkhead: main}
+`, nil, logs)
+	send := func(tag, header, value string) int {
+		req, _ := http.NewRequest("POST", srv.URL+"/v1/chat/completions", strings.NewReader(`{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}`))
+		req.Header.Set("X-Request-Id", tag)
+		req.Header.Set(header, value)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+		return res.StatusCode
+	}
+	if got := send("sdk", "X-Stainless-Retry-Count", "1"); got != 200 {
+		t.Fatalf("the SDK's header, not read: %d", got)
+	}
+	<-up.auth
+	if got := send("own", "X-Attempt", "1"); got != 503 {
+		t.Fatalf("the named header: %d", got)
+	}
+	testutil.WaitFor(t, "the log lines", func() bool { return strings.Count(logs.String(), `"msg":"request"`) == 2 })
+	if l := lineOf(t, logLines(t, logs), "own"); l["retry"] != 1.0 || l["shed"] != "retry_budget" {
+		t.Errorf("log line %v", l)
+	}
+	if l := lineOf(t, logLines(t, logs), "sdk"); l["retry"] != nil {
+		t.Errorf("log line %v", l)
+	}
+	_, err := gateway.ParseConfig("gw.yaml", []byte(`attempt_header: "X Attempt"
+upstreams: {openai: {base_url: "https://api.openai.com"}}
+bulkheads: {main: {model: gpt-4o, max_concurrent: 1}}
+routes: [{api: openai-chat, upstream: openai, bulkhead: main}]
+`))
+	if err == nil || !strings.HasSuffix(err.Error(), `gw.yaml:1: attempt_header: want a header name, such as X-Retry-Attempt, got "X Attempt"`) {
+		t.Fatalf("error %v", err)
+	}
 }

@@ -69,7 +69,8 @@ func capacityRefusal(reason bulkhead.Reason) bool {
 
 // shedEarly answers req, a call in format for route rp, before its body is
 // read when rp's bulkhead is at its capacity and would turn the call away
-// for it (see gate), and reports whether it did. A route whose admission
+// for it (see gate), and reports whether it did. A retry its retry budget
+// refuses takes the full path, so that it is answered for its budget. A route whose admission
 // options need the parsed call (Route.Options without Build) is never
 // checked early.
 func (h *Handler) shedEarly(w http.ResponseWriter, req *http.Request, format stream.Format, rp *routeProxy) bool {
@@ -78,13 +79,22 @@ func (h *Handler) shedEarly(w http.ResponseWriter, req *http.Request, format str
 		return false
 	}
 	class, high := rp.admission(req)
-	opts := make([]bulkhead.Option, 2, 4)
+	attempt, err := stream.AttemptOf(req.Header, rp.attempt)
+	if err != nil { // the full path answers it
+		return false
+	}
+	opts := make([]bulkhead.Option, 2, 5)
 	opts[0], opts[1] = noReservation, withDetail
 	if class != "" {
 		opts = append(opts, bulkhead.WithClass(class))
 	}
 	if high {
 		opts = append(opts, highPriority)
+	}
+	if attempt > 0 {
+		// A retry over its budget is answered for that (by the full path,
+		// which counts it), not for the capacity it would not get anyway.
+		opts = append(opts, bulkhead.WithAttempt(attempt))
 	}
 	d, err := g.b.WouldAdmit(anyCall, opts...)
 	if err != nil { // an unknown class, say: the full path answers it

@@ -191,3 +191,59 @@ func TestShedEarlyBodies(t *testing.T) {
 		})
 	}
 }
+
+// TestShedEarlyLeavesRetriesToTheirBudget: at a full gateway, a retry that
+// its retry budget refuses is answered for its budget (x-should-retry:
+// false, so the SDK stops), not for the capacity the early check sees
+// (x-should-retry: true, and the SDK would come back), and the bulkhead
+// counts it; a first attempt is shed early as before.
+func TestShedEarlyLeavesRetriesToTheirBudget(t *testing.T) {
+	up := newFakeOpenAI(t)
+	g, srv := buildGateway(t, `upstreams:
+  openai: {base_url: "`+up.srv.URL+`"}
+bulkheads:
+  main: {model: gpt-4o, max_concurrent: 2, retry_budget: {min_retries: 1}}
+routes:
+  - {api: openai-chat, upstream: openai, bulkhead: main}
+`, nil, io.Discard)
+	b := g.Bulkheads["main"]
+	call := func(attempt string, hold bool) *http.Response {
+		t.Helper()
+		body := `{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}`
+		if hold {
+			body = `{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"hold"}]}`
+		}
+		req, _ := http.NewRequest("POST", srv.URL+"/v1/chat/completions", strings.NewReader(body))
+		req.Header.Set("X-Stainless-Retry-Count", attempt)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if hold {
+			t.Cleanup(func() { res.Body.Close() })
+			<-up.auth
+			return res
+		}
+		io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+		return res
+	}
+	call("0", true)
+	call("1", true) // both slots held; the floor's one retry taken
+	if res := call("0", false); res.StatusCode != 503 || res.Header.Get("X-Bulkhead-Reason") != "concurrency_limit" {
+		t.Fatalf("the full path's refusal: %d %v", res.StatusCode, res.Header)
+	}
+	res := call("2", false)
+	if res.StatusCode != 503 || res.Header.Get("X-Bulkhead-Reason") != "retry_budget" || res.Header.Get("X-Should-Retry") != "false" {
+		t.Fatalf("a retry over budget at a full gateway: %d %v", res.StatusCode, res.Header)
+	}
+	if res := call("0", false); res.Header.Get("X-Bulkhead-Reason") != "concurrency_limit" || res.Header.Get("X-Should-Retry") != "true" {
+		t.Fatalf("a first attempt at a full gateway: %d %v", res.StatusCode, res.Header)
+	}
+	if m := metric(t, srv.URL, `bulkhead_gateway_rejected_early_total{bulkhead="main",reason="concurrency_limit"}`); !strings.HasSuffix(m, " 1") {
+		t.Errorf("early refusals: %q, want the first attempt's", m)
+	}
+	if st := b.Stats(); st.Calls.RejectedByReason[bulkhead.RetryBudget] != 1 || st.Calls.RejectedByReason[bulkhead.ConcurrencyLimit] != 1 {
+		t.Errorf("the bulkhead counted %v", st.Calls.RejectedByReason)
+	}
+}

@@ -37,6 +37,17 @@ var goKeys = map[string]string{
 	"bulkhead.Config.Queue.Fair":            "bulkheads.*.queue.fair",
 	"bulkhead.Config.Queue.Weights":         "bulkheads.*.queue.weights",
 	"bulkhead.Config.Queue.WaitForCapacity": "bulkheads.*.queue.wait_for_capacity",
+	"bulkhead.Config.Queue.RetryAging":      "bulkheads.*.queue.retry_aging",
+
+	"bulkhead.Config.RetryBudgets":                        "bulkheads.*.retry_budget",
+	"bulkhead.Config.RetryBudgets.Window":                 "bulkheads.*.retry_budget.window",
+	"bulkhead.Config.RetryBudgets.Bulkhead":               "bulkheads.*.retry_budget",
+	"bulkhead.Config.RetryBudgets.Bulkhead.Ratio":         "bulkheads.*.retry_budget.ratio",
+	"bulkhead.Config.RetryBudgets.Bulkhead.MinRetries":    "bulkheads.*.retry_budget.min_retries",
+	"bulkhead.Config.RetryBudgets.PerClass":               "bulkheads.*.retry_budget.per_class",
+	"bulkhead.Config.RetryBudgets.PerClass[*]":            "bulkheads.*.retry_budget.per_class.*",
+	"bulkhead.Config.RetryBudgets.PerClass[*].Ratio":      "bulkheads.*.retry_budget.per_class.*.ratio",
+	"bulkhead.Config.RetryBudgets.PerClass[*].MinRetries": "bulkheads.*.retry_budget.per_class.*.min_retries",
 
 	"bulkhead.Config.RateLimits":                                   "bulkheads.*.rate_limits",
 	"bulkhead.Config.RateLimits.Store":                             "bulkheads.*.rate_limits.redis",

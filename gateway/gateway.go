@@ -275,6 +275,7 @@ type served struct {
 	table    *table
 	clients  *clientSet // nil: no authentication
 	mode     string     // log.requests
+	attempt  string     // the attempt header (attempt_header), for the log
 	bulkhead []string   // the bulkhead of each route, by index
 	upstream []string   // the upstream of each route, by index
 	// revision counts the configurations the gateway has served (1 for
@@ -294,7 +295,10 @@ func (g *Gateway) newServed(cfg *Config, v *validator) (*served, error) {
 	if err != nil {
 		return nil, err
 	}
-	st := &served{clients: clients, mode: cfg.Log.Requests, digest: cfg.digest, file: v.file}
+	st := &served{clients: clients, mode: cfg.Log.Requests, digest: cfg.digest, file: v.file, attempt: cfg.AttemptHeader}
+	if st.attempt == "" {
+		st.attempt = stream.DefaultAttemptHeader
+	}
 	var routes []Route
 	for _, rc := range cfg.Routes {
 		up := cfg.Upstreams[rc.Upstream]
@@ -308,7 +312,8 @@ func (g *Gateway) newServed(cfg *Config, v *validator) (*served, error) {
 		b := g.Bulkheads[rc.Bulkhead]
 		adm := cfg.admission(cfg.Bulkheads[rc.Bulkhead].Classes != nil)
 		r := Route{Format: apis[rc.API], Models: rc.Models, Upstream: u, APIKey: key, Bulkhead: b,
-			Options: options(adm), MaxBodyBytes: rc.MaxBodyBytes, admission: adm, Transport: g.transport(time.Duration(up.HeaderTimeout))}
+			Options: options(adm), MaxBodyBytes: rc.MaxBodyBytes, admission: adm, Transport: g.transport(time.Duration(up.HeaderTimeout)),
+			AttemptHeader: cfg.AttemptHeader}
 		if t := g.tel; t != nil && t.tracer != nil {
 			base := r.Transport
 			if base == nil {
@@ -429,7 +434,10 @@ func (v *validator) at(path []string, format string, args ...any) *ConfigError {
 // in-process), weighing tokens by weight, and its fleet pool.
 func (b BulkheadConfig) config(store pacer.Store, pool *fleet.Pool, weight bulkhead.TokenWeight) bulkhead.Config {
 	c := bulkhead.Config{Model: b.Model, MaxConcurrent: b.MaxConcurrent, MaxQueue: b.MaxQueue, QueueTimeout: time.Duration(b.QueueTimeout), Fleet: pool,
-		Queue: bulkhead.QueuePolicy(b.Queue)}
+		Queue: b.Queue.policy()}
+	if r := b.RetryBudget; r != nil {
+		c.RetryBudgets = r.budgets()
+	}
 	if b.TokenBudget != nil {
 		c.TokenBudget = &bulkhead.TokenBudget{Budget: *b.TokenBudget, HighPriorityReserve: b.HighPriorityReserve, OutputCap: b.OutputCap}
 	}

@@ -65,6 +65,11 @@ type Route struct {
 	// stream.DefaultMaxBodyBytes.
 	MaxBodyBytes int64
 
+	// AttemptHeader names the request header that says which attempt of
+	// a call a request is (see stream.Transport.AttemptHeader); empty
+	// means stream.DefaultAttemptHeader, which the official SDKs send.
+	AttemptHeader string
+
 	// admission, set by Build, gives a call's class and priority from its
 	// request alone, what Options gives the bulkhead: with it (or without
 	// Options) the Handler can turn a call away before reading its body.
@@ -211,6 +216,8 @@ func (h *Handler) newTable(routes []Route) (*table, error) {
 			return nil, &bulkhead.ConfigError{Field: field + ".Upstream", Problem: "must be an absolute URL, such as https://api.openai.com"}
 		case r.Bulkhead == nil:
 			return nil, &bulkhead.ConfigError{Field: field + ".Bulkhead", Problem: "must not be nil"}
+		case r.AttemptHeader != "" && !validHeaderName(r.AttemptHeader):
+			return nil, &bulkhead.ConfigError{Field: field + ".AttemptHeader", Problem: fmt.Sprintf("must be a header name, got %q", r.AttemptHeader)}
 		}
 		rp := proxy(r, i, h.gateOf(r.Bulkhead))
 		if fr.n++; fr.n == 1 {
@@ -251,7 +258,7 @@ func proxy(r Route, index int, g *gate) *routeProxy {
 	if admission == nil && r.Options == nil {
 		admission = func(*http.Request) (string, bool) { return "", false }
 	}
-	rp := &routeProxy{index: index, maxBody: bodyLimit(r.MaxBodyBytes), gate: g, admission: admission, ReverseProxy: httputil.ReverseProxy{
+	rp := &routeProxy{index: index, maxBody: bodyLimit(r.MaxBodyBytes), gate: g, admission: admission, attempt: r.AttemptHeader, ReverseProxy: httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(upstream)
 			pr.SetXForwarded()
@@ -268,12 +275,13 @@ func proxy(r Route, index int, g *gate) *routeProxy {
 			}
 		},
 		Transport: &stream.Transport{
-			Bulkhead:     r.Bulkhead,
-			Base:         base,
-			Options:      r.Options,
-			Acquire:      r.acquire,
-			MaxBodyBytes: r.MaxBodyBytes,
-			Meter:        stream.MeterOptions{RecordResponse: r.recordResponse},
+			Bulkhead:      r.Bulkhead,
+			Base:          base,
+			Options:       r.Options,
+			AttemptHeader: r.AttemptHeader,
+			Acquire:       r.acquire,
+			MaxBodyBytes:  r.MaxBodyBytes,
+			Meter:         stream.MeterOptions{RecordResponse: r.recordResponse},
 		},
 		// No FlushInterval: the proxy flushes every write of an event
 		// stream and of a body of unknown length by itself (a streamed
@@ -427,6 +435,7 @@ type routeProxy struct {
 	maxBody   int64 // the route's body limit
 	gate      *gate // its bulkhead's
 	admission func(*http.Request) (class string, high bool)
+	attempt   string // the attempt header (Route.AttemptHeader)
 }
 
 // setKey puts the upstream's credentials in out, in the header of

@@ -268,6 +268,7 @@ func TestNewValidates(t *testing.T) {
 		{"upstream", []gateway.Route{{Format: stream.OpenAIChat, Bulkhead: b}}, "routes[0].Upstream"},
 		{"relative upstream", []gateway.Route{{Format: stream.OpenAIChat, Upstream: &url.URL{Path: "/x"}, Bulkhead: b}}, "routes[0].Upstream"},
 		{"bulkhead", []gateway.Route{{Format: stream.OpenAIChat, Upstream: u}}, "routes[0].Bulkhead"},
+		{"attempt header", []gateway.Route{{Format: stream.OpenAIChat, Upstream: u, Bulkhead: b, AttemptHeader: "Retry Count"}}, "routes[0].AttemptHeader"},
 		{"twice", []gateway.Route{{Format: stream.OpenAIChat, Upstream: u, Bulkhead: b}, {Format: stream.OpenAIChat, Upstream: u, Bulkhead: b}}, "routes[1].Format"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

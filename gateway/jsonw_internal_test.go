@@ -62,14 +62,15 @@ func TestAppendBodyIsEncodingJSONs(t *testing.T) {
 	remaining, zero := 12.5, 0.0
 	full := &Detail{Reason: "rate_limit", Tag: "req-<1>", Constraint: "class", NeverFits: true, RetryAfterMs: 1500,
 		LimitRevision: 7, InFlight: 3, MaxConcurrent: 4, Pending: 2, MaxQueue: 8,
-		Tokens:   &TokenDetail{Budget: 1000, EffectiveBudget: 900, InFlight: 800, Available: 100, Reserved: 120},
-		Class:    &ClassDetail{Name: "web & batch", InFlight: 2, InFlightTokens: 300},
-		Rate:     &RateDetail{Scope: "model", Key: "gpt-4o", Limit: "tokens", PerMinute: 300000, Burst: 1e-7, Weight: 1234.5678, Remaining: &remaining, Error: "redis: \"down\""},
-		Fleet:    &FleetDetail{Pool: "prod", InFlight: 9, InFlightTokens: 99, MaxConcurrent: 64, TokenBudget: 400000, Error: "timeout\n"},
-		Cooldown: &CooldownDetail{Model: "gpt-4o", Until: time.Date(2026, 5, 1, 12, 30, 0, 123456789, time.FixedZone("x", 3600))},
+		Tokens:      &TokenDetail{Budget: 1000, EffectiveBudget: 900, InFlight: 800, Available: 100, Reserved: 120},
+		Class:       &ClassDetail{Name: "web & batch", InFlight: 2, InFlightTokens: 300},
+		Rate:        &RateDetail{Scope: "model", Key: "gpt-4o", Limit: "tokens", PerMinute: 300000, Burst: 1e-7, Weight: 1234.5678, Remaining: &remaining, Error: "redis: \"down\""},
+		Fleet:       &FleetDetail{Pool: "prod", InFlight: 9, InFlightTokens: 99, MaxConcurrent: 64, TokenBudget: 400000, Error: "timeout\n"},
+		Cooldown:    &CooldownDetail{Model: "gpt-4o", Until: time.Date(2026, 5, 1, 12, 30, 0, 123456789, time.FixedZone("x", 3600))},
+		RetryBudget: &RetryDetail{Class: "web \"a\"", Ratio: 0.125, MinRetries: 3, WindowMs: 10000, FirstAttempts: 80, Retries: 10, Allowed: 10},
 	}
 	sparse := &Detail{Reason: "concurrency_limit", MaxConcurrent: 64, InFlight: 64,
-		Rate: &RateDetail{Remaining: &zero, PerMinute: 1e21}}
+		Rate: &RateDetail{Remaining: &zero, PerMinute: 1e21}, RetryBudget: &RetryDetail{}}
 	for _, r := range []Rejection{
 		{Status: 503, Type: "service_unavailable_error", Code: "server_is_overloaded", Message: "bulkhead: rejected", Detail: sparse},
 		{Status: 429, Type: "tokens", Code: "rate_limit_exceeded", Message: "a <b> & \u2028 \u2029 \x01 \x7f é \xff \"q\" \\ \t\r\n\b\f", Detail: full},

@@ -166,7 +166,7 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	clientCtx := r.Context()
 	r = r.WithContext(context.WithValue(ctx, noteKey{}, note))
 	requestID(r)
-	retry := r.Header.Get("X-Stainless-Retry-Count")
+	retry := r.Header.Get(st.attempt)
 	rec := &recorder{ResponseWriter: w, note: note}
 	defer func() {
 		p := recover()

@@ -368,7 +368,7 @@ func apply(b *bulkhead.Bulkhead, next func(bulkhead.Limits) bulkhead.Limits) (bu
 func reloadable(c ConfigChange, old *Config) bool {
 	path := strings.Split(c.Key, ".")
 	switch path[0] {
-	case "clients", "trust_headers", "class", "priority", "allow_unauthenticated", "upstreams", "routes":
+	case "clients", "trust_headers", "class", "priority", "allow_unauthenticated", "upstreams", "routes", "attempt_header":
 		return true
 	case "log":
 		return len(path) == 2 && path[1] == "requests"

@@ -349,6 +349,7 @@ func TestReloadRefusesWhatNeedsARestart(t *testing.T) {
 		{"listen", "listen: 127.0.0.1:9999\n" + strings.Replace(good, "max_concurrent: 4", "max_concurrent: 3", 1), []string{"listen"}},
 		{"rates", strings.Replace(good, "token_budget: 100000}", "token_budget: 100000, rate_limits: {requests_per_minute: 60}}", 1), []string{"bulkheads.main.rate_limits"}},
 		{"the budget taken away", strings.Replace(good, ", token_budget: 100000", "", 1), []string{"bulkheads.main.token_budget"}},
+		{"a retry budget", strings.Replace(good, "token_budget: 100000}", "token_budget: 100000, retry_budget: {ratio: 0.1}}", 1), []string{"bulkheads.main.retry_budget"}},
 		{"the model", strings.Replace(good, "model: gpt-4o", "model: gpt-4.1", 1), []string{"bulkheads.main.model"}},
 		{"telemetry", good + "telemetry: {traces: true}\n", []string{"telemetry.traces"}},
 		{"log format", good + "log: {format: text}\n", []string{"log.format"}},

@@ -24,14 +24,16 @@ type Rejection struct {
 	// Status is the HTTP status: 429 for a rate limit, a model cooling
 	// down after the provider's own 429, or a class's quota,
 	// 503 (529 in the Anthropic dialect) when the bulkhead or the fleet is
-	// full or cannot decide, 413 for a call that can never fit, 400 for an
-	// invalid request, 502 when the upstream could not be reached.
+	// full or cannot decide, or a retry is over its retry budget, 413 for
+	// a call that can never fit, 400 for an invalid request, 502 when the
+	// upstream could not be reached.
 	Status int
 	// RetryAfter is the honest time after which the call would go; zero
 	// when there is none (then no retry-after header is sent).
 	RetryAfter time.Duration
 	// ShouldRetry is the x-should-retry header: false when a retry cannot
-	// help (a call that never fits, an invalid request).
+	// help (a call that never fits, an invalid request, a retry over its
+	// retry budget), which the official SDKs obey whatever the status.
 	ShouldRetry bool
 	// Type and Code are the error's type and code in the dialect's body.
 	Type, Code string
@@ -62,6 +64,21 @@ type Detail struct {
 	Rate          *RateDetail     `json:"rate,omitempty"`
 	Fleet         *FleetDetail    `json:"fleet,omitempty"`
 	Cooldown      *CooldownDetail `json:"cooldown,omitempty"`
+	RetryBudget   *RetryDetail    `json:"retry_budget,omitempty"`
+}
+
+// RetryDetail is the retry budget that refused a retry: the class whose
+// own budget it is ("" for the bulkhead's), its ratio, floor and window,
+// and the first attempts and retries it had admitted over the window, of
+// the retries it allowed.
+type RetryDetail struct {
+	Class         string  `json:"class,omitempty"`
+	Ratio         float64 `json:"ratio"`
+	MinRetries    int     `json:"min_retries"`
+	WindowMs      int64   `json:"window_ms"`
+	FirstAttempts int64   `json:"first_attempts"`
+	Retries       int64   `json:"retries"`
+	Allowed       int64   `json:"allowed"`
 }
 
 // CooldownDetail is the cool-down that decided the call: its model was
@@ -145,6 +162,15 @@ func rejection(format stream.Format, rej *bulkhead.RejectedError) Rejection {
 	r := Rejection{Message: rej.Error(), Detail: detailOf(rej), ShouldRetry: true}
 	d := rej.Detail
 	switch {
+	case rej.Reason == bulkhead.RetryBudget:
+		// A retry over its budget: shed as overload, but the client must
+		// not try again (the SDKs obey x-should-retry over the status),
+		// and no time is promised.
+		r.Status, r.ShouldRetry = http.StatusServiceUnavailable, false
+		if format == stream.AnthropicMessages {
+			r.Status = 529
+		}
+		r.Type, r.Code = overloadType(format), "retry_budget_exceeded"
 	case rej.Reason == bulkhead.RateLimit, rej.Reason == bulkhead.Cooldown:
 		// Cooldown: the provider itself said when it takes calls again.
 		r.Status = http.StatusTooManyRequests
@@ -334,6 +360,19 @@ func (d *Detail) write(w *jsonWriter) {
 		w.time("until", c.Until)
 		w.end()
 	}
+	if r := d.RetryBudget; r != nil {
+		w.object("retry_budget")
+		if r.Class != "" {
+			w.str("class", r.Class)
+		}
+		w.float("ratio", r.Ratio)
+		w.int("min_retries", int64(r.MinRetries))
+		w.int("window_ms", r.WindowMs)
+		w.int("first_attempts", r.FirstAttempts)
+		w.int("retries", r.Retries)
+		w.int("allowed", r.Allowed)
+		w.end()
+	}
 	w.end()
 }
 
@@ -407,6 +446,10 @@ func detailOf(rej *bulkhead.RejectedError) *Detail {
 	}
 	if c := d.Cooldown; c != nil {
 		out.Cooldown = &CooldownDetail{Model: c.Model, Until: c.Until}
+	}
+	if r := d.RetryBudget; r != nil {
+		out.RetryBudget = &RetryDetail{Class: r.Class, Ratio: r.Ratio, MinRetries: r.MinRetries, WindowMs: r.Window.Milliseconds(),
+			FirstAttempts: r.FirstAttempts, Retries: r.Retries, Allowed: r.Allowed}
 	}
 	if f := d.Fleet; f != nil {
 		out.Fleet = &FleetDetail{Pool: f.Pool, InFlight: f.InFlight, InFlightTokens: f.InFlightTokens,

@@ -66,7 +66,46 @@ func rejections(t *testing.T) map[string]error {
 	closed := newB(bulkhead.Config{Model: "gpt-4o", MaxConcurrent: 4})
 	closed.Close()
 	_, out["shutdown"] = closed.Acquire(context.Background(), req)
+
+	retries := newB(bulkhead.Config{Model: "gpt-4o", MaxConcurrent: 4, Clock: clock.NewMock(),
+		RetryBudgets: &bulkhead.RetryBudgets{Bulkhead: bulkhead.RetryLimit{Ratio: 0.1, MinRetries: 0}}})
+	_, out["retry budget"] = retries.Acquire(context.Background(), req, bulkhead.WithAttempt(1))
 	return out
+}
+
+// TestRetryOverBudgetIsToldNotToRetry: a retry its budget refuses is
+// answered as overload in each dialect (503, 529 for Anthropic), with
+// x-should-retry: false, which the official SDKs obey whatever the status,
+// no retry-after, and the budget's numbers in the detail.
+func TestRetryOverBudgetIsToldNotToRetry(t *testing.T) {
+	err := rejections(t)["retry budget"]
+	for _, tc := range []struct {
+		format              stream.Format
+		status              int
+		typ, typePath, code string
+	}{
+		{stream.OpenAIChat, 503, "service_unavailable_error", "error.type", "retry_budget_exceeded"},
+		{stream.OpenAIResponses, 503, "service_unavailable_error", "error.type", "retry_budget_exceeded"},
+		{stream.AnthropicMessages, 529, "overloaded_error", "error.type", ""},
+		{stream.Gemini, 503, "UNAVAILABLE", "error.status", ""},
+	} {
+		s := write(t, tc.format, err)
+		if s.status != tc.status || s.shouldRetry != "false" || s.retryAfter != "" || s.retryAfterMs != "" {
+			t.Errorf("%v: status %d, x-should-retry %q, retry-after %q/%q", tc.format, s.status, s.shouldRetry, s.retryAfter, s.retryAfterMs)
+		}
+		if field(s.body, tc.typePath) != tc.typ || tc.code != "" && field(s.body, "error.code") != tc.code {
+			t.Errorf("%v: body %v", tc.format, s.body)
+		}
+		detail := "error.bulkhead."
+		if tc.format == stream.AnthropicMessages {
+			detail = "bulkhead."
+		}
+		if field(s.body, detail+"reason") != "retry_budget" || field(s.body, detail+"retry_budget.ratio") != 0.1 ||
+			field(s.body, detail+"retry_budget.window_ms") != 10000.0 || field(s.body, detail+"retry_budget.allowed") != 0.0 ||
+			field(s.body, detail+"retry_budget.first_attempts") != 0.0 || field(s.body, detail+"retry_budget.retries") != 0.0 {
+			t.Errorf("%v: detail %v", tc.format, field(s.body, strings.TrimSuffix(detail, ".")))
+		}
+	}
 }
 
 type shed struct {

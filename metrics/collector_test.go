@@ -135,6 +135,7 @@ bulkhead_rejected_total{bulkhead="main",class="",reason="fleet_unavailable"} 0
 bulkhead_rejected_total{bulkhead="main",class="",reason="queue_limit"} 1
 bulkhead_rejected_total{bulkhead="main",class="",reason="rate_limit"} 0
 bulkhead_rejected_total{bulkhead="main",class="",reason="rate_unavailable"} 0
+bulkhead_rejected_total{bulkhead="main",class="",reason="retry_budget"} 0
 bulkhead_rejected_total{bulkhead="main",class="",reason="shutdown"} 1
 bulkhead_rejected_total{bulkhead="main",class="",reason="timeout"} 1
 bulkhead_rejected_total{bulkhead="main",class="",reason="unshareable_result"} 0

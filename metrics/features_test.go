@@ -205,6 +205,8 @@ func TestEveryFeature(t *testing.T) {
 		}},
 		RateLimits: &bulkhead.RateLimits{PerModel: bulkhead.Rate{RequestsPerMinute: 60, RequestBurst: bulkhead.NoBurst, OutputTokensPerMinute: 6000}},
 		Dedup:      &bulkhead.DedupConfig{},
+		RetryBudgets: &bulkhead.RetryBudgets{Bulkhead: bulkhead.RetryLimit{Ratio: 0.1, MinRetries: 3},
+			PerClass: map[string]bulkhead.RetryLimit{"b": {MinRetries: 2}}},
 	})
 	c := newCollector(t, b, metrics.Options{Name: "all", ConstLabels: prometheus.Labels{"region": "eu"}})
 	reg := register(t, c)
@@ -249,6 +251,9 @@ func TestEveryFeature(t *testing.T) {
 		"bulkhead_bypassed_output_tokens_total":  4,
 		"bulkhead_rate_refunds_total":            1,
 		"bulkhead_rate_refunded_tokens_total":    6,
+		"bulkhead_retries_admitted_total":        st.Retries.Admitted,
+		"bulkhead_retry_budget_first_attempts":   st.Retries.Budget.FirstAttempts,
+		"bulkhead_retry_budget_allowed":          3,
 	}))
 	if st.Rate.Checked == 0 {
 		t.Error("no rate check counted")
@@ -263,7 +268,12 @@ func TestEveryFeature(t *testing.T) {
 		`bulkhead_release_consumed_tokens{bulkhead="all",region="eu"}`:                      14, // the one release with usage
 		`bulkhead_rate_wait_seconds{bulkhead="all",outcome="admitted",region="eu"}`:         0,
 		`bulkhead_rate_wait_seconds{bulkhead="all",outcome="rejected",region="eu"}`:         0,
+		`bulkhead_class_retry_budget_allowed{bulkhead="all",class="b",region="eu"}`:         2,
+		`bulkhead_class_retry_budget_first_attempts{bulkhead="all",class="b",region="eu"}`:  1,
 	})
+	if _, ok := got[`bulkhead_class_retry_budget_allowed{bulkhead="all",class="a",region="eu"}`]; ok {
+		t.Error("a class without a retry budget of its own has its families")
+	}
 	if n := got[`bulkhead_rate_wait_seconds{bulkhead="all",outcome="rejected",region="eu"}`].count; n != 1 {
 		t.Errorf("rate_wait_seconds counted %d rejections, want 1", n)
 	}
@@ -287,8 +297,8 @@ func TestEveryFeature(t *testing.T) {
 			t.Errorf("family %s present", n)
 		}
 	}
-	if len(mfs) != 65 {
-		t.Errorf("%d families, want 65", len(mfs))
+	if len(mfs) != 73 {
+		t.Errorf("%d families, want 73", len(mfs))
 	}
 }
 

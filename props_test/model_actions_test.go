@@ -73,6 +73,7 @@ func (m *machine) drawCall(t *rapid.T, kind callKind) call {
 		c.resOpt = bulkhead.WithReservation(bulkhead.Reservation{Input: 3, MaxOutput: 4})
 		c.opts = append(c.opts, c.resOpt)
 	}
+	m.drawAttempt(t, &c)
 	if kind == kindWouldAdmit {
 		return c
 	}
@@ -109,8 +110,8 @@ func (m *machine) call(t *rapid.T, c call, run bool) *hold {
 	if c.observe {
 		kind = fmt.Sprintf("Run(observe %v)", c.shadow)
 	}
-	m.descr = fmt.Sprintf("%s%s #%d class=%q prio=%v reserved=%d timeout=%v deadline=%v ctxDone=%v", m.label, kind, w.id,
-		c.class, c.prio, c.res.Reserved, c.timeout, c.deadline, c.ctxDone)
+	m.descr = fmt.Sprintf("%s%s #%d class=%q prio=%v reserved=%d timeout=%v deadline=%v ctxDone=%v attempt=%d", m.label, kind, w.id,
+		c.class, c.prio, c.res.Reserved, c.timeout, c.deadline, c.ctxDone, c.attempt)
 	if m.paced() {
 		m.pacedCall(t, w, c)
 		return nil
@@ -154,7 +155,10 @@ func (m *machine) call(t *rapid.T, c call, run bool) *hold {
 		}
 		m.waitQueued(t, w, len(m.queue))
 		if !(m.hold && m.coolingNow()) { // (a held queue's pump would arm the hold timer)
-			if es := m.pump(); len(es) > 0 {
+			m.noPump = d == queueCapacity
+			es := m.pump()
+			m.noPump = false
+			if len(es) > 0 {
 				t.Fatalf("%s: the model admits %v after the call queued: the queue was not settled", m.descr, es[0].w)
 			}
 		}
@@ -211,7 +215,7 @@ func (m *machine) floorProbe(t *rapid.T) {
 	if m.fleet != nil && m.fleet.tight {
 		t.Skip("the fleet pool may turn the probe away")
 	}
-	if m.wait && m.ahead(name, bulkhead.High) {
+	if m.wait && m.ahead(name, bulkhead.High, 0) {
 		// First in, first out within the class: the probe would wait
 		// behind its class's waiters for capacity.
 		t.Skip("waiters of the class ahead")
@@ -807,7 +811,7 @@ func (m *machine) wouldAdmit(t *rapid.T) {
 	if detail {
 		c.opts = append(c.opts, bulkhead.WithDetail())
 	}
-	m.descr = fmt.Sprintf("WouldAdmit class=%q prio=%v reserved=%d", c.class, c.prio, c.res.Reserved)
+	m.descr = fmt.Sprintf("WouldAdmit class=%q prio=%v reserved=%d attempt=%d", c.class, c.prio, c.res.Reserved, c.attempt)
 	m.tokensFrozen = true
 	d, err := m.b.WouldAdmit(c.req, c.opts...)
 	if err != nil {
@@ -816,6 +820,13 @@ func (m *machine) wouldAdmit(t *rapid.T) {
 	// F23: closed, capacity, free slot, would queue, else the gate reason;
 	// then a cool-down turns away a call the engine would take.
 	dec, why, cons, _ := m.decideEngine(c)
+	var over *bulkhead.RetryBudgetDetail
+	if !m.closed && c.attempt > 0 {
+		over = m.retryOver(c.class)
+	}
+	if over != nil {
+		dec, why, cons = rejectNow, bulkhead.RetryBudget, m.retryConstraint(over)
+	}
 	if dec != rejectNow {
 		why, cons = noReason, ""
 		room := m.limits.MaxConcurrent > 0 && m.limits.MaxQueue > 0 && len(m.queue) < m.limits.MaxQueue
@@ -833,7 +844,7 @@ func (m *machine) wouldAdmit(t *rapid.T) {
 		t.Fatalf("%s: = %+v, want reason %q", m.descr, d, why)
 	}
 	want := m.detailFor(c.class, c.prio, c.res.Reserved, cons, why)
-	want.Rate = rd
+	want.Rate, want.RetryBudget = rd, over
 	if why == bulkhead.Cooldown {
 		want.Cooldown = m.coolDetail()
 	}

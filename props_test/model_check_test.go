@@ -30,6 +30,7 @@ func (m *machine) wantStats() bulkhead.Stats {
 		st.Cooldown.Active = map[string]time.Time{"gpt-4o": m.coolUntil}
 	}
 	st.Fleet = m.fleet.stats()
+	st.Retries = m.retryStats("")
 	st.Observe = m.observe
 	st.Observe.BypassedByReason = maps.Clone(m.observe.BypassedByReason)
 	if m.hasDedup {
@@ -76,6 +77,7 @@ func (m *machine) wantStats() bulkhead.Stats {
 		c.ProtectedTokensInUse = min(k.tokens, c.Limits.ProtectedInFlightTokens)
 		c.BorrowedInFlightTokens = max(0, k.tokens-c.Limits.ProtectedInFlightTokens)
 		c.Pending = m.waiting(name)
+		c.Retries = m.retryStats(name)
 		cs.Classes[name] = c
 	}
 	st.Classes = cs

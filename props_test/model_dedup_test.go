@@ -36,10 +36,12 @@ func (k *dedupKeys) keyFunc(r *bulkhead.Request) string {
 type dedupGroup struct {
 	key, scope string
 	class      string
-	// prio and resOpt are the leader's priority and WithReservation, which
-	// its followers share (dedup partitions by them).
+	// prio, resOpt and attempt are the leader's priority, WithReservation
+	// and attempt number, which its followers share (dedup partitions by
+	// them, and by whether a call is a retry).
 	prio      bulkhead.Priority
 	resOpt    bulkhead.Option
+	attempt   int
 	leader    *waiter
 	followers []*follower
 	done      bool // the leader's Run returned and the followers were checked
@@ -69,7 +71,7 @@ func (m *machine) liveGroups() []*dedupGroup {
 func (m *machine) dedupLead(t *rapid.T) {
 	c := m.drawCall(t, kindRun)
 	m.nextKey++
-	g := &dedupGroup{key: fmt.Sprintf("key-%d", m.nextKey), scope: rapid.SampledFrom([]string{"", "tenant"}).Draw(t, "scope"), class: c.class, prio: c.prio, resOpt: c.resOpt}
+	g := &dedupGroup{key: fmt.Sprintf("key-%d", m.nextKey), scope: rapid.SampledFrom([]string{"", "tenant"}).Draw(t, "scope"), class: c.class, prio: c.prio, resOpt: c.resOpt, attempt: c.attempt}
 	if g.scope != "" {
 		c.opts = append(c.opts, bulkhead.WithDedupScope(g.scope))
 	}
@@ -113,6 +115,9 @@ func (m *machine) dedupFollow(t *rapid.T) {
 	}
 	if c.resOpt != nil {
 		c.opts = append(c.opts, c.resOpt)
+	}
+	if c.attempt = g.attempt; c.attempt > 0 {
+		c.opts = append(c.opts, bulkhead.WithAttempt(c.attempt))
 	}
 	f := &follower{g: g}
 	if k := rapid.IntRange(-1, 3).Draw(t, "followerTimeoutUnits"); k >= 0 {
@@ -184,7 +189,7 @@ func (m *machine) followerEnds(t *rapid.T, f *follower, why bulkhead.Reason) {
 	k.st.Rejected++
 	inc(&k.st.RejectedByReason, why)
 	m.rejects[f.w.req] = &rejectWant{follower: true, ev: bulkhead.RejectEvent{
-		Admission: bulkhead.Admission{Request: f.w.req, LimitRevision: m.limits.Revision, Priority: f.w.prio, Class: f.w.class},
+		Admission: bulkhead.Admission{Request: f.w.req, Attempt: f.w.attempt, LimitRevision: m.limits.Revision, Priority: f.w.prio, Class: f.w.class},
 		Reason:    why,
 	}}
 	d := m.runReturn(t, f.w)

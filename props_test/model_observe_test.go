@@ -54,7 +54,7 @@ type bypassRun struct {
 
 // admission is the identity b's events carry.
 func (b *bypassRun) admission() bulkhead.Admission {
-	return bulkhead.Admission{ID: b.id, Request: b.w.req, Priority: b.w.prio, Class: b.w.class, LimitRevision: b.rev, Reserved: b.w.res.Reserved}
+	return bulkhead.Admission{ID: b.id, Request: b.w.req, Attempt: b.w.attempt, Priority: b.w.prio, Class: b.w.class, LimitRevision: b.rev, Reserved: b.w.res.Reserved}
 }
 
 // observeRun makes an observe-mode Run: with the default shadow reasons,

@@ -124,6 +124,7 @@ func (m *machine) actions() map[string]func(*rapid.T) {
 		{"DedupCancel", 2, 2, m.dedupCancel},
 		{"Feedback", 2, 2, m.feedback},
 		{"Turn", 3, 3, m.turnStep},
+		{"RetryClock", 1, 1, m.retryClock},
 		{"FleetOthers", 3, 3, m.fleet.othersStep},
 		{"FleetOutage", 2, 2, m.fleet.outageStep},
 		{"FleetLose", 1, 1, m.fleet.loseStep},
@@ -156,6 +157,10 @@ func (m *machine) actions() map[string]func(*rapid.T) {
 			}
 		case "Turn":
 			if !m.paced() {
+				n = 0
+			}
+		case "RetryClock":
+			if m.retry.budgets == nil {
 				n = 0
 			}
 		}
@@ -198,6 +203,7 @@ type waiter struct {
 	shadow   reasonSet     // its shadow reasons
 	enqueued time.Time
 	expires  time.Time // when its queue timeout fires; zero: none
+	attempt  int       // its attempt number: above 0, a retry
 	cancel   context.CancelFunc
 	held     bool // held for a cool-down at least once
 	// Pace mode: where it waits outside the queue (since parkedAt; until
@@ -293,6 +299,7 @@ type call struct {
 	ctxDone  bool
 	observe  bool
 	shadow   reasonSet
+	attempt  int
 }
 
 type machine struct {
@@ -371,6 +378,13 @@ type machine struct {
 	parked []*waiter
 	// toPacedTimer makes the step Advance to the next paced timer (Turn).
 	toPacedTimer bool
+
+	// retry is the retries: attempt numbers, the queue's aging and the
+	// retry budgets (see model_retry_test.go). noPump marks a model pump
+	// that checks the queue is settled where the engine serves no queue:
+	// the engine's hold timer is not armed then (see armAging).
+	retry  retryModel
+	noPump bool
 
 	// What the events must show.
 	ev         *eventLog
@@ -485,6 +499,7 @@ func newMachine(t *rapid.T, classes bool, seen map[string]int, rdb *redis.Client
 	if fr != nil && rapid.IntRange(0, 3).Draw(t, "fleet") == 0 {
 		m.fleet = newFleetModel(t, m, &cfg, fr)
 	}
+	m.drawRetries(t, &cfg)
 	m.exactUsage = rapid.Bool().Draw(t, "exactUsage")
 	if m.hasDedup = !m.paced() && rapid.Bool().Draw(t, "dedup"); m.hasDedup {
 		cfg.Dedup = &bulkhead.DedupConfig{KeyFunc: m.keys.keyFunc}
@@ -540,12 +555,17 @@ func (m *machine) waiting(class string) int {
 	return n
 }
 
-// ahead reports whether a new call of class and priority p waits behind
-// waiters of its class: any, or with fair queuing, for a High priority
-// call, the class's High priority waiters.
-func (m *machine) ahead(class string, p bulkhead.Priority) bool {
+// ahead reports whether a new call of class and priority p, with attempt
+// number attempt, waits behind waiters of its class: any, or with fair
+// queuing, for a High priority call, the class's High priority waiters;
+// but a first attempt goes ahead of the retries of its line that have not
+// waited the aging.
+func (m *machine) ahead(class string, p bulkhead.Priority, attempt int) bool {
 	for _, w := range m.queue {
-		if w.class == class && (!m.fair || p != bulkhead.High || w.prio == bulkhead.High) {
+		switch {
+		case w.class != class, m.fair && p == bulkhead.High && w.prio != bulkhead.High:
+		case attempt == 0 && m.apart(w) && !(m.fair && p != bulkhead.High && w.prio == bulkhead.High):
+		default:
 			return true
 		}
 	}
@@ -605,12 +625,13 @@ func (m *machine) rejectUnfittable() []expect {
 // nextWaiter is the index in the queue of the waiter the pump serves next,
 // -1 for none: the first one of a class not blocked, or with fair queuing
 // the first (High priority first) of the waiting class, not blocked, with
-// the lowest counter (ties to the class first by name).
+// the lowest counter (ties to the class first by name); either way, first
+// attempts ahead of the retries that have not waited the aging.
 func (m *machine) nextWaiter(blocked map[string]bool) int {
 	if !m.fair {
-		for i, w := range m.queue {
+		for _, w := range m.lineOrder(m.queue) {
 			if !blocked[w.class] {
-				return i
+				return slices.Index(m.queue, w)
 			}
 		}
 		return -1
@@ -624,19 +645,20 @@ func (m *machine) nextWaiter(blocked map[string]bool) int {
 	if best == "" {
 		return -1
 	}
-	first := -1
-	for i, w := range m.queue {
-		if w.class != best {
-			continue
-		}
-		if w.prio == bulkhead.High {
-			return i
-		}
-		if first < 0 {
-			first = i
+	var high, normal []*waiter
+	for _, w := range m.queue {
+		switch {
+		case w.class != best:
+		case w.prio == bulkhead.High:
+			high = append(high, w)
+		default:
+			normal = append(normal, w)
 		}
 	}
-	return first
+	if len(high) == 0 {
+		high = normal
+	}
+	return slices.Index(m.queue, m.lineOrder(high)[0])
 }
 
 // classNames is the keys of m.cls: the classes, or "" without any.
@@ -913,6 +935,9 @@ const (
 	rejectNow
 	// queueHeld: held in the queue for the cool-down (HoldCooldown).
 	queueHeld
+	// queueCapacity: queued to wait for capacity; the engine queues it
+	// without serving the queue.
+	queueCapacity
 )
 
 // decide is the decision order of F3/F4, F17 and section D: closed, done
@@ -924,6 +949,8 @@ func (m *machine) decide(c call) (d decision, why bulkhead.Reason, cons bulkhead
 		return rejectNow, bulkhead.Shutdown, "", true
 	case c.ctxDone:
 		return rejectNow, bulkhead.Aborted, "", true
+	case c.attempt > 0 && m.retryOver(c.class) != nil:
+		return rejectNow, bulkhead.RetryBudget, "", false
 	case m.coolingNow() && (!m.hold || m.late(c.timeout)):
 		return rejectNow, bulkhead.Cooldown, "", false
 	case m.coolingNow():
@@ -970,10 +997,14 @@ func (m *machine) holdCall(w *waiter) {
 
 // armHold is the engine arming its hold timer for the end of the cool-down,
 // unless it is due by then already: a new AfterFunc timer.
-func (m *machine) armHold() {
-	if !m.holdPending || m.coolUntil.Before(m.holdAt) {
+func (m *machine) armHold() { m.armHoldAt(m.coolUntil) }
+
+// armHoldAt is the engine arming its hold timer for at, unless it is due
+// by then already: a new AfterFunc timer.
+func (m *machine) armHoldAt(at time.Time) {
+	if !m.holdPending || at.Before(m.holdAt) {
 		m.timers++
-		m.holdAt, m.holdPending = m.coolUntil, true
+		m.holdAt, m.holdPending = at, true
 	}
 }
 
@@ -994,12 +1025,12 @@ func (m *machine) decideEngine(c call) (d decision, why bulkhead.Reason, cons bu
 	gateFull := m.limits.MaxConcurrent == 0 || m.limits.MaxQueue == 0 || len(m.queue) >= m.limits.MaxQueue
 	if why, cons := m.capacity(c.class, c.prio, c.res.Reserved); why != noReason {
 		if m.wait && !gateFull && !m.neverFits(c.class, c.prio, c.res.Reserved) {
-			return queueUp, noReason, "", false // waits for capacity
+			return queueCapacity, noReason, "", false // waits for capacity
 		}
 		return rejectNow, why, cons, false
 	}
 	switch {
-	case m.inFlight < m.limits.MaxConcurrent && !m.ahead(c.class, c.prio):
+	case m.inFlight < m.limits.MaxConcurrent && !m.ahead(c.class, c.prio, c.attempt):
 		return admitNow, noReason, "", false
 	case m.limits.MaxConcurrent == 0 || m.limits.MaxQueue == 0:
 		return rejectNow, bulkhead.ConcurrencyLimit, m.global(), true
@@ -1016,6 +1047,10 @@ func (m *machine) reject(w *waiter, why bulkhead.Reason, cons bulkhead.Constrain
 	d := m.detailFor(w.class, w.prio, w.res.Reserved, cons, why)
 	if why == bulkhead.Cooldown {
 		d.Cooldown = m.coolDetail()
+	}
+	if why == bulkhead.RetryBudget {
+		d.RetryBudget = m.retryOver(w.class)
+		d.Constraint = m.retryConstraint(d.RetryBudget)
 	}
 	if atGate {
 		m.gate.Rejected++
@@ -1037,7 +1072,7 @@ func (m *machine) reject(w *waiter, why bulkhead.Reason, cons bulkhead.Constrain
 		reserved = d.TokenBudget.Reserved
 	}
 	r := &rejectWant{ev: bulkhead.RejectEvent{
-		Admission: bulkhead.Admission{Request: w.req, LimitRevision: m.limits.Revision, Priority: w.prio, Class: w.class, Reserved: reserved},
+		Admission: bulkhead.Admission{Request: w.req, Attempt: w.attempt, LimitRevision: m.limits.Revision, Priority: w.prio, Class: w.class, Reserved: reserved},
 		Reason:    why, Detail: &d,
 	}}
 	if !w.enqueued.IsZero() {
@@ -1067,6 +1102,7 @@ func (m *machine) admit(w *waiter) *hold {
 	m.calls.Admitted++
 	k.inFlight++
 	k.st.Admitted++
+	m.countAdmission(w)
 	if m.fair {
 		m.vtc[w.class] += max(r, 1) * 1_000_000 / m.weight(w.class)
 		m.last = m.vtc[w.class]
@@ -1140,6 +1176,11 @@ func (m *machine) grant(w *waiter, rates bool) expect {
 // rejected.
 func (m *machine) pump() []expect {
 	var out []expect
+	defer func() {
+		if !m.noPump {
+			m.armAging()
+		}
+	}()
 	blocked := map[string]bool{}
 	free, reserves := m.limits.MaxConcurrent-m.inFlight, 0
 	defer func() {
@@ -1153,6 +1194,7 @@ func (m *machine) pump() []expect {
 			break
 		}
 		w := m.queue[i]
+		m.noteOrder(i)
 		if m.hold && m.coolingNow() && !m.late(m.queueLeft(w)) {
 			m.holdCall(w)
 			m.armHold()
@@ -1180,6 +1222,13 @@ func (m *machine) pump() []expect {
 		if why, cons := m.capacity(w.class, w.prio, w.res.Reserved); why != noReason {
 			m.gate.Released++
 			out = append(out, m.reject(w, why, cons, false))
+			continue
+		}
+		if w.attempt > 0 && m.retryOver(w.class) != nil {
+			// Checked again as it is granted its slot: the room it found
+			// as it arrived may have been taken.
+			m.gate.Released++
+			out = append(out, m.reject(w, bulkhead.RetryBudget, "", false))
 			continue
 		}
 		if m.coolingNow() {
@@ -1217,7 +1266,7 @@ func (m *machine) abandonModel(h *hold, cause bulkhead.AbandonCause) {
 // admission is the identity h's events carry.
 func (h *hold) admission() bulkhead.Admission {
 	return bulkhead.Admission{
-		ID: h.id, Request: h.w.req, Priority: h.prio, Class: h.class,
+		ID: h.id, Request: h.w.req, Attempt: h.w.attempt, Priority: h.prio, Class: h.class,
 		LimitRevision: h.rev, Reserved: h.res.Reserved, Resources: h.resources,
 	}
 }

@@ -105,7 +105,7 @@ func (m *machine) start(c call, run bool) *waiter {
 	m.nextID++
 	w := &waiter{
 		id: m.nextID, req: c.req, class: c.class, prio: c.prio, res: c.res, deadline: c.deadline, timeout: c.timeout,
-		observe: c.observe, shadow: c.shadow,
+		observe: c.observe, shadow: c.shadow, attempt: c.attempt,
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	w.cancel = cancel

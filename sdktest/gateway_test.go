@@ -3,6 +3,7 @@ package sdktest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -180,4 +181,94 @@ func TestGatewayAnthropic(t *testing.T) {
 	if !errors.As(err, &ae) || ae.StatusCode != 529 || !strings.Contains(ae.RawJSON(), `"overloaded_error"`) {
 		t.Fatalf("error = %v, want a 529 overloaded *anthropic.Error", err)
 	}
+}
+
+// failingProvider answers every call 500 in the dialect of its path: the
+// SDKs retry a 500.
+func failingProvider(t *testing.T) *provider {
+	return newProvider(t, func(w http.ResponseWriter, body map[string]any) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusInternalServerError)
+		if _, ok := body["system"]; ok || strings.HasPrefix(fmt.Sprint(body["model"]), "claude") {
+			io.WriteString(w, `{"type":"error","error":{"type":"api_error","message":"boom"}}`)
+			return
+		}
+		io.WriteString(w, `{"error":{"message":"boom","type":"server_error","param":null,"code":null}}`)
+	})
+}
+
+// retryBudgetConfig is a gateway's bulkhead whose retry budget, with no
+// floor, has no room for a retry until ten first attempts are admitted.
+func retryBudgetConfig(model string) bulkhead.Config {
+	cfg := budgetConfig(model, 4, 10_000)
+	cfg.RetryBudgets = &bulkhead.RetryBudgets{Bulkhead: bulkhead.RetryLimit{Ratio: 0.1}}
+	return cfg
+}
+
+// TestGatewayRetryOverBudgetStopsOpenAI: the provider fails a call (500);
+// openai-go retries it, marked X-Stainless-Retry-Count: 1; the gateway's
+// retry budget refuses the retry with x-should-retry: false, and the SDK
+// raises that at once instead of trying a third time: the provider saw
+// one attempt, the gateway two. Without the budget the SDK's two retries
+// both reach the provider.
+func TestGatewayRetryOverBudgetStopsOpenAI(t *testing.T) {
+	p := failingProvider(t)
+	g := newGatewayRig(t, p, retryBudgetConfig("gpt-4o"))
+	c := g.openai()
+	_, err := c.Chat.Completions.New(context.Background(), chatParams)
+	var oe *openai.Error
+	if !errors.As(err, &oe) || oe.StatusCode != 503 || !strings.Contains(oe.RawJSON(), `"reason":"retry_budget"`) ||
+		oe.Response.Header.Get("X-Should-Retry") != "false" {
+		t.Fatalf("error = %v, want the gateway's 503 retry_budget", err)
+	}
+	if n, hits := g.attempts.Load(), p.hits.Load(); n != 2 || hits != 1 {
+		t.Errorf("%d attempts at the gateway, %d at the provider; want 2 and 1", n, hits)
+	}
+	if st := g.b.Stats(); st.Calls.RejectedByReason[bulkhead.RetryBudget] != 1 || st.Calls.Admitted != 1 {
+		t.Errorf("stats %+v", st.Calls)
+	}
+	g.idle(t)
+
+	p2 := failingProvider(t)
+	plain := newGatewayRig(t, p2, budgetConfig("gpt-4o", 4, 10_000))
+	pc := plain.openai()
+	_, err = pc.Chat.Completions.New(context.Background(), chatParams)
+	if !errors.As(err, &oe) || oe.StatusCode != 500 {
+		t.Fatalf("without a budget: error = %v, want the provider's 500", err)
+	}
+	if n, hits := plain.attempts.Load(), p2.hits.Load(); n != 3 || hits != 3 {
+		t.Errorf("without a budget: %d attempts at the gateway, %d at the provider; want 3 and 3", n, hits)
+	}
+	plain.idle(t)
+}
+
+// TestGatewayRetryOverBudgetStopsAnthropic: the same with
+// anthropic-sdk-go, answered 529 overloaded_error with x-should-retry:
+// false.
+func TestGatewayRetryOverBudgetStopsAnthropic(t *testing.T) {
+	p := failingProvider(t)
+	g := newGatewayRig(t, p, retryBudgetConfig("claude-sonnet-4-5"))
+	ac := g.anthropic()
+	_, err := ac.Messages.New(context.Background(), messageParams)
+	var ae *anthropic.Error
+	if !errors.As(err, &ae) || ae.StatusCode != 529 || !strings.Contains(ae.RawJSON(), `"reason":"retry_budget"`) ||
+		!strings.Contains(ae.RawJSON(), `"overloaded_error"`) || ae.Response.Header.Get("X-Should-Retry") != "false" {
+		t.Fatalf("error = %v, want the gateway's 529 retry_budget", err)
+	}
+	if n, hits := g.attempts.Load(), p.hits.Load(); n != 2 || hits != 1 {
+		t.Errorf("%d attempts at the gateway, %d at the provider; want 2 and 1", n, hits)
+	}
+	g.idle(t)
+
+	p2 := failingProvider(t)
+	plain := newGatewayRig(t, p2, budgetConfig("claude-sonnet-4-5", 4, 10_000))
+	pac := plain.anthropic()
+	_, err = pac.Messages.New(context.Background(), messageParams)
+	if !errors.As(err, &ae) || ae.StatusCode != 500 {
+		t.Fatalf("without a budget: error = %v, want the provider's 500", err)
+	}
+	if n, hits := plain.attempts.Load(), p2.hits.Load(); n != 3 || hits != 3 {
+		t.Errorf("without a budget: %d attempts at the gateway, %d at the provider; want 3 and 3", n, hits)
+	}
+	plain.idle(t)
 }

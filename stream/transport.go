@@ -30,8 +30,9 @@ import (
 // (2 by default) after a backoff of about half a second, then a second. Each
 // retry is a fresh admission decision taken in microseconds, and nothing
 // reaches the provider unless it is admitted, so retries cannot pile onto a
-// saturated provider; set the SDK's MaxRetries to 0 to get the rejection at
-// once. A body the transport cannot read (malformed JSON, over MaxBodyBytes)
+// saturated provider; the SDKs mark each retry (see AttemptHeader), so a
+// bulkhead with a retry budget admits them only up to a share of the first
+// attempts. Set the SDK's MaxRetries to 0 to get the rejection at once. A body the transport cannot read (malformed JSON, over MaxBodyBytes)
 // fails the same way with a *BodyError or a *TooLargeError.
 //
 // The transport removes an admitted request's Accept-Encoding header, so that
@@ -60,6 +61,16 @@ type Transport struct {
 	// class, priority and tag (bulkhead.WithClass, WithPriority, WithTag),
 	// chosen from the request's headers or the parsed call. Nil means none.
 	Options func(req *http.Request, call *Call) []bulkhead.Option
+
+	// AttemptHeader names the request header that says which attempt of
+	// a call a request is, passed to the bulkhead as bulkhead.WithAttempt
+	// (before Options' options, which may override it): a retry counts
+	// against the bulkhead's retry budget and waits behind first attempts
+	// in its queue. Empty means DefaultAttemptHeader, which the official
+	// SDKs set on every request they send, retries included. A request
+	// without the header is a first attempt; one whose value is not a
+	// whole number fails with a *bulkhead.ConfigError, and nothing is sent.
+	AttemptHeader string
 
 	// Acquire, when set, admits each call in place of Bulkhead.Acquire,
 	// with the request's context, the call's request and its Options:
@@ -170,9 +181,16 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		strip = true
 	}
 
+	attempt, err := AttemptOf(req.Header, t.AttemptHeader)
+	if err != nil {
+		return fail(err)
+	}
 	var opts []bulkhead.Option
+	if attempt > 0 {
+		opts = append(opts, bulkhead.WithAttempt(attempt))
+	}
 	if t.Options != nil {
-		opts = t.Options(req, call)
+		opts = append(opts, t.Options(req, call)...)
 	}
 	// Let the base transport negotiate compression and decompress, so the
 	// meter reads the body as the caller will.

@@ -529,3 +529,50 @@ func TestTransportSendsARequestItCanSendAgain(t *testing.T) {
 		}
 	}
 }
+
+// TestTransportPassesTheAttemptHeaderOn: the SDKs' attempt header (or the
+// one the transport names) makes the call a retry for the bulkhead: over
+// its retry budget it is refused RetryBudget and nothing is sent; a value
+// that is not a number fails the call as invalid, before anything is
+// taken.
+func TestTransportPassesTheAttemptHeaderOn(t *testing.T) {
+	b, err := bulkhead.New(bulkhead.Config{Model: "gpt-4o", MaxConcurrent: 4,
+		RetryBudgets: &bulkhead.RetryBudgets{Bulkhead: bulkhead.RetryLimit{MinRetries: 1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Shutdown(context.Background())
+	up := &fakeUpstream{answer: respond(200, "application/json", `{"usage":{"prompt_tokens":1,"completion_tokens":1}}`)}
+	tr := &Transport{Bulkhead: b, Base: up}
+	for i, h := range [][]string{
+		{"X-Stainless-Retry-Count", "0"}, // a first attempt
+		{"X-Stainless-Retry-Count", "1"}, // the one retry the floor allows
+		{"X-Attempt", "1"},               // a header this transport does not read: a first attempt
+	} {
+		resp, err := post(t, tr, "/v1/chat/completions", chatBody, h...)
+		if err != nil {
+			t.Fatalf("call %d: %v", i, err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	_, err = post(t, tr, "/v1/chat/completions", chatBody, "X-Stainless-Retry-Count", "2")
+	if !errors.Is(err, bulkhead.ErrRetryBudget) {
+		t.Fatalf("a retry over budget: %v", err)
+	}
+	_, err = post(t, &Transport{Bulkhead: b, Base: up, AttemptHeader: "X-Attempt"}, "/v1/chat/completions", chatBody, "X-Attempt", "1")
+	if !errors.Is(err, bulkhead.ErrRetryBudget) {
+		t.Fatalf("a retry over budget in the named header: %v", err)
+	}
+	_, err = post(t, tr, "/v1/chat/completions", chatBody, "X-Stainless-Retry-Count", "-1")
+	var ce *bulkhead.ConfigError
+	if !errors.As(err, &ce) || ce.Field != "header X-Stainless-Retry-Count" {
+		t.Fatalf("a bad attempt header: %v", err)
+	}
+	if up.count() != 3 {
+		t.Errorf("%d calls sent, want the 3 admitted", up.count())
+	}
+	if st := b.Stats(); st.Retries.Admitted != 1 || st.Calls.RejectedByReason[bulkhead.RetryBudget] != 2 || st.Calls.InFlight != 0 {
+		t.Errorf("stats: retries %+v, calls %+v", st.Retries, st.Calls)
+	}
+}

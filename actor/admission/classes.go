@@ -71,4 +71,5 @@ type ClassStats struct {
 	Pending                                    int
 	BorrowedAdmissions, BorrowedTokensReserved int64
 	Deadlines                                  DeadlineStats
+	Retries                                    RetryStats
 }

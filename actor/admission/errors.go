@@ -22,6 +22,7 @@ const (
 	RateUnavailable          // the rate limit's store could not decide
 	FleetUnavailable         // the fleet pool could not decide
 	Cooldown                 // the call's model is cooling down after a provider's 429
+	RetryBudget              // a retry over its retry budget
 	numReasons
 )
 
@@ -42,6 +43,7 @@ var reasonNames = [...]string{
 	RateUnavailable:   "rate_unavailable",
 	FleetUnavailable:  "fleet_unavailable",
 	Cooldown:          "cooldown",
+	RetryBudget:       "retry_budget",
 }
 
 // String returns the reason's wire name, such as "concurrency_limit".

@@ -73,6 +73,7 @@ type RejectDetail struct {
 	Rate                                       *RateDetail
 	Fleet                                      *FleetDetail
 	Cooldown                                   *CooldownDetail
+	RetryBudget                                *RetryBudgetDetail
 }
 
 // BudgetDetail is the token budget at a decision: the budget, the part of
@@ -88,6 +89,7 @@ type External struct {
 	Rate       *RateDetail
 	Fleet      *FleetDetail
 	Cooldown   *CooldownDetail
+	Retry      *RetryBudgetDetail
 	NeverFits  bool
 }
 

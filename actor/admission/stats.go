@@ -24,6 +24,8 @@ type Stats struct {
 	// balance.
 	DoubleReleases, ListenerPanics, LedgerDrift int64
 	Cooldown                                    CooldownStats
+	// Retries is the retries admitted and the bulkhead's retry budget.
+	Retries RetryStats
 	// The parts of the features the bulkhead may lack, nil without them.
 	Classes  *ClassesStats
 	Dedup    *DedupStats

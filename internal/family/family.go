@@ -138,6 +138,19 @@ func rateOf(st *bulkhead.Stats) *bulkhead.RateStats     { return st.Rate }
 func fleetOf(st *bulkhead.Stats) *bulkhead.FleetStats   { return st.Fleet }
 func dedupOf(st *bulkhead.Stats) *bulkhead.DedupStats   { return st.Dedup }
 
+func retryBudgetOf(st *bulkhead.Stats) *bulkhead.RetryBudgetStats { return st.Retries.Budget }
+
+// classBudget returns a class's value of its own retry budget, for a class
+// that has one.
+func classBudget(v func(*bulkhead.RetryBudgetStats) int64) func(c *bulkhead.ClassStats) (int64, bool) {
+	return func(c *bulkhead.ClassStats) (int64, bool) {
+		if b := c.Retries.Budget; b != nil {
+			return v(b), true
+		}
+		return 0, false
+	}
+}
+
 func sharedOf(st *bulkhead.Stats) *bulkhead.SharedPool {
 	if st.Classes == nil {
 		return nil
@@ -298,6 +311,27 @@ var All = []Family{
 		Read: one(func(st *bulkhead.Stats) int64 { return st.Observe.InputTokens })},
 	{Name: "bypassed_output_tokens_total", Unit: tokens, Help: "Output tokens of the bypassed calls' final usages.",
 		Read: one(func(st *bulkhead.Stats) int64 { return st.Observe.OutputTokens })},
+
+	// Retries and the retry budgets.
+	{Name: "retries_admitted_total", Unit: calls, Help: "Retries admitted: calls made as a retry of an earlier attempt.",
+		Read: one(func(st *bulkhead.Stats) int64 { return st.Retries.Admitted })},
+	{Name: "retry_budget_first_attempts", Kind: UpDown, Unit: calls, Help: "First attempts admitted over the retry budget's window.",
+		Read: part(retryBudgetOf, func(r *bulkhead.RetryBudgetStats) int64 { return r.FirstAttempts })},
+	{Name: "retry_budget_retries", Kind: UpDown, Unit: calls, Help: "Retries admitted over the retry budget's window.",
+		Read: part(retryBudgetOf, func(r *bulkhead.RetryBudgetStats) int64 { return r.Retries })},
+	{Name: "retry_budget_allowed", Kind: Gauge, Unit: calls, Help: "Retries the retry budget allows over its window now: the larger of its floor and its ratio of the first attempts.",
+		Read: part(retryBudgetOf, func(r *bulkhead.RetryBudgetStats) int64 { return r.Allowed })},
+	{Name: "class_retries_admitted_total", Unit: calls, Labels: []string{Class}, Help: "Retries of a class admitted.",
+		Read: class(false, func(c *bulkhead.ClassStats) (int64, bool) { return always(c.Retries.Admitted) })},
+	{Name: "class_retry_budget_first_attempts", Kind: UpDown, Unit: calls, Labels: []string{Class},
+		Help: "First attempts of a class admitted over its own retry budget's window, for a class that has one.",
+		Read: class(false, classBudget(func(r *bulkhead.RetryBudgetStats) int64 { return r.FirstAttempts }))},
+	{Name: "class_retry_budget_retries", Kind: UpDown, Unit: calls, Labels: []string{Class},
+		Help: "Retries of a class admitted over its own retry budget's window, for a class that has one.",
+		Read: class(false, classBudget(func(r *bulkhead.RetryBudgetStats) int64 { return r.Retries }))},
+	{Name: "class_retry_budget_allowed", Kind: Gauge, Unit: calls, Labels: []string{Class},
+		Help: "Retries a class's own retry budget allows over its window now, for a class that has one.",
+		Read: class(false, classBudget(func(r *bulkhead.RetryBudgetStats) int64 { return r.Allowed }))},
 
 	// Deduplication.
 	{Name: "dedup_active", Kind: UpDown, Unit: "{key}", Help: "Distinct deduplication keys in flight.",

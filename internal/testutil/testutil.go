@@ -58,6 +58,7 @@ var Sentinel = map[bulkhead.Reason]error{
 	bulkhead.RateUnavailable:   bulkhead.ErrRateUnavailable,
 	bulkhead.FleetUnavailable:  bulkhead.ErrFleetUnavailable,
 	bulkhead.Cooldown:          bulkhead.ErrCooldown,
+	bulkhead.RetryBudget:       bulkhead.ErrRetryBudget,
 }
 
 // Fataler is what WantReason needs of a *testing.T or a *rapid.T.

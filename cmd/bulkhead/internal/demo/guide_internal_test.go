@@ -283,7 +283,18 @@ func guidePhrases(t *testing.T, tables []*Table) []string {
 		fmt.Sprintf("one burst (%d calls over %s)", gatewayCalls, cfg.Ramp),
 		fmt.Sprintf("(`-time-scale`, default %g, runs it %g times faster)", cfg.TimeScale, 1/cfg.TimeScale),
 		fmt.Sprintf("(`-retries`, default %d)", cfg.Retries),
+		retryPhrase(t1),
 	}
+}
+
+// retryPhrase is what docs/demo.md says of the retries line (see
+// Table.retrySentence).
+func retryPhrase(t *Table) string {
+	without, with := t.Retries[0], t.Retries[1]
+	return fmt.Sprintf("the bulkhead refused %d retries at once, and the provider saw %d attempts instead of %d (%d 429s instead of %d), "+
+		"at the price of %d completed calls instead of %d",
+		with.Bulkheads[0].Calls.RejectedByReason[bulkhead.RetryBudget], with.Provider.Requests, without.Provider.Requests,
+		with.Total.Provider429, without.Total.Provider429, with.Total.Completed, without.Total.Completed)
 }
 
 // seedsTable is the table of docs/demo.md that shows, for each seed, the

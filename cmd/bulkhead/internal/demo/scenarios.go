@@ -140,6 +140,41 @@ type strategy struct {
 	// admitted call, just before its permit is released.
 	// The provider's headroom with the answer is h, nil when it says none.
 	feedback func(p *bulkhead.Permit, o providerOutcome, retryAfter time.Duration, h *bulkhead.Headroom)
+	// sdk makes the clients retry as the official SDKs do instead of as
+	// Config.Attempts says: sdkAttempts attempts at most, after their
+	// backoff, each numbered (WithAttempt), and none after a retry budget's
+	// refusal (the gateway's x-should-retry: false).
+	sdk bool
+}
+
+// sdkAttempts is how many times the official SDKs try a call: the first
+// attempt and two retries.
+const sdkAttempts = 3
+
+// retryStory is the scenario of the demo's retries sentence: the steady
+// stream while the provider's capacity halves, through the static
+// bulkhead, from clients that retry as the official SDKs do, without and
+// with a retry budget.
+const retryStory = "capacity-halves"
+
+// storyBudget is the retry budget of the sentence's second run.
+var storyBudget = bulkhead.RetryBudgets{Bulkhead: bulkhead.RetryLimit{Ratio: 0.1, MinRetries: 3}}
+
+// retryStrategies are the two runs of the retries sentence: the static
+// bulkhead with SDK clients, without and with storyBudget.
+func retryStrategies() []*strategy {
+	static := strategies()[1]
+	with := *static
+	with.name = "static bulkhead with a retry budget"
+	with.bulkheads = func(cfg *Config, sc *scenario) ([]bulkhead.Config, []int) {
+		cfgs, route := static.bulkheads(cfg, sc)
+		b := storyBudget
+		cfgs[0].RetryBudgets = &b
+		return cfgs, route
+	}
+	without := *static
+	without.sdk, with.sdk = true, true
+	return []*strategy{&without, &with}
 }
 
 // one routes every tenant of sc to the one bulkhead bc.

@@ -127,6 +127,9 @@ func simulate(ctx context.Context, cfg *Config, sc *scenario, st *strategy) (Sim
 		return SimResult{}, err
 	}
 	r := &runner{s: s, prov: prov, st: st, attempts: cfg.Attempts, held: map[int]*simCall{}}
+	if st.sdk {
+		r.attempts = sdkAttempts
+	}
 	calls, err := sc.calls(cfg, st)
 	if err != nil {
 		return SimResult{}, err
@@ -239,7 +242,12 @@ func (r *runner) attempt(c *simCall) {
 	// context.Background: a cancellable context's end would be delivered
 	// on a goroutine of its own. Queue timeouts come from the config and
 	// fire through the virtual clock.
-	c.fut = c.b.AcquireAsync(context.Background(), c.breq, c.opts...)
+	opts := c.opts
+	if r.st.sdk {
+		// The SDKs number their attempts; the gateway passes the number on.
+		opts = append(slices.Clip(opts), bulkhead.WithAttempt(c.attempt-1))
+	}
+	c.fut = c.b.AcquireAsync(context.Background(), c.breq, opts...)
 	i, _ := slices.BinarySearchFunc(r.waiting, c.idx, func(w *simCall, idx int) int { return w.idx - idx })
 	r.waiting = slices.Insert(r.waiting, i, c)
 }
@@ -284,7 +292,9 @@ func (r *runner) collect() {
 // fit, or an error that is not a rejection, fails at once.
 func (r *runner) rejected(c *simCall, err error) {
 	var rej *bulkhead.RejectedError
-	if !errors.As(err, &rej) || rej.NeverFits() {
+	if !errors.As(err, &rej) || rej.NeverFits() || rej.Reason == bulkhead.RetryBudget {
+		// A retry budget's refusal is answered x-should-retry: false: the
+		// SDKs give up at once.
 		r.fail(c)
 		return
 	}
@@ -359,7 +369,14 @@ func (r *runner) retry(c *simCall, retryAfter time.Duration, has bool) {
 		return
 	}
 	d := retryAfter
-	if !has {
+	switch {
+	case has:
+	case r.st.sdk:
+		// The SDKs' backoff: 0.5s, 1s, 2s ... at most 8s, less up to a
+		// quarter.
+		b := min(backoffBase<<(c.attempt-1), 8*time.Second)
+		d = b - time.Duration(c.rng.Float64()*float64(b/4))
+	default:
 		d = time.Duration(c.rng.Float64() * float64(min(backoffBase<<(c.attempt-1), 8*time.Second)))
 	}
 	r.s.AfterFunc(d, func() { r.attempt(c) })

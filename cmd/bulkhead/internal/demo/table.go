@@ -21,6 +21,11 @@ type Table struct {
 	Configs []string
 	// Rows are the scenarios, in order.
 	Rows []Row
+	// Retries is the retries sentence's two runs (see retryStrategies),
+	// without and with a retry budget, of the row storyRow; nil when the
+	// table does not run that row.
+	Retries  []SimResult
+	storyRow string
 }
 
 // Row is one scenario's runs.
@@ -77,8 +82,33 @@ func RunTable(ctx context.Context, cfg Config) (*Table, error) {
 			}
 		}
 		t.Rows = append(t.Rows, row)
+		if sc.key == retryStory && cfg.Calls == 0 {
+			t.storyRow = sc.name
+			for _, st := range retryStrategies() {
+				res, err := simulate(ctx, &cfg, sc, st)
+				if err != nil {
+					return nil, err
+				}
+				t.Retries = append(t.Retries, res)
+			}
+		}
 	}
 	return t, nil
+}
+
+// retrySentence says, in one sentence, what a retry budget did to the
+// retries run (t.Retries).
+func (t *Table) retrySentence() string {
+	without, with := t.Retries[0], t.Retries[1]
+	b := storyBudget.Bulkhead
+	refused := with.Bulkheads[0].Calls.RejectedByReason[bulkhead.RetryBudget]
+	return fmt.Sprintf("Retries: with clients that retry as the official SDKs do (twice, backing off 0.5s then 1s with jitter, "+
+		"and never after x-should-retry: false), the static bulkhead in the row %q sent the provider %s (%s answered 429) "+
+		"and completed %s; with a retry budget of %g of the first attempts (at least %d per %v), it refused %s %s at once, "+
+		"sent the provider %s (%s answered 429) and completed %s.\n",
+		t.storyRow, count(without.Provider.Requests, "attempt"), commas(int64(without.Total.Provider429)), count(int64(without.Total.Completed), "call"),
+		b.Ratio, b.MinRetries, bulkhead.DefaultRetryWindow, commas(refused), map[bool]string{true: "retry", false: "retries"}[refused == 1],
+		commas(with.Provider.Requests), commas(int64(with.Total.Provider429)), commas(int64(with.Total.Completed)))
 }
 
 // describe summarises a strategy's bulkheads for the table's header.
@@ -204,6 +234,9 @@ func printTable(w io.Writer, t *Table) {
 	fmt.Fprintf(w, "  per minute of the run (a run shorter than a minute counts as one); peak: the most the provider's\n")
 	fmt.Fprintf(w, "  TPM window held (input + max_tokens, as it counts them), against the account's %s.\n\n", kilo(c.ProviderTPM))
 	fmt.Fprint(w, t.Verdict())
+	if t.Retries != nil {
+		fmt.Fprint(w, "\n"+t.retrySentence())
+	}
 }
 
 // cells formats a tenant's result as one strategy's cells; last is the
