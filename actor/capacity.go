@@ -149,9 +149,9 @@ func (s *state) apartNow() time.Time {
 // pump admits waiters while slots are free, then answers waiting Drains if
 // the engine is idle. Plain, waiters go in arrival order; fair, the class
 // with the lowest virtual token counter goes next; either way, first
-// attempts go ahead of retries until these have waited their aging. A waiter whose context
-// has ended is passed over: its cancel message, with the context's cause, is
-// on its way.
+// attempts go ahead of retries until these have waited their aging. A
+// waiter whose context has ended is passed over: its cancel message, with
+// the context's cause, is on its way.
 func (s *state) pump() {
 	s.q.clearBlocked()
 	now := s.apartNow()
