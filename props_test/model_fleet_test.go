@@ -204,7 +204,7 @@ func newFleetModel(t *rapid.T, m *machine, cfg *bulkhead.Config, fr *fleetRedis)
 			cfg.Adaptive.Cooldown = bulkhead.ShedCooldown
 		}
 		if m.paced() {
-			m.rate.cfg.Pace = false
+			m.rate.unpace(t)
 		}
 		f.cfg.MaxConcurrent = int64(rapid.IntRange(-1, 4).Draw(t, "fleetMaxConcurrent"))
 		f.cfg.TokenBudget = -1

@@ -121,7 +121,21 @@ func newRateOracle(t *rapid.T, clk clock.Clock, tokens bool, rdb *redis.Client) 
 		o.cfg.Store = store
 	}
 	o.table = pacer.NewTable()
-	store := o.table
+	o.build(t)
+	return o
+}
+
+// build makes the oracle's pacers for its limits, on its own table. Their
+// buckets drain as the bulkhead's: at the rate when calls are
+// rate-limited, at the pacer's default when they are paced, in every
+// decision and settlement.
+func (o *rateOracle) build(t *rapid.T) {
+	r := o.cfg.PerModel
+	factor := pacer.DefaultRateLimitFactor
+	if o.cfg.Pace {
+		factor = pacer.DefaultPaceFactor
+	}
+	o.members = nil
 	var ps []*pacer.Pacer
 	for _, l := range []struct {
 		limit            string
@@ -135,14 +149,7 @@ func newRateOracle(t *rapid.T, clk clock.Clock, tokens bool, rdb *redis.Client) 
 		if l.perMinute == 0 {
 			continue
 		}
-		// As the bulkhead's: every decision and settlement drains at the
-		// rate when calls are rate-limited, at the pacer's default when
-		// they are paced.
-		factor := pacer.DefaultRateLimitFactor
-		if o.cfg.Pace {
-			factor = pacer.DefaultPaceFactor
-		}
-		p, err := pacer.New(store, pacer.Options{Name: "bulkhead:model:gpt-4o:" + l.limit, QPS: l.perMinute / 60, MaxBurst: l.burst, BurstFactor: factor})
+		p, err := pacer.New(o.table, pacer.Options{Name: "bulkhead:model:gpt-4o:" + l.limit, QPS: l.perMinute / 60, MaxBurst: l.burst, BurstFactor: factor})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -155,7 +162,17 @@ func newRateOracle(t *rapid.T, clk clock.Clock, tokens bool, rdb *redis.Client) 
 		t.Fatal(err)
 	}
 	o.comp = comp
-	return o
+}
+
+// unpace turns pace mode off before the bulkhead is made (a run whose
+// other settings cannot have calls wait for their turns): the calls are
+// rate-limited, and the oracle's pacers, rebuilt, drain at the rate as the
+// bulkhead's then do.
+func (o *rateOracle) unpace(t *rapid.T) {
+	if o.cfg.Pace {
+		o.cfg.Pace = false
+		o.build(t)
+	}
 }
 
 // weight is what a call reserving res weighs in m (SPEC P8): 1 request;

@@ -478,7 +478,6 @@ func newMachine(t *rapid.T, classes bool, seen map[string]int, rdb *redis.Client
 		cfg.MaxQueue, m.limits.MaxQueue = 0, 0
 		m.rate = newRateOracle(t, m.clk, m.hasBudget && budget > 0, rdb)
 		cfg.RateLimits = m.rate.cfg
-		m.seen[fmt.Sprintf("rates pace=%v redis=%v", m.rate.cfg.Pace, m.rate.cfg.Store != nil)]++
 		switch {
 		case m.paced() && m.rate.cfg.Store != nil:
 			m.cooling = false
@@ -498,6 +497,9 @@ func newMachine(t *rapid.T, classes bool, seen map[string]int, rdb *redis.Client
 	}
 	if fr != nil && rapid.IntRange(0, 3).Draw(t, "fleet") == 0 {
 		m.fleet = newFleetModel(t, m, &cfg, fr)
+	}
+	if m.rate != nil { // as the bulkhead has them: a tight fleet run does not pace
+		m.seen[fmt.Sprintf("rates pace=%v redis=%v", m.rate.cfg.Pace, m.rate.cfg.Store != nil)]++
 	}
 	m.drawRetries(t, &cfg)
 	m.exactUsage = rapid.Bool().Draw(t, "exactUsage")
