@@ -452,67 +452,46 @@ func TestNewFirstAttemptPassesRetriesWaitingForCapacity(t *testing.T) {
 // that fits waits behind a first attempt that does not (the queue holds
 // back behind a call short of the token budget) only until it has waited
 // its aging: the engine's hold timer serves the queue again then, and the
-// retry, now ahead, is admitted while the first attempt still waits.
+// retry, now ahead, is admitted while the first attempt still waits. So
+// in the plain queue and, within a class and priority, in the fair queue.
 func TestAgedRetryIsServedWhenItAges(t *testing.T) {
-	s, rec := newRetryState(t, budgetLimits(4, 4, 100), QueuePolicy{WaitForCapacity: true, RetryAging: 3 * time.Second}, nil)
-	s.acquire(newReq("held1", 30))
-	held2 := newReq("held2", 30)
-	s.acquire(held2)
-	r := retryReq("retry")
-	r.Reservation = admission.Reservation{Input: 50, Reserved: 50}
-	s.acquire(r) // waits for 50 tokens
-	rec.clock = rec.clock.Add(time.Second)
-	f := newReq("first", 75)
-	s.acquire(f) // waits for 75 tokens, ahead of the retry
-	wantAnswers(t, rec, "held1", admitted, "held2", admitted)
-	rec.holds = nil
-	release(s, held2) // 50 fit, 75 do not: the first attempt holds the queue back
-	wantAnswers(t, rec)
-	if !reflect.DeepEqual(rec.holds, []time.Duration{2 * time.Second}) {
-		t.Fatalf("hold timer %v, want 2s: when the retry will have waited 3s", rec.holds)
-	}
-	rec.clock = rec.clock.Add(2 * time.Second)
-	s.holdEnded()
-	wantAnswers(t, rec, "retry", admitted)
-	if !f.queued {
-		t.Fatal("the first attempt left the queue")
-	}
-}
-
-// TestFairQueueServesAgedRetryWhenItAges: in the fair queue too, a retry
-// that fits waits behind a first attempt of its class and priority that
-// does not (short of the token budget) only until it has waited its aging:
-// the hold timer serves the queue again then, and the retry is admitted.
-func TestFairQueueServesAgedRetryWhenItAges(t *testing.T) {
-	limits := budgetLimits(4, 4, 100)
-	limits.Classes = &admission.Classes{Default: "a", Limits: map[string]admission.ClassLimits{"a": {}, "b": {}}}
-	s, rec := newRetryState(t, limits, QueuePolicy{Fair: true, WaitForCapacity: true, RetryAging: 3 * time.Second}, nil)
-	a, _ := s.tab.Lookup("a")
-	mk := func(name string, reserved int64, retry bool) *AcquireRequest {
-		r := newReq(name, reserved)
-		r.Class, r.Retry = a, retry
-		return r
-	}
-	s.acquire(mk("held1", 30, false))
-	held2 := mk("held2", 30, false)
-	s.acquire(held2)
-	r := mk("retry", 50, true)
-	s.acquire(r) // waits for 50 tokens
-	rec.clock = rec.clock.Add(time.Second)
-	f := mk("first", 75, false)
-	s.acquire(f) // waits for 75 tokens, ahead of the retry
-	wantAnswers(t, rec, "held1", admitted, "held2", admitted)
-	rec.holds = nil
-	release(s, held2) // 50 fit, 75 do not: the first attempt holds the queue back
-	wantAnswers(t, rec)
-	if !reflect.DeepEqual(rec.holds, []time.Duration{2 * time.Second}) {
-		t.Fatalf("hold timer %v, want 2s: when the retry will have waited 3s", rec.holds)
-	}
-	rec.clock = rec.clock.Add(2 * time.Second)
-	s.holdEnded()
-	wantAnswers(t, rec, "retry", admitted)
-	if !f.queued {
-		t.Fatal("the first attempt left the queue")
+	for _, fair := range []bool{false, true} {
+		t.Run(map[bool]string{false: "plain", true: "fair"}[fair], func(t *testing.T) {
+			limits := budgetLimits(4, 4, 100)
+			if fair {
+				limits.Classes = &admission.Classes{Default: "a", Limits: map[string]admission.ClassLimits{"a": {}, "b": {}}}
+			}
+			s, rec := newRetryState(t, limits, QueuePolicy{Fair: fair, WaitForCapacity: true, RetryAging: 3 * time.Second}, nil)
+			a, _ := s.tab.Lookup("a")
+			mk := func(name string, reserved int64, retry bool) *AcquireRequest {
+				r := newReq(name, reserved)
+				r.Retry = retry
+				if fair {
+					r.Class = a
+				}
+				return r
+			}
+			s.acquire(mk("held1", 30, false))
+			held2 := mk("held2", 30, false)
+			s.acquire(held2)
+			s.acquire(mk("retry", 50, true)) // waits for 50 tokens
+			rec.clock = rec.clock.Add(time.Second)
+			f := mk("first", 75, false)
+			s.acquire(f) // waits for 75 tokens, ahead of the retry
+			wantAnswers(t, rec, "held1", admitted, "held2", admitted)
+			rec.holds = nil
+			release(s, held2) // 50 fit, 75 do not: the first attempt holds the queue back
+			wantAnswers(t, rec)
+			if !reflect.DeepEqual(rec.holds, []time.Duration{2 * time.Second}) {
+				t.Fatalf("hold timer %v, want 2s: when the retry will have waited 3s", rec.holds)
+			}
+			rec.clock = rec.clock.Add(2 * time.Second)
+			s.holdEnded()
+			wantAnswers(t, rec, "retry", admitted)
+			if !f.queued {
+				t.Fatal("the first attempt left the queue")
+			}
+		})
 	}
 }
 
