@@ -571,21 +571,7 @@ routes: [{api: openai-chat, upstream: up, bulkhead: main}]
 // the client gets it plain.
 func TestCompressionLeftToTheUpstreamTransport(t *testing.T) {
 	const answer = `{"id":"c1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hello"},"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":2,"total_tokens":11}}`
-	asked := make(chan string, 1)
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		asked <- r.Header.Get("Accept-Encoding")
-		w.Header().Set("Content-Type", "application/json")
-		if r.Header.Get("Accept-Encoding") != "gzip" {
-			io.WriteString(w, answer)
-			return
-		}
-		w.Header().Set("Content-Encoding", "gzip")
-		zw := gzip.NewWriter(w)
-		io.WriteString(zw, answer)
-		zw.Close()
-	}))
-	defer up.Close()
+	up, asked := gzipUpstream(t, answer)
 	gw, b := newGateway(t, up.URL, budgetConfig(4))
 	req, _ := http.NewRequest("POST", gw.URL+"/v1/chat/completions", strings.NewReader(`{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}],"max_tokens":50}`))
 	req.Header.Set("Accept-Encoding", "br")
@@ -604,26 +590,35 @@ func TestCompressionLeftToTheUpstreamTransport(t *testing.T) {
 	wantSettled(t, b, 1, 11)
 }
 
+// gzipUpstream is an upstream that answers every request body with JSON
+// body, gzipped when it is asked for gzip alone, and sends the
+// Accept-Encoding of each request on asked.
+func gzipUpstream(t *testing.T, body string) (*httptest.Server, chan string) {
+	asked := make(chan string, 1)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		asked <- r.Header.Get("Accept-Encoding")
+		w.Header().Set("Content-Type", "application/json")
+		if r.Header.Get("Accept-Encoding") != "gzip" {
+			io.WriteString(w, body)
+			return
+		}
+		w.Header().Set("Content-Encoding", "gzip")
+		zw := gzip.NewWriter(w)
+		io.WriteString(zw, body)
+		zw.Close()
+	}))
+	t.Cleanup(up.Close)
+	return up, asked
+}
+
 // TestUnmeteredCallKeepsTheClientsCompression: a request the gateway
 // passes on without admitting it (a GET listing stored chat completions)
 // goes upstream with the client's Accept-Encoding, and its answer comes
 // back as the upstream encoded it: only a metered answer is decompressed.
 func TestUnmeteredCallKeepsTheClientsCompression(t *testing.T) {
 	const list = `{"object":"list","data":[]}`
-	asked := make(chan string, 1)
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		asked <- r.Header.Get("Accept-Encoding")
-		w.Header().Set("Content-Type", "application/json")
-		if r.Header.Get("Accept-Encoding") != "gzip" {
-			io.WriteString(w, list)
-			return
-		}
-		w.Header().Set("Content-Encoding", "gzip")
-		zw := gzip.NewWriter(w)
-		io.WriteString(zw, list)
-		zw.Close()
-	}))
-	defer up.Close()
+	up, asked := gzipUpstream(t, list)
 	gw, _ := newGateway(t, up.URL, budgetConfig(4))
 	req, _ := http.NewRequest("GET", gw.URL+"/v1/chat/completions", nil)
 	req.Header.Set("Accept-Encoding", "gzip")
