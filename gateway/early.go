@@ -70,9 +70,9 @@ func capacityRefusal(reason bulkhead.Reason) bool {
 // shedEarly answers req, a call in format for route rp, before its body is
 // read when rp's bulkhead is at its capacity and would turn the call away
 // for it (see gate), and reports whether it did. A retry its retry budget
-// refuses takes the full path, so that it is answered for its budget. A route whose admission
-// options need the parsed call (Route.Options without Build) is never
-// checked early.
+// refuses takes the full path, so that it is answered for its budget. A
+// route whose admission options need the parsed call (Route.Options
+// without Build) is never checked early.
 func (h *Handler) shedEarly(w http.ResponseWriter, req *http.Request, format stream.Format, rp *routeProxy) bool {
 	g := rp.gate
 	if rp.admission == nil || !g.full() {
